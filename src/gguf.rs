@@ -1,0 +1,447 @@
+//! GGUF reader (versions 2 and 3): the llama.cpp file format.
+//!
+//! Layout: magic "GGUF", version, tensor count, metadata count, then the metadata key/values, the
+//! tensor infos (name, shape, type, offset), padding to `general.alignment`, and the tensor data.
+//! The reader parses the header from a byte slice and never copies tensor data: a tensor is a
+//! `(type, shape, byte range)` into the same buffer, which is a memory map natively and the
+//! downloaded bytes in the browser.
+//!
+//! Every count, length and offset comes from an untrusted file, so each is checked against the
+//! bytes that remain before anything is allocated; a hostile file gets an error, never a panic
+//! or a huge allocation.
+
+use std::collections::HashMap;
+
+use crate::error::{gguf_err, Result};
+use crate::quant::GgmlType;
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// Tensors in GGUF have at most 4 dimensions (ggml's GGML_MAX_DIMS).
+const MAX_DIMS: usize = 4;
+
+/// A metadata value. Arrays keep their element type so an empty array still says what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    /// Any integer type as u64 (negative values are rejected).
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v as u64),
+            Value::U16(v) => Some(v as u64),
+            Value::U32(v) => Some(v as u64),
+            Value::U64(v) => Some(v),
+            Value::I8(v) => u64::try_from(v).ok(),
+            Value::I16(v) => u64::try_from(v).ok(),
+            Value::I32(v) => u64::try_from(v).ok(),
+            Value::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v as f64),
+            Value::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// Where one tensor's bytes are, and how to read them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order: `dims[0]` is the innermost (row length), `dims[1]` the number of rows.
+    pub dims: Vec<usize>,
+    /// Absolute byte offset of the tensor data in the file.
+    pub offset: usize,
+    pub size_bytes: usize,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> usize {
+        self.dims.iter().product()
+    }
+    /// Row length (elements per row).
+    pub fn cols(&self) -> usize {
+        self.dims[0]
+    }
+    /// Rows when the tensor is seen as a matrix (all outer dimensions folded).
+    pub fn rows(&self) -> usize {
+        self.dims[1..].iter().product()
+    }
+}
+
+/// A parsed GGUF header: metadata and tensor infos. Tensor data stays in the caller's buffer.
+#[derive(Debug, Clone)]
+pub struct Gguf {
+    pub version: u32,
+    pub metadata: HashMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    /// Byte offset where tensor data starts.
+    pub data_offset: usize,
+}
+
+impl Gguf {
+    /// Parse the header of a GGUF file held in `bytes` and check that every tensor lies inside it.
+    pub fn parse(bytes: &[u8]) -> Result<Gguf> {
+        let mut r = Reader { bytes, pos: 0 };
+        let magic = r.take(4, "magic")?;
+        if magic != MAGIC {
+            return gguf_err!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic);
+        }
+        let version = r.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return gguf_err!("unsupported GGUF version {version} (supported: 2 and 3)");
+        }
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv = r.u64("metadata count")?;
+        // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at
+        // least 8 + 4 + 4 + 8 bytes. A count that cannot fit in the file is a lie.
+        r.check_count(n_kv, 13, "metadata count")?;
+        r.check_count(n_tensors, 24, "tensor count")?;
+
+        let mut metadata = HashMap::new();
+        for _ in 0..n_kv {
+            let key = r.string("metadata key")?;
+            let ty = r.u32("metadata type")?;
+            let value = r.value(ty, &key, 0)?;
+            if metadata.insert(key.clone(), value).is_some() {
+                return gguf_err!("duplicate metadata key {key:?}");
+            }
+        }
+
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= 1 << 20 => a,
+                _ => return gguf_err!("general.alignment {v:?} is not a power of two"),
+            },
+        };
+
+        let mut infos = Vec::new();
+        for i in 0..n_tensors {
+            let name = r.string("tensor name")?;
+            let n_dims = r.u32("tensor dimension count")? as usize;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return gguf_err!("tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS} allowed)");
+            }
+            let mut dims = Vec::with_capacity(n_dims);
+            for _ in 0..n_dims {
+                let d = r.u64("tensor dimension")?;
+                if d == 0 || d > u32::MAX as u64 {
+                    return gguf_err!("tensor {name:?} has an absurd dimension {d}");
+                }
+                dims.push(d as usize);
+            }
+            let ty_id = r.u32("tensor type")?;
+            let ty = GgmlType::from_id(ty_id).ok_or_else(|| {
+                crate::Error::Gguf(format!(
+                    "tensor {name:?} has unsupported type {} (supported: {})",
+                    GgmlType::describe_id(ty_id),
+                    GgmlType::SUPPORTED
+                ))
+            })?;
+            let offset = r.u64("tensor offset")?;
+            if offset % alignment != 0 {
+                return gguf_err!("tensor {name:?} offset {offset} is not aligned to {alignment}");
+            }
+            let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+            let size = n_elements.and_then(|n| ty.bytes_for(n, dims[0] as u64));
+            let Some(size) = size else {
+                return gguf_err!(
+                    "tensor {name:?} of type {} has shape {dims:?}, whose row length is not a multiple of the block size {} or whose size overflows",
+                    ty.name(),
+                    ty.block_size()
+                );
+            };
+            infos.push((name, ty, dims, offset, size, i));
+        }
+
+        let data_offset = r.pos.div_ceil(alignment as usize) * alignment as usize;
+        let mut tensors = Vec::with_capacity(infos.len());
+        let mut seen = HashMap::new();
+        for (name, ty, dims, offset, size, index) in infos {
+            let start = (data_offset as u64).checked_add(offset);
+            let end = start.and_then(|s| s.checked_add(size));
+            match end {
+                Some(end) if end <= bytes.len() as u64 => {}
+                _ => {
+                    return gguf_err!(
+                        "tensor {name:?} ({} bytes at offset {}) lies past the end of the file ({} bytes): the file is truncated",
+                        size,
+                        data_offset as u64 + offset,
+                        bytes.len()
+                    )
+                }
+            }
+            if seen.insert(name.clone(), index).is_some() {
+                return gguf_err!("duplicate tensor name {name:?}");
+            }
+            tensors.push(TensorInfo {
+                name,
+                ty,
+                dims,
+                offset: data_offset + offset as usize,
+                size_bytes: size as usize,
+            });
+        }
+        Ok(Gguf { version, metadata, tensors, data_offset })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// `general.architecture`, required by every model file.
+    pub fn architecture(&self) -> Result<&str> {
+        match self.get("general.architecture").and_then(Value::as_str) {
+            Some(a) => Ok(a),
+            None => gguf_err!("missing general.architecture"),
+        }
+    }
+}
+
+/// A bounds-checked cursor over the file bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+/// Arrays nest (an array of arrays is legal); deeper than this is hostile.
+const MAX_ARRAY_NESTING: usize = 4;
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return gguf_err!(
+                "file truncated while reading {what} at byte {} (needs {n} bytes, {} left)",
+                self.pos,
+                self.remaining()
+            );
+        }
+        let s = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn check_count(&self, count: u64, min_bytes_each: u64, what: &str) -> Result<()> {
+        if count.saturating_mul(min_bytes_each) > self.remaining() as u64 {
+            return gguf_err!(
+                "{what} {count} is impossible: the {} bytes left cannot hold that many",
+                self.remaining()
+            );
+        }
+        Ok(())
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self.take(N, what)?.try_into().expect("take returned N bytes"))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        if len > self.remaining() as u64 {
+            return gguf_err!(
+                "{what} at byte {} claims {len} bytes but only {} are left",
+                self.pos,
+                self.remaining()
+            );
+        }
+        let raw = self.take(len as usize, what)?;
+        match std::str::from_utf8(raw) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(_) => gguf_err!("{what} at byte {} is not valid UTF-8", self.pos - raw.len()),
+        }
+    }
+
+    fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<Value> {
+        Ok(match ty {
+            0 => Value::U8(self.array::<1>(key)?[0]),
+            1 => Value::I8(self.array::<1>(key)?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.array(key)?)),
+            3 => Value::I16(i16::from_le_bytes(self.array(key)?)),
+            4 => Value::U32(u32::from_le_bytes(self.array(key)?)),
+            5 => Value::I32(i32::from_le_bytes(self.array(key)?)),
+            6 => Value::F32(f32::from_le_bytes(self.array(key)?)),
+            7 => match self.array::<1>(key)?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return gguf_err!("metadata {key:?}: invalid bool byte {b}"),
+            },
+            8 => Value::String(self.string(key)?),
+            9 => {
+                if depth >= MAX_ARRAY_NESTING {
+                    return gguf_err!("metadata {key:?}: arrays nested too deeply");
+                }
+                let elem_ty = self.u32(key)?;
+                let len = self.u64(key)?;
+                let min_size = match elem_ty {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    8 | 10..=12 => 8,
+                    9 => 12,
+                    _ => return gguf_err!("metadata {key:?}: unknown array element type {elem_ty}"),
+                };
+                self.check_count(len, min_size, &format!("metadata {key:?} array length"))?;
+                let mut items = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    items.push(self.value(elem_ty, key, depth + 1)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64(key)?),
+            11 => Value::I64(i64::from_le_bytes(self.array(key)?)),
+            12 => Value::F64(f64::from_le_bytes(self.array(key)?)),
+            _ => return gguf_err!("metadata {key:?}: unknown value type {ty}"),
+        })
+    }
+}
+
+/// Writes GGUF v3 files: metadata, then tensors (already encoded in their type's bytes). Used by
+/// `synth` to build random-weight models of real shapes, and by tests to build broken files.
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, GgmlType, Vec<usize>, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    pub fn new() -> GgufWriter {
+        GgufWriter::default()
+    }
+
+    pub fn metadata(&mut self, key: &str, value: Value) -> &mut Self {
+        self.metadata.push((key.to_owned(), value));
+        self
+    }
+
+    /// Add a tensor of GGUF shape `dims` (innermost first) whose encoded bytes are `data`.
+    pub fn tensor(&mut self, name: &str, ty: GgmlType, dims: &[usize], data: Vec<u8>) -> &mut Self {
+        self.tensors.push((name.to_owned(), ty, dims.to_vec(), data));
+        self
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            write_string(&mut out, key);
+            out.extend_from_slice(&value_type(value).to_le_bytes());
+            write_value(&mut out, value);
+        }
+        let align = DEFAULT_ALIGNMENT as usize;
+        let mut offset = 0usize;
+        for (name, ty, dims, data) in &self.tensors {
+            write_string(&mut out, name);
+            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for &d in dims {
+                out.extend_from_slice(&(d as u64).to_le_bytes());
+            }
+            out.extend_from_slice(&ty.id().to_le_bytes());
+            out.extend_from_slice(&(offset as u64).to_le_bytes());
+            offset += data.len().div_ceil(align) * align;
+        }
+        out.resize(out.len().div_ceil(align) * align, 0);
+        for (_, _, _, data) in &self.tensors {
+            out.extend_from_slice(data);
+            out.resize(out.len().div_ceil(align) * align, 0);
+        }
+        out
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn value_type(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn write_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => write_string(out, s),
+        Value::Array(items) => {
+            // An empty array is written as an array of u8 (GGUF needs some element type).
+            let elem = items.first().map_or(0, value_type);
+            out.extend_from_slice(&elem.to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for item in items {
+                write_value(out, item);
+            }
+        }
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}

@@ -1,0 +1,18 @@
+//! nexttoken: autoregressive text generation with GGUF models, on a CPU reference path and (later)
+//! WebGPU. Read in this order: `gguf` (the file), `quant` (tensor types), `model` (the
+//! description: config + weights), `cpu` (the forward pass), `sampling`, `generate` (the loop,
+//! beam search, scoring), `table` (the lesson models), `tokenizer`.
+
+pub mod error;
+pub mod lm;
+pub mod gguf;
+pub mod quant;
+pub mod model;
+pub mod cpu;
+pub mod tokenizer;
+pub mod sampling;
+pub mod generate;
+pub mod table;
+
+pub use error::{Error, Result};
+pub use lm::{LanguageModel, Vocab};

@@ -1,0 +1,44 @@
+//! The interface between "a thing that predicts the next token" and everything that uses it:
+//! the generation loop, the samplers, beam search and the scorer. A transformer (CPU or GPU) and
+//! a lesson's table model both implement it, so the same loop runs them all.
+
+use crate::error::Result;
+
+/// A model of P(x_t | x_<t): given the tokens so far (held in `State`), the logits of the next.
+///
+/// The model itself is immutable (weights); everything that changes while generating lives in
+/// `State` (the KV cache and the position). Beam search clones states to fork hypotheses.
+pub trait LanguageModel {
+    type State: Clone;
+
+    fn vocab_size(&self) -> usize;
+    /// Longest sequence (prompt + generated) the model accepts.
+    fn context_length(&self) -> usize;
+    /// Token the prompt starts with, if the model uses one.
+    fn bos_token(&self) -> Option<u32>;
+    /// Tokens that end generation.
+    fn eos_tokens(&self) -> &[u32];
+
+    /// An empty state: no tokens seen yet.
+    fn new_state(&self) -> Self::State;
+    /// How many tokens the state holds (the position the next token will take).
+    fn position(&self, state: &Self::State) -> usize;
+
+    /// Append `tokens` to `state` in one pass (prefill when there are many, a decode step when
+    /// there is one) and return logits. With `all_logits` the result holds `tokens.len()` rows of
+    /// `vocab_size()` (row i predicts the token after `tokens[i]`); otherwise only the last row.
+    /// Errors (and leaves `state` unchanged) when the tokens would not fit in the context or an
+    /// id is outside the vocabulary.
+    fn forward(&self, state: &mut Self::State, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>>;
+}
+
+/// Turns text into token ids and back. Tokenizer-backed for transformers, word lists for tables.
+pub trait Vocab {
+    /// Ids of `text` without special tokens (the caller adds BOS).
+    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    /// Text of a sequence of ids. Decoding a whole sequence (not token by token) matters for
+    /// byte-fallback and multi-byte characters; the streaming loop diffs successive decodes.
+    fn decode(&self, ids: &[u32]) -> String;
+    /// Display form of one token (for probability views), e.g. "▁cat" or "<0x0A>".
+    fn token_text(&self, id: u32) -> String;
+}

@@ -1,0 +1,346 @@
+//! The `nexttoken` command line: generate, score and inspect models natively.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+
+use nexttoken::cpu::CpuModel;
+use nexttoken::generate::{self, BeamOptions, GenerateOptions, Generation};
+use nexttoken::model::Model;
+use nexttoken::sampling::SamplerConfig;
+use nexttoken::table::TableModel;
+use nexttoken::tokenizer::HfTokenizer;
+use nexttoken::{Error, LanguageModel, Result, Vocab};
+
+#[derive(Parser)]
+#[command(name = "nexttoken", version, about = "Autoregressive text generation with GGUF models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the prompt, then stream its continuation token by token.
+    Generate(GenerateArgs),
+    /// Score a text with the chain rule: each token's probability, log P and perplexity.
+    Score(ScoreArgs),
+    /// Describe a model file: architecture, shapes, parameters, tensor types and bytes.
+    Info {
+        #[arg(long)]
+        model: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// A GGUF file, or a table model (.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// tokenizer.json (default: tokenizer.json beside the model). Table models need none.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Where the forward pass runs.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
+    backend: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value = "")]
+    prompt: String,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// 0 means greedy (always the most likely token).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Keep the smallest set of tokens whose probabilities sum to P (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Penalise tokens seen in the last --repeat-window tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    repeat_window: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Beam search with this many beams (1 = off); the best beam is printed.
+    #[arg(long, default_value_t = 1)]
+    beams: usize,
+    /// Divide a beam's log P by its length when ranking beams.
+    #[arg(long)]
+    length_normalise: bool,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+}
+
+#[derive(Args)]
+struct ScoreArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long)]
+    text: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => with_model(&args.model, |m, v| run_generate(m, v, &args)),
+        Command::Score(args) => with_model(&args.model, |m, v| run_score(m, v, &args)),
+        Command::Info { model } => run_info(&model),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Load the model named by `args` and hand it to `f`.
+fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>) -> Result<()> {
+    if args.backend == "gpu" {
+        return Err(Error::Input("the GPU backend is not built yet; use --backend cpu".into()));
+    }
+    if args.model.extension().is_some_and(|e| e == "json") {
+        let text = read_to_string(&args.model)?;
+        let table = TableModel::from_json(&text)?;
+        return f(&table, &table);
+    }
+    let model = CpuModel::new(Model::open(&args.model)?);
+    let tokenizer_path = args
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| args.model.with_file_name("tokenizer.json"));
+    if !tokenizer_path.exists() {
+        return Err(Error::Tokenizer(format!(
+            "no tokenizer: {} does not exist (pass --tokenizer PATH)",
+            tokenizer_path.display()
+        )));
+    }
+    let tokenizer = HfTokenizer::from_file(&tokenizer_path)?;
+    f(&model, &tokenizer)
+}
+
+/// Object-safe view of a `LanguageModel` so the CLI can hold either kind behind one reference;
+/// each command is generic and is instantiated per concrete model in `DynModel` impls.
+trait DynModel {
+    fn generate(&self, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()>;
+    fn score(&self, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()>;
+}
+
+impl<M: LanguageModel> DynModel for M {
+    fn generate(&self, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()> {
+        generate_with(self, vocab, args)
+    }
+    fn score(&self, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
+        score_with(self, vocab, args)
+    }
+}
+
+fn run_generate(model: &dyn DynModel, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()> {
+    model.generate(vocab, args)
+}
+
+fn run_score(model: &dyn DynModel, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
+    model.score(vocab, args)
+}
+
+/// BOS (when the model wants one) followed by the text's tokens.
+fn prompt_ids<M: LanguageModel>(model: &M, vocab: &dyn Vocab, text: &str) -> Result<Vec<u32>> {
+    let mut ids: Vec<u32> = model.bos_token().into_iter().collect();
+    ids.extend(vocab.encode(text)?);
+    if ids.is_empty() {
+        return Err(Error::Input("the prompt is empty and the model has no BOS token to start from".into()));
+    }
+    Ok(ids)
+}
+
+fn top_json(vocab: &dyn Vocab, top: &[(u32, f32)]) -> serde_json::Value {
+    top.iter()
+        .map(|&(id, p)| json!({"id": id, "token": vocab.token_text(id), "prob": p}))
+        .collect()
+}
+
+fn generate_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()> {
+    let ids = prompt_ids(model, vocab, &args.prompt)?;
+    let mut out = std::io::stdout().lock();
+    let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
+
+    if args.beams > 1 {
+        let opts = BeamOptions {
+            beams: args.beams,
+            max_tokens: args.max_tokens,
+            length_normalise: args.length_normalise,
+        };
+        let beams = generate::beam_search(model, &ids, opts)?;
+        if args.model.json {
+            let list: Vec<_> = beams
+                .iter()
+                .map(|b| json!({"ids": b.ids, "text": vocab.decode(&b.ids), "logprob": b.logprob, "score": b.score, "finished": b.finished}))
+                .collect();
+            writeln!(out, "{}", json!({"prompt_tokens": ids.len(), "beams": list})).map_err(write_err)?;
+        } else {
+            let best = &beams[0];
+            writeln!(out, "{}{}", args.prompt, continuation(vocab, &ids, &best.ids)).map_err(write_err)?;
+            eprintln!("beam log P = {:.4}, P = {:.4}", best.logprob, best.logprob.exp());
+        }
+        return Ok(());
+    }
+
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampler: SamplerConfig {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            repeat_window: args.repeat_window,
+            seed: args.seed,
+        },
+        stop_strings: args.stop.clone(),
+        ..GenerateOptions::default()
+    };
+    if !args.model.json {
+        write!(out, "{}", args.prompt).map_err(write_err)?;
+        out.flush().map_err(write_err)?;
+    }
+    let mut generation = Generation::new(model, vocab, &ids, opts)?;
+    while let Some(ev) = generation.step()? {
+        if args.model.json {
+            let line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
+            writeln!(out, "{line}").map_err(write_err)?;
+        } else {
+            write!(out, "{}", ev.text).map_err(write_err)?;
+        }
+        out.flush().map_err(write_err)?;
+    }
+    let s = generation.summary().expect("generation has stopped");
+    if args.model.json {
+        let summary = json!({
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "prefill_tok_s": per_second(s.prompt_tokens, s.prefill_ms),
+            "decode_tok_s": per_second(s.generated_tokens.saturating_sub(1), s.decode_ms),
+            "ttft_ms": s.ttft_ms,
+            "stop_reason": format!("{:?}", s.stop_reason),
+            "text": s.text,
+        });
+        writeln!(out, "{summary}").map_err(write_err)?;
+    } else {
+        writeln!(out).map_err(write_err)?;
+        eprintln!(
+            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s",
+            s.prompt_tokens,
+            s.generated_tokens,
+            per_second(s.prompt_tokens, s.prefill_ms),
+            per_second(s.generated_tokens.saturating_sub(1), s.decode_ms),
+        );
+    }
+    Ok(())
+}
+
+/// Text the generated ids add after the prompt (decoded together so joins come out right).
+fn continuation(vocab: &dyn Vocab, prompt: &[u32], generated: &[u32]) -> String {
+    let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
+    let full = vocab.decode(&all);
+    let head = vocab.decode(prompt);
+    full.strip_prefix(&head).map(str::to_owned).unwrap_or_else(|| vocab.decode(generated))
+}
+
+fn per_second(tokens: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        tokens as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+fn score_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
+    let ids = prompt_ids(model, vocab, &args.text)?;
+    if ids.len() < 2 {
+        return Err(Error::Input("the text needs at least one token after the first to score".into()));
+    }
+    let score = generate::score(model, &ids)?;
+    let tokens: Vec<_> = ids[1..]
+        .iter()
+        .zip(&score.token_logprobs)
+        .map(|(&id, &lp)| (id, vocab.token_text(id), lp))
+        .collect();
+    if args.model.json {
+        let list: Vec<_> = tokens
+            .iter()
+            .map(|(id, text, lp)| json!({"id": id, "token": text, "prob": lp.exp(), "logprob": lp}))
+            .collect();
+        println!(
+            "{}",
+            json!({"tokens": list, "logprob": score.total_logprob, "avg_nll": score.avg_nll, "perplexity": score.perplexity})
+        );
+    } else {
+        for (id, text, lp) in &tokens {
+            println!("{id:>7} {text:<20} p = {:.6}  log p = {lp:.4}", lp.exp());
+        }
+        println!("logprob {:.4}", score.total_logprob);
+        println!("avg_nll {:.4}", score.avg_nll);
+        println!("perplexity {:.4}", score.perplexity);
+    }
+    Ok(())
+}
+
+fn run_info(path: &Path) -> Result<()> {
+    if path.extension().is_some_and(|e| e == "json") {
+        let table = TableModel::from_json(&read_to_string(path)?)?;
+        println!("table model: vocabulary of {} words", table.vocab_size());
+        return Ok(());
+    }
+    let model = Model::open(path)?;
+    let c = &model.config;
+    println!("architecture   {}", c.arch.gguf_name());
+    println!("vocab          {}", c.n_vocab);
+    println!("embedding      {}", c.n_embd);
+    println!("layers         {}", c.n_layer);
+    println!("heads          {} (key/value heads {}, head size {})", c.n_head, c.n_head_kv, c.head_dim);
+    println!("feed-forward   {}", c.n_ff);
+    println!("context        {}", c.n_ctx);
+    println!("rope           {:?}, theta {}, {} dims", c.rope, c.rope_theta, c.rope_dims);
+    println!("norm eps       {}", c.norm_eps);
+    println!("bos / eos      {:?} (add bos: {}) / {:?}", c.bos_token, c.add_bos, c.eos_tokens);
+    println!("parameters     {}", model.parameter_count());
+    let mut by_type: Vec<(&str, usize, usize)> = Vec::new();
+    for t in &model.tensors {
+        match by_type.iter_mut().find(|e| e.0 == t.ty.name()) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += t.size_bytes;
+            }
+            None => by_type.push((t.ty.name(), 1, t.size_bytes)),
+        }
+    }
+    let total: usize = model.tensors.iter().map(|t| t.size_bytes).sum();
+    println!("tensor bytes   {total} ({:.2} MiB)", total as f64 / (1 << 20) as f64);
+    for (ty, n, bytes) in by_type {
+        println!("  {ty:<6} {n:>4} tensors {bytes:>12} bytes");
+    }
+    Ok(())
+}
+
+fn read_to_string(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
+}

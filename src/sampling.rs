@@ -1,0 +1,381 @@
+//! Choosing the next token from the model's logits.
+//!
+//! The model gives a score (logit) per vocabulary entry; softmax turns scores into a probability
+//! distribution, and a sampler draws one token from a reshaped version of that distribution.
+//! `Sampler::sample` applies, in this order:
+//!
+//! 1. **repetition penalty** (CTRL / llama.cpp style): each distinct token of the last
+//!    `repeat_window` history tokens gets `logit / penalty` if its logit is positive and
+//!    `logit * penalty` otherwise, so both cases move towards "less likely";
+//! 2. **greedy** if `temperature <= 0`: the argmax, ties going to the lowest id;
+//! 3. **temperature**: logits are divided by it (<1 sharpens, >1 flattens);
+//! 4. **softmax** (max-subtracted, so `exp` never overflows; `-inf` logits get probability 0);
+//! 5. **top-k**: keep the `top_k` most probable tokens;
+//! 6. **min-p**: drop tokens whose probability is below `min_p` × the largest probability;
+//! 7. **top-p** (nucleus): keep the smallest set of most probable tokens whose probability
+//!    (relative to what is still kept) reaches `top_p`; always at least one;
+//! 8. **renormalise and draw** with the seeded [`Rng`].
+//!
+//! The probability reported in [`Pick`] is not the reshaped one: it is what the model itself
+//! believes, the plain softmax of the logits at temperature 1.
+
+use rand_core::{RngCore, SeedableRng};
+use rand_pcg::Pcg32;
+
+/// How to choose tokens. The default samples from the model's own distribution (temperature 1,
+/// every filter off); [`SamplerConfig::greedy`] always takes the most probable token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// Divides the logits; 0 (or less) means greedy.
+    pub temperature: f32,
+    /// Keep only the k most probable tokens; 0 = off.
+    pub top_k: usize,
+    /// Keep the smallest nucleus reaching this probability; 1.0 = off.
+    pub top_p: f32,
+    /// Drop tokens less probable than `min_p` × the most probable one; 0 = off.
+    pub min_p: f32,
+    /// Penalty for tokens seen in the last `repeat_window` tokens; 1.0 = off.
+    pub repeat_penalty: f32,
+    pub repeat_window: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_window: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Always the most probable token (after the repetition penalty, which is off here too).
+    pub fn greedy() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Temperature 0 is the limit where all probability goes to the argmax. A NaN temperature
+    /// (a bad UI value) is greedy too, rather than a distribution of NaNs.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.temperature.is_nan()
+    }
+}
+
+/// The random stream behind sampling: PCG32 (XSH-RR), whose output is specified bit for bit, so a
+/// seed gives the same tokens natively and in wasm.
+#[derive(Clone, Debug)]
+pub struct Rng(Pcg32);
+
+impl Rng {
+    /// Seeded through `SeedableRng::seed_from_u64`, which expands the u64 into PCG32's 128-bit
+    /// state and stream (itself with a PCG step, so seeds 0, 1, 2... give unrelated streams).
+    pub fn new(seed: u64) -> Rng {
+        Rng(Pcg32::seed_from_u64(seed))
+    }
+
+    /// A generator built from an explicit PCG32 (e.g. `Pcg32::new(state, stream)`).
+    pub fn from_pcg(pcg: Pcg32) -> Rng {
+        Rng(pcg)
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+
+    /// Uniform in [0, 1): the top 24 bits (an f32 holds 24 bits of mantissa exactly).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 / (1u32 << 24) as f32
+    }
+}
+
+/// The token chosen at one step and what the model thought of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pick {
+    pub id: u32,
+    /// P(id) under the plain softmax of the logits (temperature 1, no filters, no penalty).
+    pub prob: f32,
+    /// ln of `prob`, computed directly (stays finite where `prob` rounds to 0).
+    pub logprob: f32,
+    /// The five most probable ids under the same plain softmax, most probable first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// How many alternatives a [`Pick`] shows.
+const TOP_SHOWN: usize = 5;
+
+/// A nucleus that reaches `top_p` up to float rounding counts as reaching it: probabilities of
+/// 0.5 and 0.3 should make a 0.8 nucleus even though softmax returns 0.79999995 for their sum.
+const NUCLEUS_SLACK: f64 = 1e-6;
+
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Rng,
+    // Scratch buffers, reused so a step allocates nothing proportional to the vocabulary.
+    adjusted: Vec<f32>,
+    candidates: Vec<(u32, f32)>,
+    recent: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Sampler {
+        let rng = Rng::new(cfg.seed);
+        Sampler {
+            cfg,
+            rng,
+            adjusted: Vec::new(),
+            candidates: Vec::new(),
+            recent: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Choose the next token given the model's `logits` and the tokens so far (prompt included),
+    /// which only the repetition penalty looks at.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Pick {
+        let id = self.choose(logits, history);
+        describe(logits, id)
+    }
+
+    fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let mut adjusted = std::mem::take(&mut self.adjusted);
+        adjusted.clear();
+        adjusted.extend_from_slice(logits);
+        self.penalise_repeats(&mut adjusted, history);
+        let id = if self.cfg.is_greedy() {
+            argmax(&adjusted)
+        } else {
+            self.draw(&adjusted)
+        };
+        self.adjusted = adjusted;
+        id
+    }
+
+    fn penalise_repeats(&mut self, logits: &mut [f32], history: &[u32]) {
+        let penalty = self.cfg.repeat_penalty;
+        // A penalty of 0 or less would divide by zero or flip signs: treat it as off.
+        if penalty == 1.0 || penalty <= 0.0 || penalty.is_nan() || self.cfg.repeat_window == 0 {
+            return;
+        }
+        // Each distinct token once, however often it repeated (that is llama.cpp's rule).
+        let recent = &history[history.len().saturating_sub(self.cfg.repeat_window)..];
+        self.recent.clear();
+        self.recent.extend_from_slice(recent);
+        self.recent.sort_unstable();
+        self.recent.dedup();
+        for &id in &self.recent {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                *logit = if *logit > 0.0 {
+                    *logit / penalty
+                } else {
+                    *logit * penalty
+                };
+            }
+        }
+    }
+
+    /// Steps 3 to 8 of the module docs.
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let Some(max) = max_finite(logits) else {
+            return argmax(logits);
+        };
+        let inv_temperature = 1.0 / self.cfg.temperature;
+
+        // Temperature and softmax in one pass: exp((l - max) / T) is exp(l/T) scaled by a
+        // constant, and at most 1, so it cannot overflow. Impossible tokens are never candidates.
+        let c = &mut self.candidates;
+        c.clear();
+        let mut sum = 0.0f64;
+        for (id, &logit) in logits.iter().enumerate() {
+            if logit > f32::NEG_INFINITY {
+                let weight = ((logit - max) * inv_temperature).exp();
+                sum += weight as f64;
+                c.push((id as u32, weight));
+            }
+        }
+        for (_, p) in c.iter_mut() {
+            *p = (*p as f64 / sum) as f32;
+        }
+
+        let top_k = self.cfg.top_k;
+        if top_k > 0 && top_k < c.len() {
+            // Partition instead of sorting the whole vocabulary; then sort the few kept so the
+            // draw below sees them in an order that does not depend on the partition algorithm.
+            c.select_nth_unstable_by(top_k - 1, most_probable_first);
+            c.truncate(top_k);
+            c.sort_unstable_by(most_probable_first);
+        }
+
+        if self.cfg.min_p > 0.0 {
+            let max_prob = c.iter().map(|&(_, p)| p).fold(0.0, f32::max);
+            let threshold = self.cfg.min_p.min(1.0) * max_prob; // the best always stays
+            c.retain(|&(_, p)| p >= threshold);
+        }
+
+        if self.cfg.top_p < 1.0 {
+            keep_nucleus(c, self.cfg.top_p);
+        }
+
+        // Renormalise implicitly: draw a point in [0, kept mass) and find whose slice holds it.
+        let mass: f64 = c.iter().map(|&(_, p)| p as f64).sum();
+        let r = self.rng.next_f32() as f64 * mass;
+        let mut cumulative = 0.0f64;
+        for &(id, p) in c.iter() {
+            cumulative += p as f64;
+            if r < cumulative {
+                return id;
+            }
+        }
+        c.last().map_or(0, |&(id, _)| id) // r landed past the end by rounding
+    }
+}
+
+/// Top-p on candidates holding probabilities (not necessarily summing to 1: what earlier filters
+/// left). Keeps the most probable tokens until their share of the kept mass reaches `top_p`.
+fn keep_nucleus(c: &mut Vec<(u32, f32)>, top_p: f32) {
+    let mass: f64 = c.iter().map(|&(_, p)| p as f64).sum();
+    let target = (top_p as f64 - NUCLEUS_SLACK) * mass;
+
+    // llama2.c's shortcut: a token below (1 - top_p) / (n - 1) of the mass can never be in the
+    // nucleus (all such tokens together hold less than 1 - top_p), so drop them before sorting.
+    if c.len() > 1 {
+        let cutoff = ((1.0 - top_p as f64) * mass / (c.len() - 1) as f64) as f32;
+        if c.iter().any(|&(_, p)| p >= cutoff) {
+            c.retain(|&(_, p)| p >= cutoff);
+        }
+    }
+
+    c.sort_unstable_by(most_probable_first);
+    let mut cumulative = 0.0f64;
+    let mut keep = c.len();
+    for (i, &(_, p)) in c.iter().enumerate() {
+        cumulative += p as f64;
+        if cumulative >= target {
+            keep = i + 1;
+            break;
+        }
+    }
+    c.truncate(keep.max(1));
+}
+
+/// Higher probability first; equal probabilities by lower id, so results never depend on the
+/// order an algorithm happens to leave ties in.
+fn most_probable_first(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// What the model believes about `id`: its plain-softmax probability and the top alternatives.
+fn describe(logits: &[f32], id: u32) -> Pick {
+    let lse = logsumexp(logits);
+    let logprob_of = |logit: f32| {
+        if lse == f64::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            logit as f64 - lse
+        }
+    };
+    let logprob = logits
+        .get(id as usize)
+        .map_or(f64::NEG_INFINITY, |&l| logprob_of(l));
+    let top = top_n(logits, TOP_SHOWN)
+        .into_iter()
+        .map(|(i, logit)| (i, logprob_of(logit).exp() as f32))
+        .collect();
+    Pick {
+        id,
+        prob: logprob.exp() as f32,
+        logprob: logprob as f32,
+        top,
+    }
+}
+
+/// Index of the largest logit; ties (and an all `-inf` or NaN vector) go to the lowest id.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &logit) in logits.iter().enumerate() {
+        // `>` is false for NaN, so a NaN never wins.
+        if logit > logits[best] || (logits[best].is_nan() && !logit.is_nan()) {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `n` largest logits as (id, logit), largest first, ties to the lowest id; NaN skipped.
+/// One pass keeping a short sorted list: for the handful shown per token (or one per beam) this
+/// beats sorting, and allocates nothing the size of the vocabulary.
+pub fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n == 0 {
+        return top;
+    }
+    for (id, &logit) in logits.iter().enumerate() {
+        let full = top.len() == n;
+        if logit.is_nan() || (full && logit <= top[n - 1].1) {
+            continue;
+        }
+        // After any equal logits, so among ties the lower id (seen first) stays ahead.
+        let at = top.partition_point(|&(_, kept)| kept >= logit);
+        top.insert(at, (id as u32, logit));
+        top.truncate(n);
+    }
+    top
+}
+
+/// Largest logit above `-inf`, if any (NaN ignored).
+fn max_finite(logits: &[f32]) -> Option<f32> {
+    logits
+        .iter()
+        .copied()
+        .filter(|&l| l > f32::NEG_INFINITY)
+        .reduce(f32::max)
+}
+
+/// ln Σ exp(logits), computed as max + ln Σ exp(l - max) in f64 so nothing overflows or
+/// underflows to a wrong answer. `-inf` when every logit is `-inf` (there is no distribution).
+pub fn logsumexp(logits: &[f32]) -> f64 {
+    let Some(max) = max_finite(logits) else {
+        return f64::NEG_INFINITY;
+    };
+    let max = max as f64;
+    let sum: f64 = logits
+        .iter()
+        .filter(|&&l| l > f32::NEG_INFINITY)
+        .map(|&l| (l as f64 - max).exp())
+        .sum();
+    max + sum.ln()
+}
+
+/// Probabilities of the logits at temperature 1. `-inf` logits get exactly 0; if all are `-inf`
+/// there is no distribution and the result is all zeros (never NaN).
+pub fn softmax(logits: &[f32]) -> Vec<f32> {
+    let lse = logsumexp(logits);
+    if lse == f64::NEG_INFINITY {
+        return vec![0.0; logits.len()];
+    }
+    logits
+        .iter()
+        .map(|&l| (l as f64 - lse).exp() as f32)
+        .collect()
+}
+
+/// ln P(id) under the softmax of `logits`: the logit minus logsumexp, never ln of a rounded
+/// probability. Panics if `id` is not an index of `logits`.
+pub fn log_softmax_at(logits: &[f32], id: u32) -> f64 {
+    let lse = logsumexp(logits);
+    if lse == f64::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    logits[id as usize] as f64 - lse
+}

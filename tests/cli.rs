@@ -1,0 +1,148 @@
+//! The `nexttoken` binary end to end: streaming text, JSON per token, scoring, info, and clear
+//! errors for bad input. Expected values come from the transformers fixtures and the lesson's
+//! hand-computed tables, not from earlier runs of the CLI.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn nexttoken(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nexttoken")).args(args).output().expect("run nexttoken")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn fixture(dir: &str) -> (String, Value) {
+    let d = common::fixtures().join(dir);
+    let reference = serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
+    (d.display().to_string(), reference)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn greedy_json_matches_transformers() {
+    let (dir, reference) = fixture("qwen2");
+    let model = format!("{dir}/qwen2-f32.gguf");
+    let prompt = reference["prompt"].as_str().unwrap();
+    let want = ids(&reference["variants"]["f32"]["greedy_ids"]);
+    let n = want.len().to_string();
+    let out = stdout(&nexttoken(&["generate", "--model", &model, "--prompt", prompt, "--temperature", "0", "--max-tokens", &n, "--json"]));
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (summary, tokens) = lines.split_last().unwrap();
+    // EOS may come early for a random model; compare the prefix that was generated.
+    let got: Vec<u64> = tokens.iter().map(|t| t["id"].as_u64().unwrap()).collect();
+    assert!(!got.is_empty());
+    assert_eq!(got, want[..got.len()]);
+    for t in tokens {
+        let top = t["top"].as_array().unwrap();
+        assert_eq!(top.len(), 5);
+        // Greedy picks the most likely token, so it heads the top-5 list with the same probability.
+        assert_eq!(top[0]["id"], t["id"]);
+        let p = t["prob"].as_f64().unwrap();
+        assert!((t["logprob"].as_f64().unwrap() - p.ln()).abs() < 1e-5);
+    }
+    for key in ["prompt_tokens", "generated_tokens", "prefill_tok_s", "decode_tok_s", "ttft_ms", "text"] {
+        assert!(summary.get(key).is_some(), "summary lacks {key}: {summary}");
+    }
+    assert_eq!(summary["generated_tokens"].as_u64().unwrap() as usize, got.len());
+}
+
+#[test]
+fn text_output_starts_with_the_prompt() {
+    let (dir, reference) = fixture("llama");
+    let prompt = reference["prompt"].as_str().unwrap();
+    let out = stdout(&nexttoken(&["generate", "--model", &format!("{dir}/llama-q4_k.gguf"), "--prompt", prompt, "--max-tokens", "8", "--seed", "7"]));
+    assert!(out.starts_with(prompt), "{out:?}");
+    assert!(out.len() > prompt.len());
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_seed_dependent() {
+    let (dir, reference) = fixture("gpt2");
+    let model = format!("{dir}/gpt2-f32.gguf");
+    let prompt = reference["prompt"].as_str().unwrap();
+    let run = |seed: &str| stdout(&nexttoken(&["generate", "--model", &model, "--prompt", prompt, "--max-tokens", "24", "--temperature", "1.5", "--seed", seed]));
+    assert_eq!(run("1"), run("1"));
+    let distinct: std::collections::HashSet<String> = ["1", "2", "3", "4"].iter().map(|s| run(s)).collect();
+    assert!(distinct.len() > 1, "four seeds gave the same text");
+}
+
+#[test]
+fn score_reports_chain_rule() {
+    let lesson = common::repo().join("www/models/lesson-toy.json").display().to_string();
+    let out = stdout(&nexttoken(&["score", "--model", &lesson, "--text", "the cat sat", "--json"]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    // P(the|<s>) P(cat|the) P(sat|cat) = 1 * 0.6 * 0.7
+    assert!((v["logprob"].as_f64().unwrap() - 0.42f64.ln()).abs() < 1e-6, "{v}");
+    let ppl = (-0.42f64.ln() / 3.0).exp();
+    assert!((v["perplexity"].as_f64().unwrap() - ppl).abs() < 1e-6);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    let text = stdout(&nexttoken(&["score", "--model", &lesson, "--text", "the cat sat"]));
+    assert!(text.contains("perplexity") && text.contains("logprob"), "{text}");
+}
+
+#[test]
+fn lesson_models_from_the_cli() {
+    let repo = common::repo();
+    let toy = repo.join("www/models/lesson-toy.json").display().to_string();
+    let beam = repo.join("www/models/lesson-beam.json").display().to_string();
+    assert_eq!(stdout(&nexttoken(&["generate", "--model", &toy, "--temperature", "0"])).trim(), "the cat sat");
+    assert_eq!(stdout(&nexttoken(&["generate", "--model", &beam, "--temperature", "0"])).trim(), "the cat");
+    assert_eq!(stdout(&nexttoken(&["generate", "--model", &beam, "--beams", "2"])).trim(), "a bird");
+}
+
+#[test]
+fn info_describes_the_model() {
+    let (dir, _) = fixture("llama");
+    let out = stdout(&nexttoken(&["info", "--model", &format!("{dir}/llama-q4_k.gguf")]));
+    for want in ["architecture   llama", "layers         2", "Q4_K", "Q6_K", "parameters"] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+}
+
+fn fails_with(args: &[&str], message: &str) {
+    let o = nexttoken(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert!(err.contains(message), "{args:?}: stderr {err:?} lacks {message:?}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let tmp = std::env::temp_dir().join(format!("nexttoken-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (dir, _) = fixture("llama");
+    let model = format!("{dir}/llama-q8_0.gguf");
+
+    // A model without a tokenizer beside it.
+    let lonely = tmp.join("lonely.gguf");
+    std::fs::copy(&model, &lonely).unwrap();
+    fails_with(&["generate", "--model", lonely.to_str().unwrap(), "--prompt", "hi"], "no tokenizer");
+
+    // A truncated file.
+    let bytes = std::fs::read(&model).unwrap();
+    let truncated = tmp.join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(&["info", "--model", truncated.to_str().unwrap()], "truncated");
+
+    // Not a GGUF at all.
+    let text = tmp.join("text.gguf");
+    std::fs::write(&text, "hello, I am not a model").unwrap();
+    fails_with(&["info", "--model", text.to_str().unwrap()], "not a GGUF file");
+
+    fails_with(&["info", "--model", tmp.join("missing.gguf").to_str().unwrap()], "missing.gguf");
+
+    // A prompt longer than the context (128 tokens for this fixture).
+    let long = "Flat is better than nested. ".repeat(60);
+    fails_with(&["generate", "--model", &model, "--prompt", &long], "context");
+    std::fs::remove_dir_all(&tmp).ok();
+}

@@ -6,6 +6,9 @@
 //! [`Generation`] is the loop unrolled into steps, so a browser worker can pull one token at a
 //! time; [`generate`] drives it with a callback for native code and tests.
 
+use std::borrow::Borrow;
+use std::marker::PhantomData;
+
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Vocab};
 use crate::sampling::{log_softmax_at, logsumexp, top_n, Pick, Sampler, SamplerConfig};
@@ -104,9 +107,14 @@ pub fn default_clock() -> f64 {
 const ANCHOR_TOKENS: usize = 4;
 
 /// A generation in progress. Each [`step`](Generation::step) yields one token.
-pub struct Generation<'m, M: LanguageModel> {
-    model: &'m M,
-    vocab: &'m dyn Vocab,
+///
+/// It borrows its model and vocabulary ([`Generation::new`]) or holds them by any other handle
+/// that borrows as them, e.g. `Rc<M>` and `Rc<dyn Vocab>` ([`Generation::with_handles`]), which
+/// lets a wasm object own a model and a generation over it together.
+pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
+    model: R,
+    vocab: V,
+    _borrows: PhantomData<(&'m (), fn() -> M)>,
     opts: GenerateOptions,
     sampler: Sampler,
     state: M::State,
@@ -131,6 +139,8 @@ pub struct Generation<'m, M: LanguageModel> {
     prefill_ms: f64,
     decode_ms: f64,
     ttft_ms: Option<f64>,
+    /// When the step in progress started (see [`Generation::step_input`]).
+    step_start: f64,
 }
 
 impl<'m, M: LanguageModel> Generation<'m, M> {
@@ -140,19 +150,36 @@ impl<'m, M: LanguageModel> Generation<'m, M> {
         prompt_ids: &[u32],
         opts: GenerateOptions,
     ) -> Result<Self> {
-        check_prompt(model, prompt_ids)?;
+        Generation::with_handles(model, vocab, prompt_ids, opts)
+    }
+}
+
+impl<'m, M, R, V> Generation<'m, M, R, V>
+where
+    M: LanguageModel,
+    R: Borrow<M>,
+    V: Borrow<dyn Vocab + 'm>,
+{
+    /// Like [`Generation::new`], with the model and vocabulary held through `R` and `V` (for
+    /// example `Rc<M>` and `Rc<dyn Vocab>`) instead of borrowed.
+    pub fn with_handles(model: R, vocab: V, prompt_ids: &[u32], opts: GenerateOptions) -> Result<Self> {
+        let m: &M = Borrow::<M>::borrow(&model);
+        check_prompt(m, prompt_ids)?;
         if opts.stop_strings.iter().any(String::is_empty) {
             return Err(Error::Input(
                 "a stop string is empty (it would match at once)".into(),
             ));
         }
         let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
+        let state = m.new_state();
+        let anchor_text = Borrow::<dyn Vocab + 'm>::borrow(&vocab).decode(anchor);
         Ok(Generation {
             model,
             vocab,
+            _borrows: PhantomData,
             sampler: Sampler::new(opts.sampler.clone()),
             opts,
-            state: model.new_state(),
+            state,
             tokens: prompt_ids.to_vec(),
             prompt_len: prompt_ids.len(),
             prefilled: false,
@@ -160,14 +187,23 @@ impl<'m, M: LanguageModel> Generation<'m, M> {
             pending: None,
             decode_ids: anchor.to_vec(),
             anchor_len: anchor.len(),
-            anchor_text: vocab.decode(anchor),
+            anchor_text,
             text: String::new(),
             stop: None,
             clock: default_clock,
             prefill_ms: 0.0,
             decode_ms: 0.0,
             ttft_ms: None,
+            step_start: 0.0,
         })
+    }
+
+    pub fn model(&self) -> &M {
+        Borrow::<M>::borrow(&self.model)
+    }
+
+    pub fn vocab(&self) -> &dyn Vocab {
+        Borrow::<dyn Vocab + 'm>::borrow(&self.vocab)
     }
 
     /// Time with `clock` instead of [`default_clock`].
@@ -182,27 +218,61 @@ impl<'m, M: LanguageModel> Generation<'m, M> {
     ///
     /// [`stop_reason`]: Generation::stop_reason
     pub fn step(&mut self) -> Result<Option<TokenEvent>> {
-        if self.stop.is_some() {
+        let Some(tokens) = self.step_input() else {
             return Ok(None);
+        };
+        let logits = if tokens.is_empty() {
+            Vec::new()
+        } else {
+            Borrow::<M>::borrow(&self.model).forward(&mut self.state, &tokens, false)?
+        };
+        Ok(Some(self.step_output(logits)))
+    }
+
+    /// [`step`](Generation::step) in parts, for a model whose forward pass must be awaited (WebGPU
+    /// in the browser): `step_input` gives the tokens to run (`None` once generation has
+    /// stopped); run them through the model on [`state_mut`](Generation::state_mut) (all logits
+    /// off); hand the logits to [`step_output`](Generation::step_output), which samples the
+    /// token. An empty list means no forward pass is needed: pass empty logits. If the forward
+    /// pass fails, the state is unchanged and the step can be tried again.
+    pub fn step_input(&mut self) -> Option<Vec<u32>> {
+        if self.stop.is_some() {
+            return None;
         }
         // Only reachable with max_tokens = 0 or a prompt that fills the context: later steps
         // see these coming and stop at the token that hits them.
         if self.opts.max_tokens == 0 {
             self.stop = Some(StopReason::MaxTokens);
-            return Ok(None);
+            return None;
         }
-        if self.prompt_len >= self.model.context_length() {
+        if self.prompt_len >= Borrow::<M>::borrow(&self.model).context_length() {
             self.stop = Some(StopReason::ContextFull);
-            return Ok(None);
+            return None;
         }
-
-        let start = (self.clock)();
+        self.step_start = (self.clock)();
         if !self.prefilled {
-            self.logits = self.model.forward(&mut self.state, &self.tokens, false)?;
+            Some(self.tokens.clone())
+        } else {
+            Some(self.pending.map(|id| vec![id]).unwrap_or_default())
+        }
+    }
+
+    /// The model state the tokens of [`step_input`](Generation::step_input) go into.
+    pub fn state_mut(&mut self) -> &mut M::State {
+        &mut self.state
+    }
+
+    /// Finish a step begun with [`step_input`](Generation::step_input): sample from `logits`
+    /// (the last row of the forward pass; empty keeps the previous logits) and report the token.
+    pub fn step_output(&mut self, logits: Vec<f32>) -> TokenEvent {
+        let start = self.step_start;
+        if !logits.is_empty() {
+            self.logits = logits;
+        }
+        if !self.prefilled {
             self.prefilled = true;
             self.prefill_ms = (self.clock)() - start;
-        } else if let Some(id) = self.pending {
-            self.logits = self.model.forward(&mut self.state, &[id], false)?;
+        } else {
             self.pending = None;
         }
 
@@ -214,20 +284,20 @@ impl<'m, M: LanguageModel> Generation<'m, M> {
             None => self.ttft_ms = Some(elapsed),
             Some(_) => self.decode_ms += elapsed,
         }
-        Ok(Some(event))
+        event
     }
 
     /// Record the sampled token, decide whether it is the last, and work out its text.
     fn accept(&mut self, pick: Pick) -> TokenEvent {
         let position = self.tokens.len();
         self.tokens.push(pick.id);
-        if self.opts.stop_at_eos && self.model.eos_tokens().contains(&pick.id) {
+        if self.opts.stop_at_eos && Borrow::<M>::borrow(&self.model).eos_tokens().contains(&pick.id) {
             self.stop = Some(StopReason::Eos);
         } else {
             self.decode_ids.push(pick.id);
             if self.tokens.len() - self.prompt_len >= self.opts.max_tokens {
                 self.stop = Some(StopReason::MaxTokens);
-            } else if self.tokens.len() >= self.model.context_length() {
+            } else if self.tokens.len() >= Borrow::<M>::borrow(&self.model).context_length() {
                 self.stop = Some(StopReason::ContextFull);
             } else {
                 self.pending = Some(pick.id);
@@ -263,11 +333,11 @@ impl<'m, M: LanguageModel> Generation<'m, M> {
     /// Decode of everything generated so far, as a whole (so multi-byte characters split over
     /// tokens come out right), without the prompt.
     fn generated_text(&self) -> String {
-        let full = self.vocab.decode(&self.decode_ids);
+        let full = Borrow::<dyn Vocab + 'm>::borrow(&self.vocab).decode(&self.decode_ids);
         match full.strip_prefix(self.anchor_text.as_str()) {
             Some(generated) => generated.to_string(),
             // The prompt's last tokens merged with the first generated ones: decode them alone.
-            None => self.vocab.decode(&self.decode_ids[self.anchor_len..]),
+            None => Borrow::<dyn Vocab + 'm>::borrow(&self.vocab).decode(&self.decode_ids[self.anchor_len..]),
         }
     }
 

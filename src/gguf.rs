@@ -198,7 +198,7 @@ impl Gguf {
                     return gguf_err!(
                         "tensor {name:?} ({} bytes at offset {}) lies past the end of the file ({} bytes): the file is truncated",
                         size,
-                        data_offset as u64 + offset,
+                        (data_offset as u64).saturating_add(offset),
                         bytes.len()
                     )
                 }

@@ -13,6 +13,7 @@ pub mod tokenizer;
 pub mod sampling;
 pub mod generate;
 pub mod table;
+pub mod gpu;
 
 pub use error::{Error, Result};
 pub use lm::{LanguageModel, Vocab};

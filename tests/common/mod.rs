@@ -82,7 +82,7 @@ pub fn encode_f32(ty: GgmlType, values: &[f32]) -> Vec<u8> {
 
 /// ggml's `quantize_row_q8_0_ref`: per 32 values d = max|x| / 127 (stored as f16), q = round(x / d).
 pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
-    assert!(values.len() % 32 == 0, "Q8_0 needs whole blocks of 32, got {}", values.len());
+    assert!(values.len().is_multiple_of(32), "Q8_0 needs whole blocks of 32, got {}", values.len());
     let mut out = Vec::with_capacity(values.len() / 32 * 34);
     for block in values.chunks_exact(32) {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));

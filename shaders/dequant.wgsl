@@ -1,0 +1,124 @@
+// Decoders for GGUF weight bytes, prepended to every kernel that reads weights.
+//
+// The including kernel declares `W: array<u32>` holding a tensor's raw little-endian bytes (padded
+// to whole words) and Rust appends one `fn decode(...)` that forwards to the weight type's
+// decoder. A row is decoded in chunks of CH = 32 elements (one Q8_0/Q4_0 block, one Q4_K
+// sub-block, two Q6_K scale groups; for F32/F16/BF16 any 32 elements, the last chunk of a row
+// possibly shorter: `n` valid elements). Blocks are not word-aligned (Q8_0 is 34 bytes, Q4_0 18),
+// so bytes are read with word loads and shifts. The formulas follow src/quant.rs line by line.
+
+const CH: u32 = 32u;
+
+fn byte_at(off: u32) -> u32 {
+    return (W[off >> 2u] >> ((off & 3u) * 8u)) & 0xffu;
+}
+
+// A 16-bit value at an even byte offset (it never straddles two words).
+fn u16_at(off: u32) -> u32 {
+    return (W[off >> 2u] >> ((off & 2u) * 8u)) & 0xffffu;
+}
+
+fn f16_at(off: u32) -> f32 {
+    return unpack2x16float(u16_at(off)).x;
+}
+
+fn bf16_at(off: u32) -> f32 {
+    return bitcast<f32>(u16_at(off) << 16u);
+}
+
+// A byte read as a signed 8-bit integer.
+fn i8_of(b: u32) -> f32 {
+    return f32(bitcast<i32>(b << 24u) >> 24u);
+}
+
+// `rb`: byte offset of the row in W; `c`: chunk index in the row; `n`: valid elements (<= CH).
+fn decode_f32(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let base = (rb >> 2u) + c * CH;
+    for (var i = 0u; i < n; i++) {
+        (*v)[i] = bitcast<f32>(W[base + i]);
+    }
+}
+
+fn decode_f16(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let base = rb + c * CH * 2u;
+    for (var i = 0u; i < n; i++) {
+        (*v)[i] = f16_at(base + 2u * i);
+    }
+}
+
+fn decode_bf16(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let base = rb + c * CH * 2u;
+    for (var i = 0u; i < n; i++) {
+        (*v)[i] = bf16_at(base + 2u * i);
+    }
+}
+
+// Q8_0: d (f16), then 32 signed bytes. 34 bytes per block.
+fn decode_q8_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + c * 34u;
+    let d = f16_at(off);
+    for (var i = 0u; i < 32u; i++) {
+        (*v)[i] = d * i8_of(byte_at(off + 2u + i));
+    }
+}
+
+// Q4_0: d (f16), 16 bytes: low nibbles are elements 0..16, high nibbles 16..32, offset 8.
+fn decode_q4_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + c * 18u;
+    let d = f16_at(off);
+    for (var j = 0u; j < 16u; j++) {
+        let b = byte_at(off + 2u + j);
+        (*v)[j] = d * f32(i32(b & 0xfu) - 8);
+        (*v)[j + 16u] = d * f32(i32(b >> 4u) - 8);
+    }
+}
+
+// The 6-bit scale and min of Q4_K sub-block j (0..8) from the 12 scale bytes at `sc`.
+fn q4_k_scale_min(sc: u32, j: u32) -> vec2<u32> {
+    if (j < 4u) {
+        return vec2<u32>(byte_at(sc + j) & 63u, byte_at(sc + j + 4u) & 63u);
+    }
+    let a = byte_at(sc + j + 4u);
+    return vec2<u32>(
+        (a & 0xfu) | ((byte_at(sc + j - 4u) >> 6u) << 4u),
+        (a >> 4u) | ((byte_at(sc + j) >> 6u) << 4u),
+    );
+}
+
+// Q4_K: d, dmin (f16), 12 scale bytes, 128 bytes of nibbles; 144 bytes per 256 elements.
+// Chunk c is sub-block j = c % 8: nibbles of byte group j / 2, low for even j, high for odd.
+fn decode_q4_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + (c / 8u) * 144u;
+    let j = c % 8u;
+    let d = f16_at(off);
+    let dmin = f16_at(off + 2u);
+    let sm = q4_k_scale_min(off + 4u, j);
+    let d1 = d * f32(sm.x);
+    let m1 = dmin * f32(sm.y);
+    let q = off + 16u + (j / 2u) * 32u;
+    let shift = (j & 1u) * 4u;
+    for (var l = 0u; l < 32u; l++) {
+        (*v)[l] = d1 * f32((byte_at(q + l) >> shift) & 0xfu) - m1;
+    }
+}
+
+// Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 signed scales, d (f16); 210 bytes per 256.
+// Chunk c: half h = j / 4 (128 elements each), quarter k = j % 4 within it (j = c % 8).
+fn decode_q6_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + (c / 8u) * 210u;
+    let j = c % 8u;
+    let h = j / 4u;
+    let k = j % 4u;
+    let d = f16_at(off + 208u);
+    let ql = off + h * 64u + (k & 1u) * 32u;
+    let qh = off + 128u + h * 32u;
+    let sc = off + 192u + h * 8u + 2u * k;
+    let lo_shift = (k / 2u) * 4u;
+    let hi_shift = 2u * k;
+    for (var l = 0u; l < 32u; l++) {
+        let lo = (byte_at(ql + l) >> lo_shift) & 0xfu;
+        let hi = (byte_at(qh + l) >> hi_shift) & 3u;
+        let q = i32(lo | (hi << 4u)) - 32;
+        (*v)[l] = d * i8_of(byte_at(sc + l / 16u)) * f32(q);
+    }
+}

@@ -1,0 +1,153 @@
+//! Run one kernel on host data: upload, dispatch, read back. For the per-kernel tests against
+//! the CPU reference and for debugging; native only (it blocks).
+
+use super::context::GpuContext;
+use super::kernels::{readback, upload, Kernels, Pass};
+use super::ops::{self, floats, GpuTensor, Out, RopeMode};
+use crate::error::Result;
+use crate::quant::GgmlType;
+
+fn f32_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn upload_f32(ctx: &GpuContext, x: &[f32]) -> wgpu::Buffer {
+    upload(ctx, "host input", &f32_bytes(x))
+}
+
+/// Copy the first `n` floats of `buf` back to the host (after everything submitted before).
+pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+    let rb = readback(ctx, n as u64 * 4);
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") });
+    if n > 0 {
+        enc.copy_buffer_to_buffer(buf, 0, &rb, 0, n as u64 * 4);
+    }
+    ctx.queue.submit([enc.finish()]);
+    let bytes = pollster::block_on(ctx.read_buffer(&rb))?;
+    Ok(bytes[..n * 4].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+/// `y[t][r] = W[r] . x[t] (+ bias[r])` for `x.len() / cols` tokens; W is `rows` x `cols` of `ty`
+/// in its GGUF bytes.
+pub fn matmul(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let n_tok = x.len() / cols;
+    let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
+    let xb = upload_f32(ctx, x);
+    let bb = bias.map(|b| upload_f32(ctx, b));
+    let dummy = floats(ctx, "dummy", 4);
+    let y = floats(ctx, "y", n_tok * rows);
+    let mut pass = Pass::new(k);
+    ops::matmul(&mut pass, &wt, bb.as_ref(), &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 });
+    pass.submit();
+    read(ctx, &y, n_tok * rows)
+}
+
+/// Like [`matmul`] but with W split into parts of at most `rows_per_part` rows (as a tensor
+/// larger than the binding limit is), to test the split path on small data.
+pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], rows_per_part: usize) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let n_tok = x.len() / cols;
+    let rb = ty.row_bytes(cols);
+    let parts = (0..rows)
+        .step_by(rows_per_part)
+        .map(|r0| {
+            let n = rows_per_part.min(rows - r0);
+            ops::Part { row0: r0, rows: n, buffer: upload(ctx, "w part", &w[r0 * rb..(r0 + n) * rb]) }
+        })
+        .collect();
+    let wt = GpuTensor { ty, rows, cols, row_bytes: rb, parts };
+    let xb = upload_f32(ctx, x);
+    let dummy = floats(ctx, "dummy", 4);
+    let y = floats(ctx, "y", n_tok * rows);
+    let mut pass = Pass::new(k);
+    ops::matmul(&mut pass, &wt, None, &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 });
+    let emb = floats(ctx, "emb", n_tok.min(rows) * cols);
+    let ids: Vec<u8> = (0..n_tok.min(rows) as u32).rev().flat_map(|i| i.to_le_bytes()).collect();
+    let idb = upload(ctx, "ids", &ids);
+    ops::embedding(&mut pass, &wt, &idb, 0, None, n_tok.min(rows), false, &emb);
+    pass.submit();
+    read(ctx, &y, n_tok * rows)
+}
+
+/// Rows `ids` of W (`rows` x `cols` of `ty`).
+pub fn embedding(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, ids: &[u32]) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
+    let idb = upload(ctx, "ids", &ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>());
+    let y = floats(ctx, "y", ids.len() * cols);
+    let mut pass = Pass::new(k);
+    ops::embedding(&mut pass, &wt, &idb, 0, None, ids.len(), false, &y);
+    pass.submit();
+    read(ctx, &y, ids.len() * cols)
+}
+
+/// `x` (rows of `w.len()`) normalised: RMSNorm, or LayerNorm when `bias` is given.
+pub fn norm(k: &Kernels, x: &[f32], w: &[f32], bias: Option<&[f32]>, eps: f32) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let n = w.len();
+    let (xb, wb) = (upload_f32(ctx, x), upload_f32(ctx, w));
+    let bb = bias.map(|b| upload_f32(ctx, b));
+    let y = floats(ctx, "y", x.len());
+    let mut pass = Pass::new(k);
+    ops::norm(&mut pass, &xb, &wb, bb.as_ref(), bias.is_some(), n, x.len() / n, eps, &y);
+    pass.submit();
+    read(ctx, &y, x.len())
+}
+
+/// RoPE of `n_tok` rows of `n_head * head_dim` at positions `pos0 + t`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(k: &Kernels, mode: RopeMode, x: &[f32], n_head: usize, head_dim: usize, rope_dims: usize, pos0: usize, inv_freq: &[f32]) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let width = n_head * head_dim;
+    let n_tok = x.len() / width;
+    let mut table = Vec::new();
+    for t in 0..n_tok {
+        for &f in inv_freq {
+            let (sin, cos) = ((pos0 + t) as f32 * f).sin_cos();
+            table.extend_from_slice(&[cos, sin]);
+        }
+    }
+    let (xb, tb) = (upload_f32(ctx, x), upload_f32(ctx, &table));
+    let y = floats(ctx, "y", x.len());
+    let mut pass = Pass::new(k);
+    ops::rope(&mut pass, mode, &xb, width, 0, &tb, 0, n_tok, n_head, head_dim, rope_dims, &y, 0);
+    pass.submit();
+    read(ctx, &y, x.len())
+}
+
+/// Attention of `q` (rows of n_head * head_dim) at positions `pos0 + t` over the caches.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(k: &Kernels, q: &[f32], k_cache: &[f32], v_cache: &[f32], n_head: usize, n_head_kv: usize, head_dim: usize, pos0: usize) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let n_tok = q.len() / (n_head * head_dim);
+    let (qb, kb, vb) = (upload_f32(ctx, q), upload_f32(ctx, k_cache), upload_f32(ctx, v_cache));
+    let y = floats(ctx, "y", q.len());
+    let mut pass = Pass::new(k);
+    ops::attention(&mut pass, &qb, &kb, &vb, n_tok, n_head, n_head_kv, head_dim, pos0, &y);
+    pass.submit();
+    read(ctx, &y, q.len())
+}
+
+/// Elementwise kernels on host data.
+pub enum Elementwise {
+    /// y + x
+    Add,
+    /// y * silu(x)
+    SiluMul,
+    /// gelu(y) (x unused)
+    Gelu,
+}
+
+pub fn elementwise(k: &Kernels, op: Elementwise, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let (xb, yb) = (upload_f32(ctx, x), upload_f32(ctx, y));
+    let mut pass = Pass::new(k);
+    match op {
+        Elementwise::Add => ops::add(&mut pass, &xb, &yb, y.len()),
+        Elementwise::SiluMul => ops::silu_mul(&mut pass, &xb, &yb, y.len()),
+        Elementwise::Gelu => ops::gelu(&mut pass, &yb, y.len()),
+    }
+    pass.submit();
+    read(ctx, &yb, y.len())
+}

@@ -1,0 +1,22 @@
+//! The WebGPU backend (wgpu): the same forward pass as `cpu`, in WGSL compute kernels.
+//!
+//! - `context`: adapter and device (Vulkan/Metal/DX12 natively, the browser's WebGPU in wasm);
+//! - `kernels`: the shaders under `shaders/` (one kernel family per file; the weight decoders of
+//!   `dequant.wgsl` are prepended to the kernels that read weights), pipelines, and `Pass`, which
+//!   records a whole forward pass into one submission;
+//! - `ops`: how each kernel is dispatched (bindings, parameters, grid);
+//! - `model`: `GpuModel`, a `LanguageModel` whose state is a KV cache on the GPU;
+//! - `host`: run one kernel on host data (tests and debugging; native only).
+//!
+//! Weights stay in their GGUF encoding on the GPU and are decoded in the shader, so a Q4_K model
+//! takes the same memory there as on disk.
+
+pub mod context;
+pub mod kernels;
+pub mod ops;
+pub mod model;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod host;
+
+pub use context::{GpuContext, NO_ADAPTER};
+pub use model::{GpuModel, GpuState};

@@ -1,0 +1,553 @@
+//! The WebGPU backend against the CPU reference: each kernel on random inputs of awkward sizes
+//! for every weight type, then whole models (synthetic ones of each architecture and weight type,
+//! and stories260K) logit by logit through a greedy decode.
+//!
+//! Without a GPU adapter every test prints a loud SKIP and passes, unless NEXTTOKEN_REQUIRE_GPU
+//! is set (CI installs lavapipe, Mesa's software Vulkan, and sets it): then no adapter fails.
+//!
+//! Tolerances: the GPU decodes exactly the same weight values as the CPU (same formulas, f16
+//! conversion is exact), so the quantisation type does not widen the gap: what differs is only
+//! the order of float additions (workgroup reductions vs sequential sums), fused multiply-adds
+//! and the GPU's exp/sqrt. Hence one absolute tolerance per quantity, the same for all types:
+//! kernels 1e-4 relative to the magnitude of the result, whole-model logits 1e-3 absolute
+//! (measured on lavapipe: about 1e-6 to 1e-5; the tests print the worst error they saw).
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, OnceLock};
+
+use half::{bf16, f16};
+use nexttoken::cpu::{dot, softmax_in_place, CpuModel};
+use nexttoken::gguf::{GgufWriter, Value};
+use nexttoken::gpu::host::{self, Elementwise};
+use nexttoken::gpu::kernels::Kernels;
+use nexttoken::gpu::ops::RopeMode;
+use nexttoken::gpu::{GpuContext, GpuModel, NO_ADAPTER};
+use nexttoken::model::{Arch, Model};
+use nexttoken::quant::{dequantize_row, GgmlType};
+use nexttoken::LanguageModel;
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+fn context() -> Option<Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+            let dir = std::env::temp_dir().join("nexttoken-xdg");
+            let _ = std::fs::create_dir_all(&dir);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            }
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+        match GpuContext::new() {
+            Ok(ctx) => {
+                // Straight to stderr: libtest captures eprintln! of passing tests.
+                let _ = writeln!(std::io::stderr(), "gpu tests on {}", ctx.describe());
+                Some(ctx)
+            }
+            Err(e) => {
+                let required = std::env::var_os("NEXTTOKEN_REQUIRE_GPU").is_some_and(|v| v != "0");
+                if required {
+                    panic!("NEXTTOKEN_REQUIRE_GPU is set but the GPU is unusable: {e}");
+                }
+                assert!(e.to_string().contains(NO_ADAPTER), "GPU setup failed: {e}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\n*** SKIPPED: {e}; GPU tests did not run (install mesa-vulkan-drivers for \
+                     lavapipe, or set NEXTTOKEN_REQUIRE_GPU=1 to fail instead) ***\n"
+                );
+                None
+            }
+        }
+    })
+    .clone()
+}
+
+fn kernels() -> Option<Kernels> {
+    context().map(Kernels::new)
+}
+
+/// SplitMix64: a tiny deterministic generator (tests need no statistical quality).
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// Random encoded weights: `rows` x `cols` of `ty`, values of magnitude around `scale`. Quantised
+/// blocks are random bytes with their f16 scales overwritten by sane values.
+fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: f32) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        GgmlType::F32 => rng.vec(n, scale).iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => rng.vec(n, scale).iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        GgmlType::BF16 => rng.vec(n, scale).iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        _ => {
+            let (bb, blocks) = (ty.block_bytes(), n / ty.block_size());
+            let mut b: Vec<u8> = (0..bb * blocks).map(|_| rng.next_u64() as u8).collect();
+            for blk in b.chunks_exact_mut(bb) {
+                let d = (0.5 + 0.5 * rng.f().abs()) * scale;
+                match ty {
+                    GgmlType::Q8_0 => put_f16(blk, 0, d / 127.0),
+                    GgmlType::Q4_0 => put_f16(blk, 0, d / 8.0),
+                    GgmlType::Q4_K => {
+                        // dmin = 7.5 d: the values d*sc*q - dmin*m then centre on zero.
+                        put_f16(blk, 0, d / (63.0 * 15.0) * 2.0);
+                        put_f16(blk, 2, d / (63.0 * 15.0) * 15.0);
+                    }
+                    GgmlType::Q6_K => put_f16(blk, 208, d / (127.0 * 32.0) * 2.0),
+                    _ => unreachable!(),
+                }
+            }
+            b
+        }
+    }
+}
+
+fn dequant(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    let rb = ty.row_bytes(cols);
+    for r in 0..rows {
+        dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut out[r * cols..(r + 1) * cols]);
+    }
+    out
+}
+
+/// Largest |a - b|, asserting it is within `tol` times max(1, largest |b|).
+fn check_close(what: &str, a: &[f32], b: &[f32], tol: f32) -> f32 {
+    let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
+    check_abs(what, a, b, tol * scale)
+}
+
+/// Largest |a - b|, asserting it is within `tol`.
+fn check_abs(what: &str, a: &[f32], b: &[f32], tol: f32) -> f32 {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    let scale = 1.0;
+    let mut worst = (0f32, 0usize);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        assert!(d.is_finite(), "{what}: element {i} is {x}, expected {y}");
+        if d > worst.0 {
+            worst = (d, i);
+        }
+    }
+    let (d, i) = worst;
+    assert!(d <= tol * scale, "{what}: element {i} is {} expected {} (error {d}, tolerance {})", a[i], b[i], tol * scale);
+    d
+}
+
+const ALL_TYPES: [GgmlType; 7] = GgmlType::ALL;
+
+/// Column counts to try for a type: awkward ones where the block size allows.
+fn col_options(ty: GgmlType) -> Vec<usize> {
+    match ty.block_size() {
+        1 => vec![1, 7, 33, 100, 513],
+        32 => vec![32, 96, 160, 544],
+        _ => vec![256, 768],
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+#[test]
+fn matmul_every_type_and_shape() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(1);
+    for ty in ALL_TYPES {
+        for cols in col_options(ty) {
+            for (rows, n_tok) in [(1, 1), (3, 1), (67, 1), (130, 9), (5, 17)] {
+                let w = random_weights(&mut rng, ty, rows, cols, 0.5);
+                let x = rng.vec(n_tok * cols, 1.0);
+                let bias = (rows % 2 == 1).then(|| rng.vec(rows, 1.0));
+                let got = host::matmul(&k, ty, &w, rows, cols, &x, bias.as_deref()).unwrap();
+                let wf = dequant(ty, &w, rows, cols);
+                let mut want = vec![0f32; n_tok * rows];
+                for t in 0..n_tok {
+                    for r in 0..rows {
+                        want[t * rows + r] = dot(&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols])
+                            + bias.as_ref().map_or(0.0, |b| b[r]);
+                    }
+                }
+                check_close(&format!("matmul {} {rows}x{cols} n={n_tok}", ty.name()), &got, &want, 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_split_into_parts() {
+    // A tensor larger than one binding is split by rows; test that path on small data.
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(2);
+    for ty in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K] {
+        let cols = col_options(ty)[1];
+        let (rows, n_tok) = (41, 3);
+        let w = random_weights(&mut rng, ty, rows, cols, 0.5);
+        let x = rng.vec(n_tok * cols, 1.0);
+        let got = host::matmul_split(&k, ty, &w, rows, cols, &x, 8).unwrap();
+        let whole = host::matmul(&k, ty, &w, rows, cols, &x, None).unwrap();
+        check_close(&format!("split matmul {}", ty.name()), &got, &whole, 1e-6);
+    }
+}
+
+#[test]
+fn embedding_every_type() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(3);
+    for ty in ALL_TYPES {
+        for cols in col_options(ty) {
+            let rows = 37;
+            let w = random_weights(&mut rng, ty, rows, cols, 1.0);
+            let ids: Vec<u32> = (0..11).map(|_| rng.below(rows) as u32).chain([0, rows as u32 - 1]).collect();
+            let got = host::embedding(&k, ty, &w, rows, cols, &ids).unwrap();
+            let wf = dequant(ty, &w, rows, cols);
+            let want: Vec<f32> = ids.iter().flat_map(|&i| wf[i as usize * cols..(i as usize + 1) * cols].to_vec()).collect();
+            // Exact: the same decode, no arithmetic beyond it.
+            assert_eq!(got, want, "embedding {} cols {cols}", ty.name());
+        }
+    }
+}
+
+#[test]
+fn rms_and_layer_norm() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(4);
+    for n in [1, 5, 64, 100, 1000] {
+        for rows in [1, 3, 70] {
+            let x: Vec<f32> = rng.vec(rows * n, 3.0).iter().map(|v| v + 0.5).collect();
+            let w = rng.vec(n, 1.0);
+            let b = rng.vec(n, 1.0);
+            let eps = 1e-5;
+            let mut rms = vec![0f32; rows * n];
+            let mut ln = vec![0f32; rows * n];
+            for r in 0..rows {
+                let xr = &x[r * n..(r + 1) * n];
+                let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
+                let inv = 1.0 / (ms + eps).sqrt();
+                let mean = xr.iter().sum::<f32>() / n as f32;
+                let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+                let inv_ln = 1.0 / (var + eps).sqrt();
+                for i in 0..n {
+                    rms[r * n + i] = xr[i] * inv * w[i];
+                    ln[r * n + i] = (xr[i] - mean) * inv_ln * w[i] + b[i];
+                }
+            }
+            let got = host::norm(&k, &x, &w, None, eps).unwrap();
+            check_close(&format!("rms_norm n={n} rows={rows}"), &got, &rms, 1e-5);
+            let got = host::norm(&k, &x, &w, Some(&b), eps).unwrap();
+            // n = 1: the LayerNorm output is the bias exactly (x - mean = 0).
+            check_close(&format!("layer_norm n={n} rows={rows}"), &got, &ln, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn rope_both_layouts_and_partial() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(5);
+    for (mode, n_head, head_dim, rope_dims, pos0) in [
+        (RopeMode::Interleaved, 3, 8, 8, 0),
+        (RopeMode::Interleaved, 2, 64, 32, 1000),
+        (RopeMode::HalfSplit, 5, 24, 24, 7),
+        (RopeMode::HalfSplit, 1, 16, 8, 3000),
+        (RopeMode::Copy, 2, 6, 6, 5),
+    ] {
+        let n_tok = 6;
+        let half = rope_dims / 2;
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| 10000f64.powf(-((2 * i) as f64) / rope_dims as f64) as f32).collect();
+        let x = rng.vec(n_tok * n_head * head_dim, 2.0);
+        let mut want = x.clone();
+        for t in 0..n_tok {
+            for head in want[t * n_head * head_dim..(t + 1) * n_head * head_dim].chunks_exact_mut(head_dim) {
+                for (i, &f) in inv_freq.iter().enumerate() {
+                    let (sin, cos) = ((pos0 + t) as f32 * f).sin_cos();
+                    let (a, b) = match mode {
+                        RopeMode::Interleaved => (2 * i, 2 * i + 1),
+                        RopeMode::HalfSplit => (i, i + half),
+                        RopeMode::Copy => break,
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos - x1 * sin;
+                    head[b] = x0 * sin + x1 * cos;
+                }
+            }
+        }
+        let got = host::rope(&k, mode, &x, n_head, head_dim, rope_dims, pos0, &inv_freq).unwrap();
+        check_close(&format!("rope {mode:?} {n_head}x{head_dim} dims {rope_dims} pos {pos0}"), &got, &want, 1e-5);
+    }
+}
+
+#[test]
+fn attention_causal_gqa() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(6);
+    for (n_head, n_head_kv, head_dim, pos0, n_tok) in
+        [(1, 1, 8, 0, 1), (4, 2, 16, 0, 5), (6, 2, 64, 130, 3), (2, 2, 100, 63, 2), (8, 1, 256, 7, 4), (3, 3, 32, 300, 1)]
+    {
+        let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
+        let seen = pos0 + n_tok;
+        // Large scores (scale 4) exercise the max subtraction.
+        let q = rng.vec(n_tok * q_dim, 4.0);
+        let kc = rng.vec(seen * kv_dim, 4.0);
+        let vc = rng.vec(seen * kv_dim, 1.0);
+        let mut want = vec![0f32; n_tok * q_dim];
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        for t in 0..n_tok {
+            let s_len = pos0 + t + 1;
+            for h in 0..n_head {
+                let kvh = h / (n_head / n_head_kv);
+                let qh = &q[t * q_dim + h * head_dim..][..head_dim];
+                let mut s: Vec<f32> =
+                    (0..s_len).map(|p| dot(qh, &kc[p * kv_dim + kvh * head_dim..][..head_dim]) * scale).collect();
+                softmax_in_place(&mut s);
+                for d in 0..head_dim {
+                    want[t * q_dim + h * head_dim + d] =
+                        (0..s_len).map(|p| s[p] * vc[p * kv_dim + kvh * head_dim + d]).sum();
+                }
+            }
+        }
+        let got = host::attention(&k, &q, &kc, &vc, n_head, n_head_kv, head_dim, pos0).unwrap();
+        check_close(&format!("attention {n_head}/{n_head_kv}x{head_dim} pos {pos0} n {n_tok}"), &got, &want, 1e-4);
+    }
+}
+
+#[test]
+fn elementwise_kernels() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(7);
+    for n in [1, 255, 257, 70_001] {
+        let x = rng.vec(n, 8.0);
+        let mut y = rng.vec(n, 8.0);
+        y[0] = 60.0; // gelu of a large input must not be NaN
+        let add: Vec<f32> = x.iter().zip(&y).map(|(a, b)| b + a).collect();
+        let silu: Vec<f32> = x.iter().zip(&y).map(|(g, u)| u * (g / (1.0 + (-g).exp()))).collect();
+        let gelu: Vec<f32> = y
+            .iter()
+            .map(|&v| 0.5 * v * (1.0 + (0.797_884_6f32 * (v + 0.044715 * v * v * v)).tanh()))
+            .collect();
+        check_close("add", &host::elementwise(&k, Elementwise::Add, &x, &y).unwrap(), &add, 1e-6);
+        check_close("silu_mul", &host::elementwise(&k, Elementwise::SiluMul, &x, &y).unwrap(), &silu, 1e-5);
+        check_close("gelu", &host::elementwise(&k, Elementwise::Gelu, &x, &y).unwrap(), &gelu, 1e-5);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole models
+
+/// A small random model of `arch` with weight matrices (and embeddings) of type `ty`: 2 layers,
+/// grouped-query attention (llama, qwen2), sizes that are not powers of two where `ty` allows.
+fn synth_model(arch: Arch, ty: GgmlType, seed: u64, tied: bool) -> Model {
+    let mut rng = Rng(seed);
+    let k_quant = ty.block_size() == 256;
+    let e = if k_quant { 256 } else { 96 };
+    let n_head = 4;
+    let n_head_kv = if arch == Arch::Gpt2 { 4 } else { 2 };
+    let hd = e / n_head;
+    let (q, kv) = (e, n_head_kv * hd);
+    let ff = if k_quant { 512 } else { 160 };
+    let vocab = 300;
+    let ctx = 160;
+    let n_layer = 2;
+    let a = arch.gguf_name();
+    let mut g = GgufWriter::new();
+    g.metadata("general.architecture", Value::String(a.into()));
+    g.metadata(&format!("{a}.embedding_length"), Value::U32(e as u32));
+    g.metadata(&format!("{a}.block_count"), Value::U32(n_layer));
+    g.metadata(&format!("{a}.attention.head_count"), Value::U32(n_head as u32));
+    g.metadata(&format!("{a}.attention.head_count_kv"), Value::U32(n_head_kv as u32));
+    g.metadata(&format!("{a}.feed_forward_length"), Value::U32(ff as u32));
+    g.metadata(&format!("{a}.context_length"), Value::U32(ctx as u32));
+    g.metadata(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+    let eps_key = if arch == Arch::Gpt2 { "layer_norm_epsilon" } else { "layer_norm_rms_epsilon" };
+    g.metadata(&format!("{a}.attention.{eps_key}"), Value::F32(1e-5));
+    g.metadata("tokenizer.ggml.bos_token_id", Value::U32(1));
+    g.metadata("tokenizer.ggml.eos_token_id", Value::U32(2));
+
+    let f32s = |v: Vec<f32>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let mat = |g: &mut GgufWriter, rng: &mut Rng, name: &str, cols: usize, rows: usize, scale: f32| {
+        let data = random_weights(rng, ty, rows, cols, scale);
+        g.tensor(name, ty, &[cols, rows], data);
+    };
+    let norm = |rng: &mut Rng, n: usize| f32s((0..n).map(|_| 1.0 + 0.2 * rng.f()).collect());
+    let bias = |rng: &mut Rng, n: usize| f32s(rng.vec(n, 0.1));
+
+    mat(&mut g, &mut rng, "token_embd.weight", e, vocab, 1.0);
+    if arch == Arch::Gpt2 {
+        mat(&mut g, &mut rng, "position_embd.weight", e, ctx, 0.3);
+    }
+    let ws = 1.5 / (e as f32).sqrt();
+    for l in 0..n_layer {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        g.tensor(&n("attn_norm.weight"), GgmlType::F32, &[e], norm(&mut rng, e));
+        g.tensor(&n("ffn_norm.weight"), GgmlType::F32, &[e], norm(&mut rng, e));
+        mat(&mut g, &mut rng, &n("attn_output.weight"), q, e, ws);
+        mat(&mut g, &mut rng, &n("ffn_up.weight"), e, ff, ws);
+        mat(&mut g, &mut rng, &n("ffn_down.weight"), ff, e, 1.5 / (ff as f32).sqrt());
+        if arch == Arch::Gpt2 {
+            mat(&mut g, &mut rng, &n("attn_qkv.weight"), e, q + 2 * kv, ws);
+            for (s, len) in [
+                ("attn_norm.bias", e),
+                ("attn_qkv.bias", q + 2 * kv),
+                ("attn_output.bias", e),
+                ("ffn_norm.bias", e),
+                ("ffn_up.bias", ff),
+                ("ffn_down.bias", e),
+            ] {
+                g.tensor(&n(s), GgmlType::F32, &[len], bias(&mut rng, len));
+            }
+        } else {
+            mat(&mut g, &mut rng, &n("attn_q.weight"), e, q, ws);
+            mat(&mut g, &mut rng, &n("attn_k.weight"), e, kv, ws);
+            mat(&mut g, &mut rng, &n("attn_v.weight"), e, kv, ws);
+            mat(&mut g, &mut rng, &n("ffn_gate.weight"), e, ff, ws);
+            if arch == Arch::Qwen2 {
+                for (s, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
+                    g.tensor(&n(s), GgmlType::F32, &[len], bias(&mut rng, len));
+                }
+            }
+        }
+    }
+    g.tensor("output_norm.weight", GgmlType::F32, &[e], norm(&mut rng, e));
+    if arch == Arch::Gpt2 {
+        g.tensor("output_norm.bias", GgmlType::F32, &[e], bias(&mut rng, e));
+    }
+    if !tied {
+        mat(&mut g, &mut rng, "output.weight", e, vocab, ws);
+    }
+    Model::from_bytes(g.to_bytes()).unwrap()
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prefill `prompt` (comparing every row of logits), then `steps` greedy decode steps comparing
+/// the logits and the chosen token at each. Returns the largest logit error.
+fn compare_decode(name: &str, cpu: &CpuModel, gpu: &GpuModel, prompt: &[u32], steps: usize, tol: f32) -> f32 {
+    let (mut cs, mut gs) = (cpu.new_state(), gpu.new_state());
+    let vocab = cpu.vocab_size();
+    let want = cpu.forward(&mut cs, prompt, true).unwrap();
+    let got = gpu.forward(&mut gs, prompt, true).unwrap();
+    let mut worst = check_abs(&format!("{name}: prefill of {}", prompt.len()), &got, &want, tol);
+    assert_eq!(gpu.position(&gs), prompt.len());
+    let mut tok = argmax(&want[want.len() - vocab..]);
+    assert_eq!(argmax(&got[got.len() - vocab..]), tok, "{name}: prefill's next token differs");
+    for step in 0..steps {
+        let want = cpu.forward(&mut cs, &[tok], false).unwrap();
+        let got = gpu.forward(&mut gs, &[tok], false).unwrap();
+        worst = worst.max(check_abs(&format!("{name}: step {step}"), &got, &want, tol));
+        let next = argmax(&want);
+        assert_eq!(argmax(&got), next, "{name}: greedy token differs at step {step}");
+        tok = next;
+    }
+    worst
+}
+
+#[test]
+fn synthetic_models_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let mut report = Vec::new();
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Gpt2] {
+        for (i, ty) in ALL_TYPES.into_iter().enumerate() {
+            let tied = i % 2 == 1;
+            let seed = 100 + i as u64;
+            let cpu = CpuModel::new(synth_model(arch, ty, seed, tied));
+            let gpu = pollster::block_on(GpuModel::with_context(ctx.clone(), synth_model(arch, ty, seed, tied))).unwrap();
+            let name = format!("{} {}", arch.gguf_name(), ty.name());
+            let prompt = [1, 17, 299, 42, 5];
+            let worst = compare_decode(&name, &cpu, &gpu, &prompt, 12, 1e-3);
+            report.push(format!("{name}: {worst:.2e}"));
+        }
+    }
+    eprintln!("largest logit error per synthetic model: {}", report.join(", "));
+}
+
+#[test]
+fn long_prefill_runs_in_batches_and_states_fork() {
+    let Some(ctx) = context() else { return };
+    let (arch, ty) = (Arch::Qwen2, GgmlType::Q8_0);
+    let cpu = CpuModel::new(synth_model(arch, ty, 9, false));
+    let gpu = pollster::block_on(GpuModel::with_context(ctx.clone(), synth_model(arch, ty, 9, false))).unwrap();
+    // 150 tokens: more than one pass of at most 64 tokens, in one submission.
+    let prompt: Vec<u32> = (0..150).map(|i| (i * 37 % 300) as u32).collect();
+    let worst = compare_decode("qwen2 Q8_0 long prefill", &cpu, &gpu, &prompt, 3, 1e-3);
+    eprintln!("long prefill: largest logit error {worst:.2e}");
+
+    // Prefill without all_logits returns only the last row.
+    let (mut cs, mut gs) = (cpu.new_state(), gpu.new_state());
+    let want = cpu.forward(&mut cs, &prompt[..70], false).unwrap();
+    let got = gpu.forward(&mut gs, &prompt[..70], false).unwrap();
+    assert_eq!(got.len(), gpu.vocab_size());
+    check_abs("last row only", &got, &want, 1e-3);
+
+    // A cloned state continues independently of the original.
+    let mut fork = gs.clone();
+    let a = gpu.forward(&mut gs, &[3], false).unwrap();
+    let b = gpu.forward(&mut fork, &[4], false).unwrap();
+    let mut cs4 = cs.clone();
+    check_abs("original after fork", &a, &cpu.forward(&mut cs, &[3], false).unwrap(), 1e-3);
+    check_abs("fork", &b, &cpu.forward(&mut cs4, &[4], false).unwrap(), 1e-3);
+
+    // Errors leave the state unchanged.
+    let pos = gpu.position(&gs);
+    assert!(gpu.forward(&mut gs, &[300], false).is_err());
+    assert!(gpu.forward(&mut gs, &[], false).is_err());
+    assert!(gpu.forward(&mut gs, &vec![1; 200], false).is_err());
+    assert_eq!(gpu.position(&gs), pos);
+}
+
+fn stories(file: &str, tol: f32) {
+    let Some(ctx) = context() else { return };
+    let Some(shared) = common::shared() else { return };
+    let path = shared.join("models/stories260K").join(file);
+    let cpu = CpuModel::new(Model::open(&path).unwrap());
+    let gpu = pollster::block_on(GpuModel::with_context(ctx, Model::open(&path).unwrap())).unwrap();
+    let bos = cpu.bos_token().unwrap_or(1);
+    let worst = compare_decode(file, &cpu, &gpu, &[bos], 64, tol);
+    eprintln!("{file}: 64-token greedy decode, largest logit error {worst:.2e} (tolerance {tol})");
+}
+
+/// f32 weights: only summation order differs.
+#[test]
+fn stories260k_f32_matches_cpu() {
+    stories("stories260K-f32.gguf", 1e-3);
+}
+
+/// Q8_0: both sides decode the same values, so the same tolerance holds.
+#[test]
+fn stories260k_q8_0_matches_cpu() {
+    stories("stories260K-q8_0.gguf", 1e-3);
+}

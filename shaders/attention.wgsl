@@ -1,5 +1,6 @@
-// Causal grouped-query attention for a batch of queries at positions pos0 + t, over the KV cache
-// of one layer (rows of kv_dim floats, positions 0..=pos0 + t). One workgroup per (head, token):
+// Causal grouped-query attention for a batch of queries at positions pos0 + t (pos0 = STEP[0] +
+// start: the position is read on the GPU from the step buffer), over the KV cache of one layer
+// (rows of kv_dim elements of type `kvt`, f32 or f16; positions 0..=pos0 + t). One workgroup per (head, token):
 // a first pass finds the largest score, a second walks the positions in tiles of WG, turning
 // scores into exp(s - max) in workgroup memory, each thread accumulating its own output
 // dimensions; the sum of the exponentials divides at the end (numerically stable softmax).
@@ -9,15 +10,16 @@ struct Params {
     n_head: u32,
     n_head_kv: u32,
     head_dim: u32,
-    pos0: u32,
+    start: u32,
     scale: f32,
 }
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
-@group(0) @binding(1) var<storage, read> K: array<f32>;
-@group(0) @binding(2) var<storage, read> V: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> K: array<kvt>;
+@group(0) @binding(2) var<storage, read> V: array<kvt>;
+@group(0) @binding(3) var<storage, read> STEP: array<u32>;
+@group(0) @binding(4) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<uniform> P: Params;
 
 const WG: u32 = 64u;
 var<workgroup> qs: array<f32, 256>;
@@ -28,7 +30,7 @@ fn score(p: u32, kb: u32) -> f32 {
     let base = p * P.n_head_kv * P.head_dim + kb;
     var s = 0.0;
     for (var i = 0u; i < P.head_dim; i++) {
-        s += qs[i] * K[base + i];
+        s += qs[i] * f32(K[base + i]);
     }
     return s * P.scale;
 }
@@ -39,7 +41,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let t = wg.y;
     let hd = P.head_dim;
     let kv_dim = P.n_head_kv * hd;
-    let seen = P.pos0 + t + 1u;
+    let seen = STEP[0] + P.start + t + 1u;
     let kb = (h / (P.n_head / P.n_head_kv)) * hd;
     let qb = (t * P.n_head + h) * hd;
     for (var d = lid; d < hd; d += WG) {
@@ -79,7 +81,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if (d < hd) {
                 var s = acc[j];
                 for (var i = 0u; i < cnt; i++) {
-                    s += probs[i] * V[(base + i) * kv_dim + kb + d];
+                    s += probs[i] * f32(V[(base + i) * kv_dim + kb + d]);
                 }
                 acc[j] = s;
             }

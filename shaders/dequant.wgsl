@@ -5,12 +5,24 @@
 // decoder. A row is decoded in chunks of CH = 32 elements (one Q8_0/Q4_0 block, one Q4_K
 // sub-block, two Q6_K scale groups; for F32/F16/BF16 any 32 elements, the last chunk of a row
 // possibly shorter: `n` valid elements). Blocks are not word-aligned (Q8_0 is 34 bytes, Q4_0 18),
-// so bytes are read with word loads and shifts. The formulas follow src/quant.rs line by line.
+// so bytes are read four at a time with word loads and shifts (`word_at`: at most two loads per
+// four bytes, one where aligned). The formulas follow src/quant.rs line by line.
 
 const CH: u32 = 32u;
 
 fn byte_at(off: u32) -> u32 {
     return (W[off >> 2u] >> ((off & 3u) * 8u)) & 0xffu;
+}
+
+// Four bytes from any byte offset, little-endian. The second word is read only when the bytes
+// straddle two words (so it holds data of the tensor).
+fn word_at(off: u32) -> u32 {
+    let w = off >> 2u;
+    let sh = (off & 3u) * 8u;
+    if (sh == 0u) {
+        return W[w];
+    }
+    return (W[w] >> sh) | (W[w + 1u] << (32u - sh));
 }
 
 // A 16-bit value at an even byte offset (it never straddles two words).
@@ -41,15 +53,25 @@ fn decode_f32(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
 
 fn decode_f16(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     let base = rb + c * CH * 2u;
-    for (var i = 0u; i < n; i++) {
-        (*v)[i] = f16_at(base + 2u * i);
+    for (var i = 0u; i + 1u < n; i += 2u) {
+        let h = unpack2x16float(word_at(base + 2u * i));
+        (*v)[i] = h.x;
+        (*v)[i + 1u] = h.y;
+    }
+    if ((n & 1u) != 0u) {
+        (*v)[n - 1u] = f16_at(base + 2u * (n - 1u));
     }
 }
 
 fn decode_bf16(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     let base = rb + c * CH * 2u;
-    for (var i = 0u; i < n; i++) {
-        (*v)[i] = bf16_at(base + 2u * i);
+    for (var i = 0u; i + 1u < n; i += 2u) {
+        let p = word_at(base + 2u * i);
+        (*v)[i] = bitcast<f32>(p << 16u);
+        (*v)[i + 1u] = bitcast<f32>(p & 0xffff0000u);
+    }
+    if ((n & 1u) != 0u) {
+        (*v)[n - 1u] = bf16_at(base + 2u * (n - 1u));
     }
 }
 
@@ -57,8 +79,11 @@ fn decode_bf16(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
 fn decode_q8_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     let off = rb + c * 34u;
     let d = f16_at(off);
-    for (var i = 0u; i < 32u; i++) {
-        (*v)[i] = d * i8_of(byte_at(off + 2u + i));
+    for (var j = 0u; j < 8u; j++) {
+        let q = word_at(off + 2u + 4u * j);
+        for (var b = 0u; b < 4u; b++) {
+            (*v)[4u * j + b] = d * i8_of((q >> (8u * b)) & 0xffu);
+        }
     }
 }
 
@@ -66,10 +91,14 @@ fn decode_q8_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
 fn decode_q4_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     let off = rb + c * 18u;
     let d = f16_at(off);
-    for (var j = 0u; j < 16u; j++) {
-        let b = byte_at(off + 2u + j);
-        (*v)[j] = d * f32(i32(b & 0xfu) - 8);
-        (*v)[j + 16u] = d * f32(i32(b >> 4u) - 8);
+    for (var w = 0u; w < 4u; w++) {
+        let q = word_at(off + 2u + 4u * w);
+        for (var k = 0u; k < 4u; k++) {
+            let b = (q >> (8u * k)) & 0xffu;
+            let j = 4u * w + k;
+            (*v)[j] = d * f32(i32(b & 0xfu) - 8);
+            (*v)[j + 16u] = d * f32(i32(b >> 4u) - 8);
+        }
     }
 }
 
@@ -97,8 +126,11 @@ fn decode_q4_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     let m1 = dmin * f32(sm.y);
     let q = off + 16u + (j / 2u) * 32u;
     let shift = (j & 1u) * 4u;
-    for (var l = 0u; l < 32u; l++) {
-        (*v)[l] = d1 * f32((byte_at(q + l) >> shift) & 0xfu) - m1;
+    for (var w = 0u; w < 8u; w++) {
+        let qw = word_at(q + 4u * w) >> shift;
+        for (var k = 0u; k < 4u; k++) {
+            (*v)[4u * w + k] = d1 * f32((qw >> (8u * k)) & 0xfu) - m1;
+        }
     }
 }
 
@@ -115,10 +147,17 @@ fn decode_q6_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     let sc = off + 192u + h * 8u + 2u * k;
     let lo_shift = (k / 2u) * 4u;
     let hi_shift = 2u * k;
-    for (var l = 0u; l < 32u; l++) {
-        let lo = (byte_at(ql + l) >> lo_shift) & 0xfu;
-        let hi = (byte_at(qh + l) >> hi_shift) & 3u;
-        let q = i32(lo | (hi << 4u)) - 32;
-        (*v)[l] = d * i8_of(byte_at(sc + l / 16u)) * f32(q);
+    let s0 = d * i8_of(byte_at(sc));
+    let s1 = d * i8_of(byte_at(sc + 1u));
+    for (var w = 0u; w < 8u; w++) {
+        let lw = word_at(ql + 4u * w) >> lo_shift;
+        let hw = word_at(qh + 4u * w) >> hi_shift;
+        let s = select(s1, s0, w < 4u);
+        for (var k = 0u; k < 4u; k++) {
+            let lo = (lw >> (8u * k)) & 0xfu;
+            let hi = (hw >> (8u * k)) & 3u;
+            let q = i32(lo | (hi << 4u)) - 32;
+            (*v)[4u * w + k] = s * f32(q);
+        }
     }
 }

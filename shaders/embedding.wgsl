@@ -1,5 +1,6 @@
 // Embedding lookup from a weight matrix of any type: Y[t] = (accumulate ? Y[t] : 0) + W[row],
-// where row is the token id IDS[id0 + t] or, for learned positions, pos0 + t. W may be one
+// where row is the token id IDS[id0 + t] or, for learned positions, IDS[0] + pos_off + t (IDS is
+// the step buffer [pos, n, _, _, ids...], so the position comes from the GPU). W may be one
 // row-range [row0, row0 + rows) of a tensor split across buffers; other rows are skipped.
 // One workgroup per token; its threads split the row's chunks.
 
@@ -10,7 +11,7 @@ struct Params {
     row0: u32,
     rows: u32,
     use_pos: u32,
-    pos0: u32,
+    pos_off: u32,
     id0: u32,
     accumulate: u32,
 }
@@ -29,7 +30,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     let id = IDS[P.id0 + t];
-    let r = select(id, P.pos0 + t, P.use_pos != 0u);
+    let r = select(id, IDS[0] + P.pos_off + t, P.use_pos != 0u);
     if (r < P.row0 || r >= P.row0 + P.rows) {
         return;
     }

@@ -1,7 +1,8 @@
 //! The WebGPU device: one adapter, one device and queue, shared (behind an `Arc`) by the kernels,
 //! the weights and every KV cache made from them.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -16,10 +17,31 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     /// Whether the device has `shader-f16` (requested whenever the adapter offers it).
     pub shader_f16: bool,
+    /// Set by the device-lost callback (or a failed wait on the device): why it was lost.
+    lost: Arc<Mutex<Option<String>>>,
+    /// The last error no error scope caught (instead of wgpu's default handler, which panics).
+    uncaptured: Arc<Mutex<Option<String>>>,
+    /// Buffers created on this device so far, and the sum of their sizes in bytes.
+    pub buffers_created: AtomicU64,
+    pub bytes_allocated: AtomicU64,
+    /// Command buffer submissions by the kernels so far.
+    pub submissions: AtomicU64,
+}
+
+/// Prefix of the error a lost device gives (the caller can fall back to the CPU path).
+pub const DEVICE_LOST: &str = "GPU device lost";
+
+/// Whether `e` says the GPU device was lost (so the caller should continue on the CPU).
+pub fn is_device_lost(e: &Error) -> bool {
+    e.to_string().contains(DEVICE_LOST)
 }
 
 pub(crate) fn gpu_err(msg: impl std::fmt::Display) -> Error {
     Error::Model(format!("GPU: {msg}"))
+}
+
+pub(crate) fn lost_err(why: &str) -> Error {
+    Error::Model(format!("{DEVICE_LOST}: {why} (continue on the CPU path)"))
 }
 
 impl GpuContext {
@@ -57,7 +79,77 @@ impl GpuContext {
             })
             .await
             .map_err(|e| gpu_err(format!("cannot open a device on {}: {e}", info.name)))?;
-        Ok(Arc::new(GpuContext { device, queue, info, limits, shader_f16 }))
+        let lost = Arc::new(Mutex::new(None));
+        let l2 = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            let mut l = l2.lock().unwrap_or_else(|p| p.into_inner());
+            l.get_or_insert_with(|| format!("{reason:?}: {msg}"));
+        });
+        let uncaptured = Arc::new(Mutex::new(None));
+        let u2 = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut u = u2.lock().unwrap_or_else(|p| p.into_inner());
+            u.get_or_insert_with(|| e.to_string());
+        }));
+        Ok(Arc::new(GpuContext {
+            device,
+            queue,
+            info,
+            limits,
+            shader_f16,
+            lost,
+            uncaptured,
+            buffers_created: AtomicU64::new(0),
+            bytes_allocated: AtomicU64::new(0),
+            submissions: AtomicU64::new(0),
+        }))
+    }
+
+    /// Why the device was lost, if it was.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Mark the device lost (a wait on it failed, or the caller knows better).
+    pub fn mark_lost(&self, why: impl Into<String>) {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| why.into());
+    }
+
+    /// Err with "GPU device lost: ..." when the device is gone.
+    pub fn check_lost(&self) -> Result<()> {
+        match self.lost_reason() {
+            Some(why) => Err(lost_err(&why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Take the last error that no error scope caught (validation errors and the like).
+    pub fn take_uncaptured_error(&self) -> Option<String> {
+        self.uncaptured.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Destroy the device (as a driver reset would lose it): every later use errs with
+    /// [`DEVICE_LOST`]. For tests of the fallback path.
+    pub fn simulate_device_loss(&self) {
+        self.device.destroy();
+        self.mark_lost("Destroyed: simulated");
+    }
+
+    /// A buffer on this device, counted in the statistics.
+    pub fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.count(size);
+        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+    }
+
+    /// Like [`GpuContext::create_buffer`], mapped for writing.
+    pub fn create_buffer_mapped(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.count(size);
+        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true })
+    }
+
+    fn count(&self, size: u64) {
+        self.buffers_created.fetch_add(1, Ordering::Relaxed);
+        self.bytes_allocated.fetch_add(size, Ordering::Relaxed);
     }
 
     /// Blocking version of [`GpuContext::new_async`] (native only; the browser must await).
@@ -80,6 +172,14 @@ impl GpuContext {
     /// Wait for `buffer` (MAP_READ) to map and return its bytes. Natively this polls the device
     /// to completion; in the browser the map callback resolves the future from the event loop.
     pub async fn read_buffer(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.check_lost()?;
+        let r = self.read_buffer_inner(buffer).await;
+        // A lost device shows up as a failed map or wait: say so.
+        self.check_lost()?;
+        r
+    }
+
+    async fn read_buffer_inner(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
         let slot = Arc::new(std::sync::Mutex::new(MapSlot::default()));
         let s2 = slot.clone();
         buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {

@@ -2,8 +2,8 @@
 //! the CPU reference and for debugging; native only (it blocks).
 
 use super::context::GpuContext;
-use super::kernels::{readback, upload, Kernels, Pass};
-use super::ops::{self, floats, GpuTensor, Out, RopeMode};
+use super::kernels::{readback, storage, upload, Kernels, Pass};
+use super::ops::{self, floats, step_words, GpuTensor, Out, RopeMode, RopeOut};
 use crate::error::Result;
 use crate::quant::GgmlType;
 
@@ -63,8 +63,8 @@ pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usiz
     let mut pass = Pass::new(k);
     ops::matmul(&mut pass, &wt, None, &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 });
     let emb = floats(ctx, "emb", n_tok.min(rows) * cols);
-    let ids: Vec<u8> = (0..n_tok.min(rows) as u32).rev().flat_map(|i| i.to_le_bytes()).collect();
-    let idb = upload(ctx, "ids", &ids);
+    let ids: Vec<u32> = (0..n_tok.min(rows) as u32).rev().collect();
+    let idb = upload(ctx, "step", &step_words(0, &ids));
     ops::embedding(&mut pass, &wt, &idb, 0, None, n_tok.min(rows), false, &emb);
     pass.submit();
     read(ctx, &y, n_tok * rows)
@@ -74,7 +74,7 @@ pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usiz
 pub fn embedding(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, ids: &[u32]) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
-    let idb = upload(ctx, "ids", &ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>());
+    let idb = upload(ctx, "step", &step_words(0, ids));
     let y = floats(ctx, "y", ids.len() * cols);
     let mut pass = Pass::new(k);
     ops::embedding(&mut pass, &wt, &idb, 0, None, ids.len(), false, &y);
@@ -101,17 +101,20 @@ pub fn rope(k: &Kernels, mode: RopeMode, x: &[f32], n_head: usize, head_dim: usi
     let ctx = &k.ctx;
     let width = n_head * head_dim;
     let n_tok = x.len() / width;
+    // The table holds every position up to the last (as the model's does).
     let mut table = Vec::new();
-    for t in 0..n_tok {
+    for p in 0..pos0 + n_tok {
         for &f in inv_freq {
-            let (sin, cos) = ((pos0 + t) as f32 * f).sin_cos();
+            let (sin, cos) = (p as f32 * f).sin_cos();
             table.extend_from_slice(&[cos, sin]);
         }
     }
     let (xb, tb) = (upload_f32(ctx, x), upload_f32(ctx, &table));
+    let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", x.len());
     let mut pass = Pass::new(k);
-    ops::rope(&mut pass, mode, &xb, width, 0, &tb, 0, n_tok, n_head, head_dim, rope_dims, &y, 0);
+    let out = RopeOut { buf: &y, row0: 0, at_pos: false, f16: false };
+    ops::rope(&mut pass, mode, &xb, width, 0, &tb, &step, 0, n_tok, n_head, head_dim, rope_dims, out);
     pass.submit();
     read(ctx, &y, x.len())
 }
@@ -122,11 +125,29 @@ pub fn attention(k: &Kernels, q: &[f32], k_cache: &[f32], v_cache: &[f32], n_hea
     let ctx = &k.ctx;
     let n_tok = q.len() / (n_head * head_dim);
     let (qb, kb, vb) = (upload_f32(ctx, q), upload_f32(ctx, k_cache), upload_f32(ctx, v_cache));
+    let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", q.len());
     let mut pass = Pass::new(k);
-    ops::attention(&mut pass, &qb, &kb, &vb, n_tok, n_head, n_head_kv, head_dim, pos0, &y);
+    ops::attention(&mut pass, &qb, &kb, &vb, false, &step, 0, n_tok, n_head, n_head_kv, head_dim, &y);
     pass.submit();
     read(ctx, &y, q.len())
+}
+
+/// The `k` largest of `x` (best first, ties by smaller index) as (id, value) pairs, and the
+/// log-sum-exp of all of `x`, by the two top-k kernels.
+pub fn topk(k: &Kernels, x: &[f32], top: usize) -> Result<(Vec<(u32, f32)>, f32)> {
+    let ctx = &k.ctx;
+    let xb = upload_f32(ctx, x);
+    let cand = storage(ctx, "cand", ops::topk_scratch_words(x.len()) as u64 * 4);
+    let out = storage(ctx, "out", (2 + 2 * top as u64) * 4);
+    let step = upload(ctx, "step", &step_words(0, &[0]));
+    let mut pass = Pass::new(k);
+    ops::topk(&mut pass, &xb, 0, x.len(), top, &cand, &out, &step, false);
+    pass.submit();
+    let w = read(ctx, &out, 2 + 2 * top)?;
+    let count = w[1].to_bits() as usize;
+    let pairs = (0..count).map(|i| (w[2 + 2 * i].to_bits(), w[3 + 2 * i])).collect();
+    Ok((pairs, w[0]))
 }
 
 /// Elementwise kernels on host data.

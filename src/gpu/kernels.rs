@@ -1,11 +1,17 @@
 //! The WGSL kernels (one family per file under `shaders/`), their pipelines, and `Pass`: a list
 //! of dispatches and copies recorded first and then encoded into one command buffer and one
-//! submission, each dispatch with its own slot of uniform parameters.
+//! submission.
+//!
+//! Every kernel's bind group is storage buffers at bindings 0.. and then its parameters: a
+//! uniform slot of `PARAM_SLOT` bytes bound with a dynamic offset into one parameter buffer. A
+//! model keeps a [`Binder`]: one parameter buffer (rewritten only when the recorded parameters
+//! change, which for decode steps they do not: the position is read on the GPU from a small step
+//! buffer) and bind groups cached per (kernel, buffers). So a decode step creates no buffer and
+//! no bind group.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-
-use wgpu::util::DeviceExt;
 
 use super::context::GpuContext;
 use crate::quant::GgmlType;
@@ -20,15 +26,22 @@ const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
 const ADD: &str = include_str!("../../shaders/add.wgsl");
 const SILU_MUL: &str = include_str!("../../shaders/silu_mul.wgsl");
 const GELU: &str = include_str!("../../shaders/gelu.wgsl");
+const TOPK: &str = include_str!("../../shaders/topk.wgsl");
+const TOPK_PARTIAL: &str = include_str!("../../shaders/topk_partial.wgsl");
+const TOPK_MERGE: &str = include_str!("../../shaders/topk_merge.wgsl");
 
 /// Workgroups per dimension of a dispatch (WebGPU's guaranteed minimum of the limit).
 pub const MAX_GROUPS: u32 = 65535;
 /// Tokens one matmul workgroup handles (`TB` in matmul.wgsl).
 pub const MATMUL_TOKENS: u32 = 8;
+/// Rows one matmul workgroup handles (`RPW` in matmul.wgsl).
+pub const MATMUL_ROWS: u32 = 4;
 /// Largest head size attention.wgsl supports.
 pub const MAX_HEAD_DIM: usize = 256;
+/// Largest k of the top-k kernels.
+pub const MAX_TOP_K: usize = 64;
 /// Bytes of uniform parameters per dispatch (the largest `min_uniform_buffer_offset_alignment`).
-const PARAM_SLOT: u64 = 256;
+pub const PARAM_SLOT: u64 = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -38,11 +51,17 @@ pub enum Kernel {
     Embedding(GgmlType),
     RmsNorm,
     LayerNorm,
-    Rope,
-    Attention,
+    /// RoPE; `true`: the output is f16 (the key/value cache of the f16 variant).
+    Rope(bool),
+    /// Attention; `true`: the key/value cache is f16.
+    Attention(bool),
     Add,
     SiluMul,
     Gelu,
+    /// Per-workgroup top-k, max and sum of exponentials of a slice of a row of logits.
+    TopkPartial,
+    /// Merge of the partial top-k lists and log-sum-exp.
+    TopkMerge,
 }
 
 fn type_suffix(ty: GgmlType) -> &'static str {
@@ -65,6 +84,15 @@ fn with_dequant(ty: GgmlType, kernel: &str) -> String {
     )
 }
 
+/// The element type of the key/value cache as a WGSL alias `kvt`.
+fn with_kv_type(f16: bool, kernel: &str) -> String {
+    if f16 {
+        format!("enable f16;\nalias kvt = f16;\n{kernel}")
+    } else {
+        format!("alias kvt = f32;\n{kernel}")
+    }
+}
+
 impl Kernel {
     /// The complete WGSL source of this kernel.
     pub fn source(self) -> String {
@@ -73,16 +101,43 @@ impl Kernel {
             Kernel::Embedding(ty) => with_dequant(ty, EMBEDDING),
             Kernel::RmsNorm => RMS_NORM.into(),
             Kernel::LayerNorm => LAYER_NORM.into(),
-            Kernel::Rope => ROPE.into(),
-            Kernel::Attention => ATTENTION.into(),
+            Kernel::Rope(h) => with_kv_type(h, ROPE),
+            Kernel::Attention(h) => with_kv_type(h, ATTENTION),
             Kernel::Add => ADD.into(),
             Kernel::SiluMul => SILU_MUL.into(),
             Kernel::Gelu => GELU.into(),
+            Kernel::TopkPartial => format!("{TOPK_PARTIAL}\n{TOPK}"),
+            Kernel::TopkMerge => format!("{TOPK_MERGE}\n{TOPK}"),
+        }
+    }
+
+    fn entry(self) -> &'static str {
+        match self {
+            Kernel::TopkPartial => "partial",
+            Kernel::TopkMerge => "merge",
+            _ => "main",
+        }
+    }
+
+    /// The storage bindings 0.. in order: `true` for read-write, `false` for read-only. The
+    /// uniform parameters follow at the next binding.
+    pub fn storage_bindings(self) -> &'static [bool] {
+        match self {
+            Kernel::Matmul(_) => &[false, false, false, true],
+            Kernel::Embedding(_) => &[false, false, true],
+            Kernel::RmsNorm => &[false, false, true],
+            Kernel::LayerNorm => &[false, false, false, true],
+            Kernel::Rope(_) => &[false, false, false, true],
+            Kernel::Attention(_) => &[false, false, false, false, true],
+            Kernel::Add | Kernel::SiluMul => &[false, true],
+            Kernel::Gelu => &[true],
+            Kernel::TopkPartial => &[false, true],
+            Kernel::TopkMerge => &[false, true, true],
         }
     }
 }
 
-/// A kernel's pipeline and the layout of its bind group (derived from the shader).
+/// A kernel's pipeline and the layout of its bind group.
 pub struct Compiled {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
@@ -109,15 +164,48 @@ impl Kernels {
                     label: Some(&label),
                     source: wgpu::ShaderSource::Wgsl(k.source().into()),
                 });
+                let storage = k.storage_bindings();
+                let mut entries: Vec<wgpu::BindGroupLayoutEntry> = storage
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &rw)| wgpu::BindGroupLayoutEntry {
+                        binding: i as u32,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only: !rw },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    })
+                    .collect();
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: storage.len() as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: wgpu::BufferSize::new(PARAM_SLOT),
+                    },
+                    count: None,
+                });
+                let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(&label),
+                    entries: &entries,
+                });
+                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(&label),
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                });
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&label),
-                    layout: None,
+                    layout: Some(&pl),
                     module: &module,
-                    entry_point: Some("main"),
+                    entry_point: Some(k.entry()),
                     compilation_options: Default::default(),
                     cache: None,
                 });
-                let layout = pipeline.get_bind_group_layout(0);
                 Arc::new(Compiled { pipeline, layout })
             })
             .clone()
@@ -146,8 +234,49 @@ pub fn grid(groups: u32) -> (u32, u32) {
 }
 
 enum Op<'a> {
-    Dispatch { pipeline: Arc<Compiled>, buffers: Vec<&'a wgpu::Buffer>, slot: u64, groups: [u32; 3] },
+    Dispatch { kernel: Kernel, buffers: Vec<&'a wgpu::Buffer>, slot: u64, groups: [u32; 3] },
     Copy { src: &'a wgpu::Buffer, src_off: u64, dst: &'a wgpu::Buffer, dst_off: u64, size: u64 },
+}
+
+type BindKey = (Kernel, Vec<wgpu::Buffer>);
+
+/// Bind groups cached per (kernel, buffers). The cache holds the buffers alive, so it lives as
+/// long as they do: the model's for its own buffers, each state's for those with its KV cache.
+#[derive(Default)]
+pub struct BindCache {
+    groups: HashMap<BindKey, wgpu::BindGroup>,
+}
+
+/// A model's parameter buffer and bind group cache. The buffer keeps the parameters of the last
+/// few distinct "plans" (the parameter blob of one kind of forward: a decode step, a top-k step,
+/// a prefill of some length); a forward whose blob is already there uploads nothing and binds it
+/// by dynamic offset. When the buffer is full it starts over (uploads are queue-ordered, so work
+/// already submitted still sees its parameters).
+#[derive(Default)]
+pub struct Binder {
+    params: Option<wgpu::Buffer>,
+    /// (blob, byte offset in `params`).
+    plans: Vec<(Vec<u8>, u64)>,
+    used: u64,
+    pub cache: BindCache,
+    /// Bind groups created so far (for the no-creation-per-token check).
+    pub bind_groups_created: u64,
+    /// Bytes written to the parameter buffer so far.
+    pub param_bytes_written: u64,
+}
+
+impl Binder {
+    /// Bytes of the parameter buffer.
+    pub fn bytes(&self) -> u64 {
+        self.params.as_ref().map_or(0, |b| b.size())
+    }
+}
+
+/// What one submission did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassStats {
+    pub dispatches: usize,
+    pub copies: usize,
 }
 
 /// Work recorded for one submission.
@@ -165,74 +294,115 @@ impl<'a> Pass<'a> {
     /// Run `kernel` with storage `buffers` at bindings 0.., then `params` (u32 words; f32 as bits)
     /// as the uniform at the next binding.
     pub fn dispatch(&mut self, kernel: Kernel, buffers: &[&'a wgpu::Buffer], params: &[u32], groups: [u32; 3]) {
+        debug_assert_eq!(buffers.len(), kernel.storage_bindings().len(), "{kernel:?}");
         let slot = self.params.len() as u64;
         for p in params {
             self.params.extend_from_slice(&p.to_le_bytes());
         }
         self.params.resize((slot + PARAM_SLOT) as usize, 0);
-        let pipeline = self.kernels.pipeline(kernel);
-        self.ops.push(Op::Dispatch { pipeline, buffers: buffers.to_vec(), slot, groups });
+        self.ops.push(Op::Dispatch { kernel, buffers: buffers.to_vec(), slot, groups });
     }
 
     pub fn copy(&mut self, src: &'a wgpu::Buffer, src_off: u64, dst: &'a wgpu::Buffer, dst_off: u64, size: u64) {
         self.ops.push(Op::Copy { src, src_off, dst, dst_off, size });
     }
 
-    /// Encode everything into one command buffer and submit it.
-    pub fn submit(self) {
-        let device = &self.kernels.ctx.device;
-        let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: if self.params.is_empty() { &[0u8; 16] } else { &self.params },
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+    /// Encode everything into one command buffer and submit it, with a parameter buffer and bind
+    /// groups of its own (for one-off work: the host helpers).
+    pub fn submit(self) -> PassStats {
+        let mut binder = Binder::default();
+        self.submit_with(&mut binder, None)
+    }
+
+    /// Encode and submit using `binder`'s parameter buffer and bind groups; dispatches that bind
+    /// one of `state`'s buffers take their bind groups from `state`'s cache instead.
+    pub fn submit_with(self, binder: &mut Binder, mut state: Option<(&[&wgpu::Buffer], &mut BindCache)>) -> PassStats {
+        let ctx = &self.kernels.ctx;
+        let device = &ctx.device;
+        let need = (self.params.len() as u64).max(PARAM_SLOT);
+        if binder.params.as_ref().is_none_or(|b| b.size() < need) {
+            // Room for several plans. Grown: every cached bind group points at the old buffer.
+            let size = (4 * need).next_power_of_two().max(64 << 10).min(ctx.limits.max_buffer_size.max(need));
+            binder.params = Some(ctx.create_buffer("params", size, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST));
+            binder.cache.groups.clear();
+            if let Some((_, c)) = state.as_mut() {
+                c.groups.clear();
+            }
+            binder.plans.clear();
+            binder.used = 0;
+        }
+        let params = binder.params.clone().expect("just made");
+        let base = match binder.plans.iter().find(|(blob, _)| *blob == self.params) {
+            Some(&(_, base)) => base,
+            None => {
+                if binder.used + need > params.size() {
+                    binder.plans.clear();
+                    binder.used = 0;
+                }
+                let base = binder.used;
+                if !self.params.is_empty() {
+                    ctx.queue.write_buffer(&params, base, &self.params);
+                    binder.param_bytes_written += self.params.len() as u64;
+                }
+                binder.used += need;
+                binder.plans.push((self.params.clone(), base));
+                base
+            }
+        };
+        let mut stats = PassStats::default();
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
         let mut i = 0;
         while i < self.ops.len() {
             if let Op::Copy { src, src_off, dst, dst_off, size } = &self.ops[i] {
                 encoder.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
+                stats.copies += 1;
                 i += 1;
                 continue;
             }
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-            while let Some(Op::Dispatch { pipeline, buffers, slot, groups }) = self.ops.get(i) {
-                let mut entries: Vec<wgpu::BindGroupEntry> = buffers
-                    .iter()
-                    .enumerate()
-                    .map(|(b, buf)| wgpu::BindGroupEntry { binding: b as u32, resource: buf.as_entire_binding() })
-                    .collect();
-                entries.push(wgpu::BindGroupEntry {
-                    binding: buffers.len() as u32,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params,
-                        offset: *slot,
-                        size: wgpu::BufferSize::new(PARAM_SLOT),
-                    }),
+            while let Some(Op::Dispatch { kernel, buffers, slot, groups }) = self.ops.get(i) {
+                let compiled = self.kernels.pipeline(*kernel);
+                let in_state = state.as_ref().is_some_and(|(bufs, _)| buffers.iter().any(|b| bufs.contains(b)));
+                let cache = match state.as_mut() {
+                    Some((_, c)) if in_state => &mut **c,
+                    _ => &mut binder.cache,
+                };
+                let key: BindKey = (*kernel, buffers.iter().map(|b| (*b).clone()).collect());
+                let bind = cache.groups.entry(key).or_insert_with(|| {
+                    binder.bind_groups_created += 1;
+                    let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+                        .iter()
+                        .enumerate()
+                        .map(|(b, buf)| wgpu::BindGroupEntry { binding: b as u32, resource: buf.as_entire_binding() })
+                        .collect();
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: buffers.len() as u32,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &params,
+                            offset: 0,
+                            size: wgpu::BufferSize::new(PARAM_SLOT),
+                        }),
+                    });
+                    device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &compiled.layout, entries: &entries })
                 });
-                let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &pipeline.layout,
-                    entries: &entries,
-                });
-                pass.set_pipeline(&pipeline.pipeline);
-                pass.set_bind_group(0, &bind, &[]);
+                pass.set_pipeline(&compiled.pipeline);
+                pass.set_bind_group(0, &*bind, &[(base + *slot) as u32]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                stats.dispatches += 1;
                 i += 1;
             }
         }
-        self.kernels.ctx.queue.submit([encoder.finish()]);
+        ctx.queue.submit([encoder.finish()]);
+        ctx.submissions.fetch_add(1, Ordering::Relaxed);
+        stats
     }
 }
 
 /// A storage buffer holding `data` (padded to a whole number of words, at least 16 bytes).
 pub fn upload(ctx: &GpuContext, label: &str, data: &[u8]) -> wgpu::Buffer {
     let size = (data.len().div_ceil(4) * 4).max(16) as u64;
-    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: true,
-    });
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let buffer = ctx.create_buffer_mapped(label, size, usage);
     buffer.slice(..).get_mapped_range_mut().expect("freshly mapped").slice(..data.len()).copy_from_slice(data);
     buffer.unmap();
     buffer
@@ -240,20 +410,11 @@ pub fn upload(ctx: &GpuContext, label: &str, data: &[u8]) -> wgpu::Buffer {
 
 /// A zeroed storage buffer of `bytes` (rounded up to whole words, at least 16).
 pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> wgpu::Buffer {
-    ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: (bytes.div_ceil(4) * 4).max(16),
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    })
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    ctx.create_buffer(label, (bytes.div_ceil(4) * 4).max(16), usage)
 }
 
 /// A buffer to copy results into and map for reading.
 pub fn readback(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
-    ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("readback"),
-        size: (bytes.div_ceil(4) * 4).max(16),
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    })
+    ctx.create_buffer("readback", (bytes.div_ceil(4) * 4).max(16), wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)
 }

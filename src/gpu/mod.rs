@@ -5,7 +5,9 @@
 //!   `dequant.wgsl` are prepended to the kernels that read weights), pipelines, and `Pass`, which
 //!   records a whole forward pass into one submission;
 //! - `ops`: how each kernel is dispatched (bindings, parameters, grid);
-//! - `model`: `GpuModel`, a `LanguageModel` whose state is a KV cache on the GPU;
+//! - `model`: `GpuModel`, a `LanguageModel` whose state is a KV cache on the GPU (f32, or f16
+//!   where the device has `shader-f16`); besides full logits it picks on the GPU (argmax, top-k
+//!   with the log-sum-exp) so a decode step reads back a few bytes;
 //! - `host`: run one kernel on host data (tests and debugging; native only).
 //!
 //! Weights stay in their GGUF encoding on the GPU and are decoded in the shader, so a Q4_K model
@@ -18,5 +20,5 @@ pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod host;
 
-pub use context::{GpuContext, NO_ADAPTER};
-pub use model::{GpuModel, GpuState};
+pub use context::{is_device_lost, GpuContext, DEVICE_LOST, NO_ADAPTER};
+pub use model::{GpuModel, GpuOptions, GpuState, GpuStats, TopK};

@@ -4,11 +4,11 @@
 //! CPU path is its oracle.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
-use super::kernels::{readback, upload, Kernel, Kernels, Pass, MAX_HEAD_DIM};
-use super::ops::{self, floats, GpuTensor, Out, RopeMode};
+use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEAD_DIM, MAX_TOP_K};
+use super::ops::{self, floats, GpuTensor, Out, RopeMode, RopeOut};
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
 use crate::model::{Arch, Model, RopeStyle, Tensor};
@@ -49,6 +49,92 @@ struct Scratch {
     zeros: wgpu::Buffer,
 }
 
+/// How to run a model on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Keep the KV cache in f16 (half the memory and bandwidth of attention; needs the device's
+    /// `shader-f16`). Logits then differ from the CPU's by up to about 1e-2 instead of 1e-5.
+    pub f16_kv: bool,
+}
+
+impl GpuOptions {
+    /// The default for `ctx`: the f16 KV cache where the device has `shader-f16`, unless the
+    /// environment variable `NEXTTOKEN_GPU_F16=0` forces the f32 path.
+    pub fn auto(ctx: &GpuContext) -> GpuOptions {
+        let env_off = cfg!(not(target_arch = "wasm32")) && std::env::var("NEXTTOKEN_GPU_F16").is_ok_and(|v| v == "0");
+        GpuOptions { f16_kv: ctx.shader_f16 && !env_off }
+    }
+
+    /// Everything in f32: the path whose logits match the CPU's to about 1e-5.
+    pub fn f32() -> GpuOptions {
+        GpuOptions { f16_kv: false }
+    }
+}
+
+/// Counters for benchmarks and checks (see [`GpuModel::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Kernel dispatches recorded by the last forward (for a one-token forward: per decode step).
+    pub dispatches_last: usize,
+    /// Command buffer submissions of the last forward (always 1).
+    pub submissions_last: usize,
+    /// Bytes the last forward read back from the GPU: the full logits row, or for the top-k and
+    /// greedy forwards only the picks.
+    pub readback_bytes_last: u64,
+    /// Bytes of GPU buffers this model holds: weights, activations, parameters, step and
+    /// read-back buffers (not the KV caches, which belong to the states).
+    pub model_bytes: u64,
+    /// Bytes of the KV cache each state allocates.
+    pub kv_bytes_per_state: u64,
+    /// Bind groups created so far by this model (stops growing once each kind of step has run).
+    pub bind_groups_created: u64,
+    /// Buffers created so far on this model's device (by anything: also grows with states).
+    pub buffers_created: u64,
+    /// Bytes of kernel parameters uploaded so far (stops growing across decode steps).
+    pub param_bytes_written: u64,
+    /// Whether the KV cache is f16.
+    pub f16_kv: bool,
+}
+
+/// The k most likely next tokens, with the log-sum-exp of all the logits: the probability of
+/// `ids[i]` under the full softmax is `exp(logits[i] - logsumexp)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopK {
+    /// Best first; ties broken by smaller id.
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub logsumexp: f32,
+}
+
+/// Buffers made on the first forward (sized by the final `max_seq`) and the per-step machinery.
+#[derive(Default)]
+struct Runtime {
+    /// (cos, sin) of every rotated pair at every position, filled as positions are reached.
+    table: Option<wgpu::Buffer>,
+    table_rows: usize,
+    /// `[pos, n, 0, 0, ids...]`: the only thing a decode step uploads.
+    step: Option<wgpu::Buffer>,
+    /// Top-k scratch and output.
+    cand: Option<wgpu::Buffer>,
+    pick: Option<wgpu::Buffer>,
+    /// Read-back buffers, reused (taken out while a read is pending).
+    logits_rb: Option<wgpu::Buffer>,
+    pick_rb: Option<wgpu::Buffer>,
+    binder: Binder,
+    bytes: u64,
+    last: GpuStats,
+}
+
+/// What a forward returns.
+#[derive(Clone, Copy)]
+enum Output {
+    Logits { all: bool },
+    TopK { k: usize },
+    Greedy,
+    /// `steps` greedy picks, each fed back as the next input on the GPU.
+    Chain { steps: usize },
+}
+
 /// A model ready to run on the GPU.
 pub struct GpuModel {
     pub model: Model,
@@ -64,23 +150,34 @@ pub struct GpuModel {
     max_seq: usize,
     batch: usize,
     scratch: Scratch,
+    opts: GpuOptions,
+    /// Bytes of weights and activations.
+    load_bytes: u64,
+    rt: Mutex<Runtime>,
 }
 
-/// The KV cache of one sequence, on the GPU: per layer, `max_seq` rows of kv_dim floats for keys
-/// and for values. Cloning copies the filled rows on the GPU (for beam search).
+/// The KV cache of one sequence, on the GPU: per layer, `max_seq` rows of kv_dim values (f32, or
+/// f16 with the f16 KV cache) for keys and for values. Cloning copies the filled rows on the GPU
+/// (for beam search). Bind groups that use the cache are cached here (they die with it).
 pub struct GpuState {
     pub pos: usize,
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
     row_bytes: u64,
     ctx: Arc<GpuContext>,
+    groups: Mutex<BindCache>,
 }
 
 impl GpuState {
-    fn alloc(ctx: &Arc<GpuContext>, n_layer: usize, max_seq: usize, kv_dim: usize) -> GpuState {
-        let bytes = (max_seq * kv_dim * 4) as u64;
+    fn alloc(ctx: &Arc<GpuContext>, n_layer: usize, max_seq: usize, kv_dim: usize, elem: usize) -> GpuState {
+        let row_bytes = (kv_dim * elem) as u64;
+        let bytes = max_seq as u64 * row_bytes;
         let mk = |name: &str| (0..n_layer).map(|_| super::kernels::storage(ctx, name, bytes)).collect();
-        GpuState { pos: 0, k: mk("k cache"), v: mk("v cache"), row_bytes: (kv_dim * 4) as u64, ctx: ctx.clone() }
+        GpuState { pos: 0, k: mk("k cache"), v: mk("v cache"), row_bytes, ctx: ctx.clone(), groups: Mutex::new(BindCache::default()) }
+    }
+
+    fn buffers(&self) -> Vec<&wgpu::Buffer> {
+        self.k.iter().chain(&self.v).collect()
     }
 }
 
@@ -92,7 +189,9 @@ impl Clone for GpuState {
             (0..self.k.len()).map(|_| super::kernels::storage(ctx, name, bytes)).collect()
         };
         let (k, v) = (mk("k cache"), mk("v cache"));
-        let used = self.pos as u64 * self.row_bytes;
+        // Whole words (an f16 cache row of an odd kv_dim is not).
+        let used = (self.pos as u64 * self.row_bytes).div_ceil(4) * 4;
+        let used = used.min(bytes);
         if used > 0 {
             let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("clone kv") });
             for (src, dst) in self.k.iter().zip(&k).chain(self.v.iter().zip(&v)) {
@@ -100,8 +199,12 @@ impl Clone for GpuState {
             }
             ctx.queue.submit([enc.finish()]);
         }
-        GpuState { pos: self.pos, k, v, row_bytes: self.row_bytes, ctx: ctx.clone() }
+        GpuState { pos: self.pos, k, v, row_bytes: self.row_bytes, ctx: ctx.clone(), groups: Mutex::new(BindCache::default()) }
     }
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 impl GpuModel {
@@ -111,8 +214,19 @@ impl GpuModel {
         pollster::block_on(async { GpuModel::with_context(GpuContext::new_async().await?, model).await })
     }
 
-    /// Upload `model` to the device of `ctx` and compile its kernels.
+    /// Upload `model` to the device of `ctx` and compile its kernels, with the default options
+    /// ([`GpuOptions::auto`]: the f16 KV cache where the device supports it).
     pub async fn with_context(ctx: Arc<GpuContext>, model: Model) -> Result<GpuModel> {
+        let opts = GpuOptions::auto(&ctx);
+        GpuModel::with_options(ctx, model, opts).await
+    }
+
+    /// Upload `model` to the device of `ctx` and compile its kernels.
+    pub async fn with_options(ctx: Arc<GpuContext>, model: Model, opts: GpuOptions) -> Result<GpuModel> {
+        ctx.check_lost()?;
+        if opts.f16_kv && !ctx.shader_f16 {
+            return Err(gpu_err("the f16 KV cache needs shader-f16, which this device lacks"));
+        }
         let c = model.config.clone();
         let w = &model.weights;
         if c.head_dim > MAX_HEAD_DIM {
@@ -198,7 +312,9 @@ impl GpuModel {
         };
 
         let kernels = Kernels::new(ctx.clone());
-        let mut needed = vec![Kernel::Rope, Kernel::Attention, Kernel::Add, Kernel::Embedding(token_embd.ty)];
+        let h = opts.f16_kv;
+        let mut needed = vec![Kernel::Rope(false), Kernel::Rope(h), Kernel::Attention(h), Kernel::Add, Kernel::Embedding(token_embd.ty)];
+        needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
         needed.push(if c.arch == Arch::Gpt2 { Kernel::LayerNorm } else { Kernel::RmsNorm });
         needed.push(if c.arch == Arch::Gpt2 { Kernel::Gelu } else { Kernel::SiluMul });
         if let Some(p) = &pos_embd {
@@ -211,6 +327,12 @@ impl GpuModel {
         needed.dedup();
         kernels.prepare(&needed).await?;
 
+        let load_bytes = cache.values().flat_map(|t| t.parts.iter().map(|p| p.buffer.size())).sum::<u64>()
+            + [&scratch.x, &scratch.h, &scratch.qkv, &scratch.q, &scratch.attn, &scratch.proj]
+                .iter()
+                .chain([&scratch.up, &scratch.gate, &scratch.logits, &scratch.zeros].iter())
+                .map(|b| b.size())
+                .sum::<u64>();
         Ok(GpuModel {
             model,
             ctx,
@@ -225,17 +347,42 @@ impl GpuModel {
             max_seq,
             batch,
             scratch,
+            opts,
+            load_bytes,
+            rt: Mutex::new(Runtime::default()),
         })
     }
 
     /// Limit the sequence length (and so the KV cache each state allocates).
     pub fn with_max_seq(mut self, max_seq: usize) -> GpuModel {
         self.max_seq = max_seq.clamp(1, self.max_seq);
+        // Buffers sized by max_seq are made on the first forward; drop any made before.
+        self.rt = Mutex::new(Runtime::default());
         self
     }
 
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
+    }
+
+    pub fn options(&self) -> GpuOptions {
+        self.opts
+    }
+
+    /// Counters of the last forward and of the model's GPU memory.
+    pub fn stats(&self) -> GpuStats {
+        let rt = self.rt.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &self.model.config;
+        let elem = if self.opts.f16_kv { 2 } else { 4 };
+        GpuStats {
+            model_bytes: self.load_bytes + rt.bytes + rt.binder.bytes(),
+            kv_bytes_per_state: 2 * c.n_layer as u64 * self.max_seq as u64 * (c.kv_dim() * elem) as u64,
+            bind_groups_created: rt.binder.bind_groups_created,
+            buffers_created: self.ctx.buffers_created.load(std::sync::atomic::Ordering::Relaxed),
+            param_bytes_written: rt.binder.param_bytes_written,
+            f16_kv: self.opts.f16_kv,
+            ..rt.last
+        }
     }
 
     fn check_tokens(&self, pos: usize, tokens: &[u32]) -> Result<()> {
@@ -258,64 +405,232 @@ impl GpuModel {
 
     /// [`LanguageModel::forward`], awaitable (the only way in the browser).
     pub async fn forward_async(&self, state: &mut GpuState, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        let bytes = self.run(state, tokens, Output::Logits { all: all_logits }).await?;
+        Ok(words(&bytes).map(f32::from_bits).collect())
+    }
+
+    /// Append `tokens` and return the `k` (1..=64, at most the vocabulary) most likely next
+    /// tokens with the log-sum-exp of all logits, chosen on the GPU: only these come back.
+    pub async fn forward_topk_async(&self, state: &mut GpuState, tokens: &[u32], k: usize) -> Result<TopK> {
+        if !(1..=MAX_TOP_K).contains(&k) {
+            return Err(Error::Input(format!("top-k on the GPU needs 1 <= k <= {MAX_TOP_K}, got {k}")));
+        }
+        let k = k.min(self.model.config.n_vocab);
+        let bytes = self.run(state, tokens, Output::TopK { k }).await?;
+        let w: Vec<u32> = words(&bytes).collect();
+        let count = (w[1] as usize).min(k);
+        Ok(TopK {
+            ids: (0..count).map(|i| w[2 + 2 * i]).collect(),
+            logits: (0..count).map(|i| f32::from_bits(w[3 + 2 * i])).collect(),
+            logsumexp: f32::from_bits(w[0]),
+        })
+    }
+
+    /// Append `tokens` and return the most likely next token (the argmax of the logits, the
+    /// smallest id among equals), chosen on the GPU: 4 bytes come back.
+    pub async fn forward_greedy_async(&self, state: &mut GpuState, tokens: &[u32]) -> Result<u32> {
+        let bytes = self.run(state, tokens, Output::Greedy).await?;
+        let id = words(&bytes).next().expect("one word");
+        Ok(id)
+    }
+
+    /// Greedy decoding of `steps` tokens in one submission: append `tokens`, pick the most likely
+    /// next token on the GPU, feed it back on the GPU, and so on; returns the `steps` picks (4
+    /// bytes each come back, once). The state then holds `tokens` and all picks but the last (as
+    /// after feeding each pick but the last to [`GpuModel::forward_greedy_async`]). The caller
+    /// truncates at an end-of-sequence token itself (the GPU does not stop at one).
+    pub async fn forward_greedy_chain_async(&self, state: &mut GpuState, tokens: &[u32], steps: usize) -> Result<Vec<u32>> {
+        if steps == 0 {
+            return Err(Error::Input("a greedy chain needs at least one step".into()));
+        }
+        let bytes = self.run(state, tokens, Output::Chain { steps }).await?;
+        Ok(words(&bytes).collect())
+    }
+
+    /// Blocking [`GpuModel::forward_greedy_chain_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_greedy_chain(&self, state: &mut GpuState, tokens: &[u32], steps: usize) -> Result<Vec<u32>> {
+        pollster::block_on(self.forward_greedy_chain_async(state, tokens, steps))
+    }
+
+    /// Blocking [`GpuModel::forward_topk_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_topk(&self, state: &mut GpuState, tokens: &[u32], k: usize) -> Result<TopK> {
+        pollster::block_on(self.forward_topk_async(state, tokens, k))
+    }
+
+    /// Blocking [`GpuModel::forward_greedy_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_greedy(&self, state: &mut GpuState, tokens: &[u32]) -> Result<u32> {
+        pollster::block_on(self.forward_greedy_async(state, tokens))
+    }
+
+    /// One forward: record and submit under the runtime lock (no await in between, so the step
+    /// and parameter uploads pair with their submission), then wait for the read-back.
+    async fn run(&self, state: &mut GpuState, tokens: &[u32], output: Output) -> Result<Vec<u8>> {
+        self.ctx.check_lost()?;
         self.check_tokens(state.pos, tokens)?;
+        // Tokens a chained decode feeds itself (all but its last pick).
+        let chain_extra = match output {
+            Output::Chain { steps } => steps - 1,
+            _ => 0,
+        };
+        if state.pos + tokens.len() + chain_extra > self.max_seq {
+            return Err(Error::Input(format!(
+                "{} tokens and {chain_extra} more decoded after {} would exceed the context of {} tokens",
+                tokens.len(),
+                state.pos,
+                self.max_seq
+            )));
+        }
+        let (rb, len) = self.submit(state, tokens, output, chain_extra);
+        let read = self.ctx.read_buffer(&rb).await;
+        {
+            let mut rt = self.rt.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = if matches!(output, Output::Logits { .. }) { &mut rt.logits_rb } else { &mut rt.pick_rb };
+            if slot.as_ref().is_none_or(|b| b.size() < rb.size()) {
+                *slot = Some(rb);
+            }
+        }
+        if let Some(e) = self.ctx.take_uncaptured_error() {
+            self.ctx.check_lost()?;
+            return Err(gpu_err(format!("the forward pass failed: {e}")));
+        }
+        let bytes = read?;
+        state.pos += tokens.len() + chain_extra;
+        Ok(bytes[..len].to_vec())
+    }
+
+    /// Record the forward of `tokens` and submit it; returns the read-back buffer (its copy is
+    /// submitted) and how many of its bytes hold the result.
+    fn submit(&self, state: &mut GpuState, tokens: &[u32], output: Output, extra: usize) -> (wgpu::Buffer, usize) {
         let c = &self.model.config;
         let ctx = &self.ctx;
         let (n, vocab, pos0) = (tokens.len(), c.n_vocab, state.pos);
+        let mut guard = self.rt.lock().unwrap_or_else(|p| p.into_inner());
+        let rt = &mut *guard;
+        self.ensure_runtime(rt, pos0 + n + extra);
+        let step = rt.step.clone().expect("made");
+        let table = rt.table.clone().expect("made");
+        let (cand, pick) = (rt.cand.clone().expect("made"), rt.pick.clone().expect("made"));
+        ctx.queue.write_buffer(&step, 0, &ops::step_words(pos0, tokens));
 
-        let ids_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let ids = upload(ctx, "ids", &ids_bytes);
-        // (cos, sin) per token and rotated pair, from the same f32 arithmetic as cpu.rs.
-        let mut table = Vec::with_capacity(n * self.inv_freq.len() * 2);
-        for t in 0..n {
-            for &f in &self.inv_freq {
-                let (sin, cos) = ((pos0 + t) as f32 * f).sin_cos();
-                table.extend_from_slice(&[cos, sin]);
-            }
-        }
-        let table_bytes: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let table = upload(ctx, "rope table", &table_bytes);
-        let out_rows = if all_logits { n } else { 1 };
         let row_bytes = (vocab * 4) as u64;
-        let rb = readback(ctx, out_rows as u64 * row_bytes);
+        let (out_len, is_logits) = match output {
+            Output::Logits { all } => ((if all { n } else { 1 }) * vocab * 4, true),
+            Output::TopK { k } => ((2 + 2 * k) * 4, false),
+            Output::Greedy => (4, false),
+            Output::Chain { steps } => (4 * steps, false),
+        };
+        let slot = if is_logits { &mut rt.logits_rb } else { &mut rt.pick_rb };
+        let rb = match slot.take() {
+            Some(b) if b.size() >= out_len as u64 => b,
+            _ => {
+                let b = readback(ctx, out_len as u64);
+                rt.bytes += b.size();
+                b
+            }
+        };
 
         let mut pass = Pass::new(&self.kernels);
+        let s = &self.scratch;
         let mut start = 0;
         while start < n {
             let len = self.batch.min(n - start);
-            self.encode_layers(&mut pass, state, &ids, &table, start, len, pos0 + start);
-            let s = &self.scratch;
+            self.encode_layers(&mut pass, state, &step, &table, start, len);
             let logits = Out { buf: &s.logits, stride: vocab, col0: 0 };
-            if all_logits {
-                ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, 0, len, logits);
-                pass.copy(&s.logits, 0, &rb, start as u64 * row_bytes, len as u64 * row_bytes);
-            } else if start + len == n {
-                ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, len - 1, 1, logits);
-                pass.copy(&s.logits, 0, &rb, 0, row_bytes);
+            match output {
+                Output::Logits { all: true } => {
+                    ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, 0, len, logits);
+                    pass.copy(&s.logits, 0, &rb, start as u64 * row_bytes, len as u64 * row_bytes);
+                }
+                _ if start + len == n => {
+                    ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, len - 1, 1, logits);
+                    match output {
+                        Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
+                        Output::TopK { k } => {
+                            ops::topk(&mut pass, &s.logits, 0, vocab, k, &cand, &pick, &step, false);
+                            pass.copy(&pick, 0, &rb, 0, out_len as u64);
+                        }
+                        Output::Greedy => {
+                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, false);
+                            pass.copy(&pick, 8, &rb, 0, 4);
+                        }
+                        Output::Chain { steps } => {
+                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, true);
+                            pass.copy(&pick, 8, &rb, 0, 4);
+                            // Each further step reads its token and position from the step buffer
+                            // the previous pick wrote.
+                            for i in 1..steps {
+                                self.encode_layers(&mut pass, state, &step, &table, 0, 1);
+                                ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, 0, 1, Out { buf: &s.logits, stride: vocab, col0: 0 });
+                                ops::topk(&mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, true);
+                                pass.copy(&pick, 8, &rb, 4 * i as u64, 4);
+                            }
+                        }
+                    }
+                }
+                _ => {}
             }
             start += len;
         }
-        pass.submit();
-        let bytes = ctx.read_buffer(&rb).await?;
-        state.pos += n;
-        Ok(bytes[..out_rows * vocab * 4]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        let state_bufs = state.buffers();
+        let mut groups = state.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let stats = pass.submit_with(&mut rt.binder, Some((&state_bufs, &mut groups)));
+        rt.last = GpuStats {
+            dispatches_last: stats.dispatches,
+            submissions_last: 1,
+            readback_bytes_last: out_len as u64,
+            ..GpuStats::default()
+        };
+        (rb, out_len)
     }
 
-    /// Record the layers for `len` tokens (call tokens `start..`, positions `p0..`), leaving the
-    /// normed final hidden states in `scratch.h`.
+    /// Make the buffers sized by `max_seq` if not yet made, and fill the RoPE table up to `rows`
+    /// positions.
+    fn ensure_runtime(&self, rt: &mut Runtime, rows: usize) {
+        let ctx = &self.ctx;
+        let half = self.inv_freq.len();
+        if rt.step.is_none() {
+            let mk = |rt: &mut Runtime, label: &str, bytes: u64| {
+                let b = super::kernels::storage(ctx, label, bytes);
+                rt.bytes += b.size();
+                b
+            };
+            rt.table = Some(mk(rt, "rope table", (self.max_seq * half.max(1) * 8) as u64));
+            rt.step = Some(mk(rt, "step", ((ops::STEP_IDS + self.max_seq) * 4) as u64));
+            rt.cand = Some(mk(rt, "top-k candidates", (ops::topk_scratch_words(self.model.config.n_vocab) * 4) as u64));
+            rt.pick = Some(mk(rt, "top-k", ((2 + 2 * MAX_TOP_K) * 4) as u64));
+        }
+        if rows > rt.table_rows && half > 0 {
+            // In blocks of 256 positions, so decoding uploads a block every 256 tokens.
+            let to = rows.next_multiple_of(256).min(self.max_seq);
+            let mut bytes = Vec::with_capacity((to - rt.table_rows) * half * 8);
+            for p in rt.table_rows..to {
+                for &f in &self.inv_freq {
+                    // (cos, sin) from the same f32 arithmetic as cpu.rs.
+                    let (sin, cos) = (p as f32 * f).sin_cos();
+                    bytes.extend_from_slice(&cos.to_le_bytes());
+                    bytes.extend_from_slice(&sin.to_le_bytes());
+                }
+            }
+            let table = rt.table.as_ref().expect("made");
+            ctx.queue.write_buffer(table, (rt.table_rows * half * 8) as u64, &bytes);
+            rt.table_rows = to;
+        }
+    }
+
+    /// Record the layers for `len` tokens (call tokens `start..`, positions `step[0] + start..`),
+    /// leaving the normed final hidden states in `scratch.h`.
     #[allow(clippy::too_many_arguments)]
     fn encode_layers<'a>(
         &'a self,
         pass: &mut Pass<'a>,
         state: &'a GpuState,
-        ids: &'a wgpu::Buffer,
+        step: &'a wgpu::Buffer,
         table: &'a wgpu::Buffer,
         start: usize,
         len: usize,
-        p0: usize,
     ) {
         let c = &self.model.config;
         let s = &self.scratch;
@@ -323,6 +638,7 @@ impl GpuModel {
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let qkv_w = q_dim + 2 * kv_dim;
         let layer_norm = c.arch == Arch::Gpt2;
+        let h16 = self.opts.f16_kv;
         let mode = match c.rope {
             RopeStyle::Interleaved => RopeMode::Interleaved,
             RopeStyle::HalfSplit => RopeMode::HalfSplit,
@@ -331,9 +647,9 @@ impl GpuModel {
         let bias = |b: &'a Option<Arc<GpuTensor>>| b.as_ref().map(|b| b.buffer());
         let norm_bias = |b: &'a Option<Arc<GpuTensor>>| Some(bias(b).unwrap_or(&s.zeros));
 
-        ops::embedding(pass, &self.token_embd, ids, start, None, len, false, &s.x);
+        ops::embedding(pass, &self.token_embd, step, start, None, len, false, &s.x);
         if let Some(pe) = &self.pos_embd {
-            ops::embedding(pass, pe, ids, 0, Some(p0), len, true, &s.x);
+            ops::embedding(pass, pe, step, 0, Some(start), len, true, &s.x);
         }
         for (l, lw) in self.layers.iter().enumerate() {
             ops::norm(pass, &s.x, lw.attn_norm.buffer(), norm_bias(&lw.attn_norm_b), layer_norm, e, len, c.norm_eps, &s.h);
@@ -342,10 +658,13 @@ impl GpuModel {
                 ops::matmul(pass, w, bias(b), &s.zeros, &s.h, 0, len, out);
             }
             let rd = c.rope_dims;
-            ops::rope(pass, mode, &s.qkv, qkv_w, 0, table, start, len, c.n_head, hd, rd, &s.q, 0);
-            ops::rope(pass, mode, &s.qkv, qkv_w, q_dim, table, start, len, c.n_head_kv, hd, rd, &state.k[l], p0);
-            ops::rope(pass, RopeMode::Copy, &s.qkv, qkv_w, q_dim + kv_dim, table, start, len, c.n_head_kv, hd, rd, &state.v[l], p0);
-            ops::attention(pass, &s.q, &state.k[l], &state.v[l], len, c.n_head, c.n_head_kv, hd, p0, &s.attn);
+            let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
+            ops::rope(pass, mode, &s.qkv, qkv_w, 0, table, step, start, len, c.n_head, hd, rd, q_out);
+            let k_out = RopeOut { buf: &state.k[l], row0: 0, at_pos: true, f16: h16 };
+            ops::rope(pass, mode, &s.qkv, qkv_w, q_dim, table, step, start, len, c.n_head_kv, hd, rd, k_out);
+            let v_out = RopeOut { buf: &state.v[l], row0: 0, at_pos: true, f16: h16 };
+            ops::rope(pass, RopeMode::Copy, &s.qkv, qkv_w, q_dim + kv_dim, table, step, start, len, c.n_head_kv, hd, rd, v_out);
+            ops::attention(pass, &s.q, &state.k[l], &state.v[l], h16, step, start, len, c.n_head, c.n_head_kv, hd, &s.attn);
             ops::matmul(pass, &lw.wo, bias(&lw.bo), &s.zeros, &s.attn, 0, len, Out { buf: &s.proj, stride: e, col0: 0 });
             ops::add(pass, &s.proj, &s.x, len * e);
 
@@ -384,7 +703,7 @@ impl LanguageModel for GpuModel {
     }
     fn new_state(&self) -> GpuState {
         let c = &self.model.config;
-        GpuState::alloc(&self.ctx, c.n_layer, self.max_seq, c.kv_dim())
+        GpuState::alloc(&self.ctx, c.n_layer, self.max_seq, c.kv_dim(), if self.opts.f16_kv { 2 } else { 4 })
     }
     fn position(&self, state: &GpuState) -> usize {
         state.pos

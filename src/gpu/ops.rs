@@ -2,7 +2,7 @@
 //! each shader's bindings and `Params` layout. Used by the model and by the host helpers.
 
 use super::context::{gpu_err, GpuContext};
-use super::kernels::{grid, storage, upload, Kernel, Pass, MATMUL_TOKENS};
+use super::kernels::{grid, storage, upload, Kernel, Pass, MATMUL_ROWS, MATMUL_TOKENS, MAX_TOP_K};
 use crate::error::Result;
 use crate::quant::GgmlType;
 
@@ -82,7 +82,7 @@ pub fn matmul<'a>(
     y: Out<'a>,
 ) {
     for part in &w.parts {
-        let (gx, gy) = grid(u(part.rows));
+        let (gx, gy) = grid(u(part.rows).div_ceil(MATMUL_ROWS));
         let gz = u(n_tok).div_ceil(MATMUL_TOKENS);
         let params = [
             u(part.rows),
@@ -99,15 +99,27 @@ pub fn matmul<'a>(
     }
 }
 
-/// Rows of `w` into `y` (`n_tok` rows of `w.cols`): token ids `ids[id0 + t]`, or with `pos0`
-/// the rows `pos0 + t` (learned positions); `accumulate` adds to what `y` holds.
+/// Words before the token ids in the step buffer: `[pos, n, 0, 0, ids...]`. Kernels read the
+/// position of the call's first token from word 0, so decode steps differ only in this buffer.
+pub const STEP_IDS: usize = 4;
+
+/// The step buffer's contents for `tokens` at position `pos`.
+pub fn step_words(pos: usize, tokens: &[u32]) -> Vec<u8> {
+    let mut w = vec![u(pos), u(tokens.len()), 0, 0];
+    w.extend_from_slice(tokens);
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Rows of `w` into `y` (`n_tok` rows of `w.cols`): token ids `step[STEP_IDS + id0 + t]`, or
+/// with `pos_off` the rows `step[0] + pos_off + t` (learned positions); `accumulate` adds to
+/// what `y` holds.
 #[allow(clippy::too_many_arguments)]
 pub fn embedding<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
-    ids: &'a wgpu::Buffer,
+    step: &'a wgpu::Buffer,
     id0: usize,
-    pos0: Option<usize>,
+    pos_off: Option<usize>,
     n_tok: usize,
     accumulate: bool,
     y: &'a wgpu::Buffer,
@@ -119,12 +131,12 @@ pub fn embedding<'a>(
             u(w.row_bytes),
             u(part.row0),
             u(part.rows),
-            pos0.is_some() as u32,
-            u(pos0.unwrap_or(0)),
-            u(id0),
+            pos_off.is_some() as u32,
+            u(pos_off.unwrap_or(0)),
+            u(STEP_IDS + id0),
             accumulate as u32,
         ];
-        pass.dispatch(Kernel::Embedding(w.ty), &[&part.buffer, ids, y], &params, [u(n_tok), 1, 1]);
+        pass.dispatch(Kernel::Embedding(w.ty), &[&part.buffer, step, y], &params, [u(n_tok), 1, 1]);
     }
 }
 
@@ -158,8 +170,18 @@ pub enum RopeMode {
     HalfSplit = 2,
 }
 
+/// Where rope writes: rows `row0 + t` of `buf`, plus the token's position when `at_pos` (the
+/// KV cache); `f16`: `buf` holds f16 (the f16 KV cache).
+pub struct RopeOut<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub row0: usize,
+    pub at_pos: bool,
+    pub f16: bool,
+}
+
 /// Heads `n_head` x `head_dim` of each token, read at `x[t * in_stride + in_col0 ..]`, rotated by
-/// the (cos, sin) table rows `tab_row0 + t`, written to `y[(out_row0 + t) * n_head * head_dim ..]`.
+/// the (cos, sin) table row of the token's position `step[0] + start + t`, written to
+/// `y.buf[row * n_head * head_dim ..]`.
 #[allow(clippy::too_many_arguments)]
 pub fn rope<'a>(
     pass: &mut Pass<'a>,
@@ -168,13 +190,13 @@ pub fn rope<'a>(
     in_stride: usize,
     in_col0: usize,
     table: &'a wgpu::Buffer,
-    tab_row0: usize,
+    step: &'a wgpu::Buffer,
+    start: usize,
     n_tok: usize,
     n_head: usize,
     head_dim: usize,
     rope_dims: usize,
-    y: &'a wgpu::Buffer,
-    out_row0: usize,
+    y: RopeOut<'a>,
 ) {
     let params = [
         u(n_tok),
@@ -185,31 +207,68 @@ pub fn rope<'a>(
         u(in_stride),
         u(in_col0),
         u(n_head * head_dim),
-        u(out_row0),
-        u(tab_row0),
+        u(y.row0),
+        u(start),
+        y.at_pos as u32,
     ];
     let (gx, gy) = grid(u(n_tok * n_head * head_dim).div_ceil(256));
-    pass.dispatch(Kernel::Rope, &[x, table, y], &params, [gx, gy, 1]);
+    pass.dispatch(Kernel::Rope(y.f16), &[x, table, step, y.buf], &params, [gx, gy, 1]);
 }
 
 /// Causal attention of `n_tok` queries (rows of n_head * head_dim in `q`) at positions
-/// `pos0 + t` over caches holding positions `0..pos0 + n_tok`.
+/// `pos0 + t` (`pos0 = step[0] + start`) over caches (f16 when `f16`) holding positions
+/// `0..pos0 + n_tok`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention<'a>(
     pass: &mut Pass<'a>,
     q: &'a wgpu::Buffer,
     k: &'a wgpu::Buffer,
     v: &'a wgpu::Buffer,
+    f16: bool,
+    step: &'a wgpu::Buffer,
+    start: usize,
     n_tok: usize,
     n_head: usize,
     n_head_kv: usize,
     head_dim: usize,
-    pos0: usize,
     out: &'a wgpu::Buffer,
 ) {
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let params = [u(n_head), u(n_head_kv), u(head_dim), u(pos0), f(scale)];
-    pass.dispatch(Kernel::Attention, &[q, k, v, out], &params, [u(n_head), u(n_tok), 1]);
+    let params = [u(n_head), u(n_head_kv), u(head_dim), u(start), f(scale)];
+    pass.dispatch(Kernel::Attention(f16), &[q, k, v, step, out], &params, [u(n_head), u(n_tok), 1]);
+}
+
+/// Workgroups and slice length of the first top-k pass over `n` logits.
+pub fn topk_groups(n: usize) -> (usize, usize) {
+    let slice = n.div_ceil(64).max(1024);
+    (n.div_ceil(slice).max(1), slice)
+}
+
+/// Words of the candidates buffer the top-k of `n` logits needs (at most `MAX_TOP_K`).
+pub fn topk_scratch_words(n: usize) -> usize {
+    topk_groups(n).0 * (2 + 2 * MAX_TOP_K)
+}
+
+/// The `k` (1..=MAX_TOP_K) largest of the `n` logits at `x[x_off..]` and their log-sum-exp into
+/// `out` = [lse, count, (id, logit) * count]; `cand` is scratch of `topk_scratch_words(n)`.
+/// With `chain`, the best id is also written as the next step's token into `step` (and its
+/// position advanced by one).
+#[allow(clippy::too_many_arguments)]
+pub fn topk<'a>(
+    pass: &mut Pass<'a>,
+    x: &'a wgpu::Buffer,
+    x_off: usize,
+    n: usize,
+    k: usize,
+    cand: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+    step: &'a wgpu::Buffer,
+    chain: bool,
+) {
+    assert!((1..=MAX_TOP_K).contains(&k), "top-k needs 1 <= k <= {MAX_TOP_K}");
+    let (groups, slice) = topk_groups(n);
+    pass.dispatch(Kernel::TopkPartial, &[x, cand], &[u(n), u(x_off), u(k), u(slice)], [u(groups), 1, 1]);
+    pass.dispatch(Kernel::TopkMerge, &[cand, out, step], &[u(groups), u(k), chain as u32], [1, 1, 1]);
 }
 
 fn elementwise<'a>(pass: &mut Pass<'a>, k: Kernel, bufs: &[&'a wgpu::Buffer], n: usize) {

@@ -113,7 +113,7 @@ pub struct Gguf {
 impl Gguf {
     /// Parse the header of a GGUF file held in `bytes` and check that every tensor lies inside it.
     pub fn parse(bytes: &[u8]) -> Result<Gguf> {
-        let mut r = Reader { bytes, pos: 0 };
+        let mut r = Reader { bytes, pos: 0, array_elements: 0 };
         let magic = r.take(4, "magic")?;
         if magic != MAGIC {
             return gguf_err!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic);
@@ -238,10 +238,15 @@ impl Gguf {
 struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Metadata array elements read so far (see `MAX_ARRAY_ELEMENTS`).
+    array_elements: u64,
 }
 
 /// Arrays nest (an array of arrays is legal); deeper than this is hostile.
 const MAX_ARRAY_NESTING: usize = 4;
+/// Each parsed value takes ~32 bytes however small it is in the file, so cap the elements of all
+/// metadata arrays together. Real vocabularies (tokens, scores, merges) stay far below this.
+const MAX_ARRAY_ELEMENTS: u64 = 8 << 20;
 
 impl<'a> Reader<'a> {
     fn remaining(&self) -> usize {
@@ -327,6 +332,10 @@ impl<'a> Reader<'a> {
                     _ => return gguf_err!("metadata {key:?}: unknown array element type {elem_ty}"),
                 };
                 self.check_count(len, min_size, &format!("metadata {key:?} array length"))?;
+                self.array_elements = self.array_elements.saturating_add(len);
+                if self.array_elements > MAX_ARRAY_ELEMENTS {
+                    return gguf_err!("metadata {key:?}: arrays hold more than {MAX_ARRAY_ELEMENTS} elements in all");
+                }
                 let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     items.push(self.value(elem_ty, key, depth + 1)?);

@@ -14,6 +14,8 @@ pub mod sampling;
 pub mod generate;
 pub mod table;
 pub mod gpu;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
 
 pub use error::{Error, Result};
 pub use lm::{LanguageModel, Vocab};

@@ -4,13 +4,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod bench;
+mod synth;
+
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
-use nexttoken::cpu::CpuModel;
+use nexttoken::cpu::{CpuModel, Precision};
 use nexttoken::gpu::{GpuContext, GpuModel};
 use nexttoken::generate::{self, BeamOptions, GenerateOptions, Generation};
-use nexttoken::model::Model;
+use nexttoken::model::{Model, Storage};
 use nexttoken::sampling::SamplerConfig;
 use nexttoken::table::TableModel;
 use nexttoken::tokenizer::HfTokenizer;
@@ -31,16 +34,55 @@ enum Command {
     Score(ScoreArgs),
     /// Describe a model file: architecture, shapes, parameters, tensor types and bytes.
     Info {
+        /// Default: the embedded model.
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
+    /// Write a GGUF with random weights of a real model's shapes (from its Hugging Face
+    /// config.json), loadable by nexttoken and llama.cpp, for benchmarks.
+    Synth {
+        /// Hugging Face config.json (llama, qwen2 or gpt2).
+        #[arg(long)]
+        config: PathBuf,
+        /// Weight type of the matrices: q8_0, q4_0, f16 or f32.
+        #[arg(long = "type", default_value = "q8_0")]
+        ty: String,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Measure load time, prefill and decode speed, bandwidth and peak memory.
+    Bench {
         #[arg(long)]
         model: PathBuf,
+        #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu", "both"])]
+        backend: String,
+        /// CPU threads (0 = every core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Prompt lengths to time prefill on (comma-separated).
+        #[arg(long, default_value = "16,128", value_delimiter = ',')]
+        prefill: Vec<usize>,
+        /// Context lengths to time decode at (the cache is filled to each first).
+        #[arg(long, default_value = "16,1024", value_delimiter = ',')]
+        contexts: Vec<usize>,
+        /// Decode steps timed at each context.
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+        /// Time the exact (reference) CPU path instead of the fast one.
+        #[arg(long)]
+        exact: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 
 #[derive(Args)]
 struct ModelArgs {
-    /// A GGUF file, or a table model (.json).
+    /// A GGUF file, or a table model (.json). Default: the embedded model (www/models/default.gguf).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// tokenizer.json (default: tokenizer.json beside the model). Table models need none.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
@@ -55,6 +97,13 @@ struct ModelArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// CPU backend: use the exact reference path (f32 activations, one thread) instead of the fast
+    /// one (Q8 activations for quantised weights, SIMD, threads).
+    #[arg(long)]
+    exact: bool,
+    /// CPU backend: threads (0 = every core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -108,7 +157,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => with_model(&args.model, |m, v| run_generate(m, v, &args)),
         Command::Score(args) => with_model(&args.model, |m, v| run_score(m, v, &args)),
-        Command::Info { model } => run_info(&model),
+        Command::Info { model } => run_info(model.as_deref()),
+        Command::Synth { config, ty, out, seed } => synth::run(&config, &ty, &out, seed),
+        Command::Bench { model, backend, threads, prefill, contexts, steps, exact, json } => {
+            bench::run(&bench::BenchOptions { model, backend, threads, prefill, contexts, steps, exact, json })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,23 +174,32 @@ fn main() -> ExitCode {
 
 /// Load the model named by `args` on the chosen backend and hand it to `f`.
 fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>) -> Result<()> {
-    if args.model.extension().is_some_and(|e| e == "json") {
-        let text = read_to_string(&args.model)?;
-        let table = TableModel::from_json(&text)?;
-        return f(&table, &table);
-    }
-    let tokenizer_path = args
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| args.model.with_file_name("tokenizer.json"));
-    if !tokenizer_path.exists() {
-        return Err(Error::Tokenizer(format!(
-            "no tokenizer: {} does not exist (pass --tokenizer PATH)",
-            tokenizer_path.display()
-        )));
-    }
-    let tokenizer = HfTokenizer::from_file(&tokenizer_path)?;
-    let model = Model::open(&args.model)?;
+    let (model, tokenizer) = match &args.model {
+        None => {
+            let tokenizer = match &args.tokenizer {
+                Some(path) => HfTokenizer::from_file(path)?,
+                None => HfTokenizer::from_bytes(DEFAULT_TOKENIZER)?,
+            };
+            (default_model()?, tokenizer)
+        }
+        Some(path) if path.extension().is_some_and(|e| e == "json") => {
+            let table = TableModel::from_json(&read_to_string(path)?)?;
+            return f(&table, &table);
+        }
+        Some(path) => {
+            let tokenizer_path = args
+                .tokenizer
+                .clone()
+                .unwrap_or_else(|| path.with_file_name("tokenizer.json"));
+            if !tokenizer_path.exists() {
+                return Err(Error::Tokenizer(format!(
+                    "no tokenizer: {} does not exist (pass --tokenizer PATH)",
+                    tokenizer_path.display()
+                )));
+            }
+            (Model::open(path)?, HfTokenizer::from_file(&tokenizer_path)?)
+        }
+    };
     let gpu = match args.backend.as_str() {
         "cpu" => None,
         "gpu" => Some(GpuContext::new()?),
@@ -164,9 +226,28 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
             if args.backend == "cpu" {
                 eprintln!("backend: cpu");
             }
-            f(&CpuModel::new(model).with_max_seq(args.context), &tokenizer)
+            let cpu = if args.exact {
+                CpuModel::new(model)
+            } else {
+                let threads = match args.threads {
+                    0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    n => n,
+                };
+                CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads)
+            };
+            f(&cpu.with_max_seq(args.context), &tokenizer)
         }
     }
+}
+
+/// The project's own model (see www/models/README.md), compiled in so the CLI works with no
+/// files and no network.
+const DEFAULT_GGUF: &[u8] = include_bytes!("../www/models/default.gguf");
+const DEFAULT_TOKENIZER: &[u8] = include_bytes!("../www/models/default-tokenizer.json");
+
+fn default_model() -> Result<Model> {
+    eprintln!("model: embedded default (www/models/default.gguf, KJV Bible, 2M parameters)");
+    Model::from_storage(Storage::Static(DEFAULT_GGUF))
 }
 
 /// Object-safe view of a `LanguageModel` so the CLI can hold either kind behind one reference;
@@ -335,13 +416,16 @@ fn score_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &ScoreArgs) 
     Ok(())
 }
 
-fn run_info(path: &Path) -> Result<()> {
-    if path.extension().is_some_and(|e| e == "json") {
-        let table = TableModel::from_json(&read_to_string(path)?)?;
-        println!("table model: vocabulary of {} words", table.vocab_size());
-        return Ok(());
-    }
-    let model = Model::open(path)?;
+fn run_info(path: Option<&Path>) -> Result<()> {
+    let model = match path {
+        None => default_model()?,
+        Some(path) if path.extension().is_some_and(|e| e == "json") => {
+            let table = TableModel::from_json(&read_to_string(path)?)?;
+            println!("table model: vocabulary of {} words", table.vocab_size());
+            return Ok(());
+        }
+        Some(path) => Model::open(path)?,
+    };
     let c = &model.config;
     println!("architecture   {}", c.arch.gguf_name());
     println!("vocab          {}", c.n_vocab);

@@ -157,6 +157,8 @@ pub struct Weights {
 /// The bytes of a model file: mapped natively, owned in the browser. Never copied.
 pub enum Storage {
     Owned(Vec<u8>),
+    /// Bytes compiled into the binary (the embedded default model).
+    Static(&'static [u8]),
     #[cfg(not(target_arch = "wasm32"))]
     Mapped(memmap2::Mmap),
 }
@@ -166,6 +168,7 @@ impl std::ops::Deref for Storage {
     fn deref(&self) -> &[u8] {
         match self {
             Storage::Owned(v) => v,
+            Storage::Static(s) => s,
             #[cfg(not(target_arch = "wasm32"))]
             Storage::Mapped(m) => m,
         }

@@ -156,7 +156,7 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
 }
 
 /// The 6-bit scale and min of sub-block `j` (0..8), packed in Q4_K's 12 scale bytes.
-fn q4_k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn q4_k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -228,4 +228,58 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
             }
         }
     }
+}
+
+/// ggml's `quantize_row_q8_0_ref`: per block of 32, d = max|x| / 127 (stored as f16) and
+/// q = round(x / d). `values.len()` must be a multiple of 32.
+pub fn quantize_row_q8_0(values: &[f32], out: &mut Vec<u8>) {
+    assert!(values.len() % 32 == 0, "Q8_0 needs whole blocks of 32, got {}", values.len());
+    for block in values.chunks_exact(32) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        for &x in block {
+            out.push((x * id).round() as i8 as u8);
+        }
+    }
+}
+
+/// ggml's `quantize_row_q4_0_ref`: per block of 32, the value of largest magnitude `max` (with its
+/// sign) gives d = max / -8, so it maps to -8 exactly; q = min(15, (int)(x / d + 8.5)).
+pub fn quantize_row_q4_0(values: &[f32], out: &mut Vec<u8>) {
+    assert!(values.len() % 32 == 0, "Q4_0 needs whole blocks of 32, got {}", values.len());
+    for block in values.chunks_exact(32) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in block {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        for j in 0..16 {
+            // C's (int8_t) cast truncates toward zero; x / d + 8.5 is >= 0.5 here.
+            let x0 = ((block[j] * id + 8.5) as i8).min(15) as u8;
+            let x1 = ((block[j + 16] * id + 8.5) as i8).min(15) as u8;
+            out.push(x0 | (x1 << 4));
+        }
+    }
+}
+
+/// Encode `values` (whole rows) as `ty`. Supports F32, F16, BF16, Q8_0 and Q4_0 (the types
+/// `synth` writes); None for the K-quants, which need ggml's search-based quantisers.
+pub fn quantize(ty: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(values.len() / ty.block_size() * ty.block_bytes());
+    match ty {
+        GgmlType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        GgmlType::F16 => values.iter().for_each(|&v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes())),
+        GgmlType::BF16 => values.iter().for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes())),
+        GgmlType::Q8_0 => quantize_row_q8_0(values, &mut out),
+        GgmlType::Q4_0 => quantize_row_q4_0(values, &mut out),
+        GgmlType::Q4_K | GgmlType::Q6_K => return None,
+    }
+    Some(out)
 }

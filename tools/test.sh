@@ -4,9 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Mesa's software Vulkan (lavapipe) runs the real WGSL kernels where no GPU exists.
-if ! dpkg -s mesa-vulkan-drivers libvulkan1 >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1
+# Mesa's software Vulkan (lavapipe) runs the real WGSL kernels where no GPU exists; Debian's
+# Chromium runs the browser tests (WebGPU through SwiftShader with --enable-unsafe-webgpu).
+missing=()
+for pkg in mesa-vulkan-drivers libvulkan1 chromium; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 # Vulkan loaders warn without a private runtime folder.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/nexttoken-xdg-$(id -u)}"
@@ -16,3 +21,8 @@ mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 # from ../shared (skipped loudly when absent, unless NEXTTOKEN_REQUIRE_SHARED=1 as in CI).
 cargo build --all-targets
 cargo test --all-targets -- --test-threads=2
+
+# The browser app: wasm build (installs wasm-bindgen-cli, npm playwright-core and binaryen when
+# missing), then Playwright drives headless Chromium with and without WebGPU. The expected texts
+# come from the native CLI built above.
+./build.sh test

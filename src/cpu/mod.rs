@@ -1,13 +1,34 @@
-//! The CPU reference forward pass: plain Rust, one function per step of the transformer. It is
-//! the oracle every GPU kernel is checked against and the fallback where WebGPU is missing.
+//! The CPU forward pass, in two precisions:
+//!
+//! - [`Precision::Exact`] (the reference, what `CpuModel::new` gives): plain Rust, f32 activations,
+//!   each weight row decoded by `quant::dequantize_row` and multiplied in f32. It is the oracle
+//!   every GPU and SIMD kernel is checked against, and matches transformers' logits to 1e-4.
+//!   Its results do not depend on the thread count.
+//! - [`Precision::Fast`] (`CpuModel::fast`, the CLI's default): the dot products of [`kernels`]
+//!   that never expand weights to f32 (activations quantised to Q8 blocks for quantised weights,
+//!   as llama.cpp does), SIMD where the machine has it, threads over output rows natively, and no
+//!   allocation per token besides the logits the `LanguageModel` API returns (the KV cache is
+//!   reserved up to the context length; the scratch buffers live in the state).
 //!
 //! One pass handles a batch of tokens (the whole prompt at prefill, one token per decode step):
-//! each weight row is decoded once and multiplied with every token of the batch.
+//! each weight row is read once and multiplied with every token of the batch.
+
+pub mod kernels;
+
+use std::ops::Range;
 
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
 use crate::model::{Arch, Model, RopeStyle, Tensor};
 use crate::quant::dequantize_row;
+use kernels::{BlockQ8, Isa, QK8};
+
+/// How the CPU path computes: bit-for-bit reference, or fast (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Exact,
+    Fast,
+}
 
 /// A model ready to run on the CPU.
 pub struct CpuModel {
@@ -16,18 +37,67 @@ pub struct CpuModel {
     inv_freq: Vec<f32>,
     /// Sequence length the KV cache may grow to (the model's context unless capped).
     max_seq: usize,
+    precision: Precision,
+    isa: Isa,
+    threads: usize,
+    #[cfg(not(target_arch = "wasm32"))]
+    pool: Option<std::sync::Arc<rayon::ThreadPool>>,
 }
 
-/// What a sequence has seen so far: the keys and values of every layer at every position.
-#[derive(Clone, Debug, Default)]
+/// Per-sequence buffers the forward pass reuses from token to token (not part of a clone).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Tokens the buffers have room for.
+    n: usize,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    up: Vec<f32>,
+    gate: Vec<f32>,
+    /// The current matmul input quantised to Q8 blocks (fast path).
+    act: Vec<BlockQ8>,
+    /// Attention scores: one row as long as the context per head.
+    scores: Vec<f32>,
+    /// (cos, sin) of each rotated pair at each token's position.
+    rope: Vec<f32>,
+}
+
+/// What a sequence has seen so far: the keys and values of every layer at every position, and
+/// the scratch buffers its forward passes reuse.
+#[derive(Debug, Default)]
 pub struct KvCache {
     pub pos: usize,
     /// Per layer: `pos` rows of `kv_dim` floats.
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    scratch: Scratch,
 }
 
+impl Clone for KvCache {
+    /// Copies the filled rows only (beam search forks states); scratch is made afresh on use.
+    fn clone(&self) -> KvCache {
+        KvCache { pos: self.pos, k: self.k.clone(), v: self.v.clone(), scratch: Scratch::default() }
+    }
+}
+
+/// Reserve the KV cache up to the context when that is at most this many bytes (natively,
+/// untouched pages cost no memory); larger contexts grow on demand.
+const KV_RESERVE_LIMIT: usize = 1 << 30;
+
+/// A raw pointer that tasks writing disjoint elements of one output may share.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: only used by tasks that write disjoint indices while the owner waits for them.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
 impl CpuModel {
+    /// The reference model: exact precision, one thread.
     pub fn new(model: Model) -> CpuModel {
         let c = &model.config;
         let half = c.rope_dims / 2;
@@ -40,7 +110,22 @@ impl CpuModel {
             })
             .collect();
         let max_seq = c.n_ctx;
-        CpuModel { model, inv_freq, max_seq }
+        CpuModel {
+            model,
+            inv_freq,
+            max_seq,
+            precision: Precision::Exact,
+            isa: Isa::detect(),
+            threads: 1,
+            #[cfg(not(target_arch = "wasm32"))]
+            pool: None,
+        }
+    }
+
+    /// The fast path on every core: what the CLI generates with.
+    pub fn fast(model: Model) -> CpuModel {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads)
     }
 
     /// Limit the sequence length (models advertise contexts far larger than a demo needs).
@@ -49,39 +134,188 @@ impl CpuModel {
         self
     }
 
-    /// `out[t][r] = dot(W[r], x[t])` for a batch of `n` token vectors, plus the bias if any.
-    fn matmul(&self, w: &Tensor, bias: Option<&Tensor>, x: &[f32], out: &mut [f32]) {
-        let n = x.len() / w.cols;
-        debug_assert_eq!(out.len(), n * w.rows);
-        let bytes = self.model.bytes(w);
-        let row_bytes = w.row_bytes();
-        let mut row = vec![0f32; w.cols];
-        for r in 0..w.rows {
-            dequantize_row(w.ty, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut row);
-            for t in 0..n {
-                out[t * w.rows + r] = dot(&row, &x[t * w.cols..(t + 1) * w.cols]);
+    pub fn with_precision(mut self, precision: Precision) -> CpuModel {
+        self.precision = precision;
+        self
+    }
+
+    /// Use this instruction set for the fast path's kernels (tests compare them); one not in
+    /// `Isa::available()` falls back to the scalar kernels.
+    pub fn with_isa(mut self, isa: Isa) -> CpuModel {
+        self.isa = if Isa::available().contains(&isa) { isa } else { Isa::Scalar };
+        self
+    }
+
+    /// Split matmuls and attention over `threads` threads (natively; wasm32 stays serial).
+    /// Results do not depend on the thread count: each output element is computed by one thread.
+    pub fn with_threads(mut self, threads: usize) -> CpuModel {
+        self.threads = threads.max(1);
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.pool = if self.threads > 1 {
+                rayon::ThreadPoolBuilder::new().num_threads(self.threads).build().ok().map(std::sync::Arc::new)
+            } else {
+                None
+            };
+            if self.pool.is_none() {
+                self.threads = 1;
             }
         }
-        if let Some(b) = bias {
-            let b = read_f32(&self.model, b);
-            for o in out.chunks_exact_mut(w.rows) {
-                add_assign(o, &b);
-            }
+        #[cfg(target_arch = "wasm32")]
+        {
+            self.threads = 1;
+        }
+        self
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The kernels' instruction set: scalar (the reference expressions) in exact mode.
+    fn kernel_isa(&self) -> Isa {
+        match self.precision {
+            Precision::Exact => Isa::Scalar,
+            Precision::Fast => self.isa,
         }
     }
 
+    /// Run `f` over `0..n` split into ranges on the thread pool (serially when small or single
+    /// threaded). `cost` is the work per item, to keep tiny loops on one thread.
+    fn par_ranges(&self, n: usize, cost: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(pool) = &self.pool {
+            let total = n.saturating_mul(cost);
+            let chunks = (self.threads * 4).min(n).min(total >> 14);
+            if chunks > 1 {
+                use rayon::prelude::*;
+                pool.install(|| (0..chunks).into_par_iter().for_each(|c| f(c * n / chunks..(c + 1) * n / chunks)));
+                return;
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = cost;
+        f(0..n)
+    }
+
+    /// Run `f` inside the pool, so the forward pass's many parallel loops start from a worker
+    /// thread (cheap) instead of each being injected from outside (a wake-up each).
+    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(pool) = &self.pool {
+            return pool.install(f);
+        }
+        f()
+    }
+
+    /// Quantise the rows of `x` for a matmul with `w` when the fast path wants Q8 activations.
+    fn quantize_input<'a>(&self, w: &Tensor, x: &[f32], act: &'a mut [BlockQ8]) -> Option<&'a [BlockQ8]> {
+        if self.precision != Precision::Fast || !kernels::uses_q8_activations(w.ty) || w.cols % QK8 != 0 {
+            return None;
+        }
+        let blocks = x.len() / QK8;
+        kernels::quantize_activations(x, &mut act[..blocks]);
+        Some(&act[..blocks])
+    }
+
+    /// `out[t][r] = dot(W[r], x[t])` for a batch of token vectors, plus the bias if any. `xq` is
+    /// `x` quantised (fast path, quantised weights); otherwise rows multiply f32 activations.
+    fn matmul(&self, w: &Tensor, bias: Option<&Tensor>, x: &[f32], xq: Option<&[BlockQ8]>, out: &mut [f32]) {
+        let n = x.len() / w.cols;
+        let rows = w.rows;
+        debug_assert_eq!(out.len(), n * rows);
+        let bytes = self.model.bytes(w);
+        let row_bytes = w.row_bytes();
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let isa = self.isa;
+        let blocks = w.cols / QK8;
+        let fast = self.precision == Precision::Fast;
+        let bias_bytes = bias.map(|b| self.model.bytes(b));
+        let work = |range: Range<usize>| {
+            let out_ptr = out_ptr;
+            // The reference decodes each row to f32 first; the fast path never does.
+            let mut row = if fast { Vec::new() } else { vec![0f32; w.cols] };
+            for r in range {
+                let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                if !fast {
+                    dequantize_row(w.ty, wr, &mut row);
+                }
+                for t in 0..n {
+                    let xt = &x[t * w.cols..(t + 1) * w.cols];
+                    let mut v = if !fast {
+                        dot(&row, xt)
+                    } else if let Some(xq) = xq {
+                        kernels::dot_q8(isa, w.ty, wr, &xq[t * blocks..(t + 1) * blocks])
+                    } else {
+                        kernels::dot_float_row(isa, w.ty, wr, xt)
+                    };
+                    if let Some(bb) = bias_bytes {
+                        v += f32_at(bb, r);
+                    }
+                    // SAFETY: t * rows + r < out.len(), and each r belongs to one task.
+                    unsafe { *out_ptr.0.add(t * rows + r) = v };
+                }
+            }
+        };
+        self.par_ranges(rows, w.cols * n, &work);
+    }
+
     /// Run the transformer over `tokens` at positions `cache.pos..`, appending to the cache.
-    /// Returns the final hidden states (after the output norm), `tokens.len()` rows of n_embd.
-    fn forward_hidden(&self, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
+    /// Leaves the final hidden states (after the output norm) in `cache.scratch.h`.
+    fn forward_hidden(&self, cache: &mut KvCache, tokens: &[u32]) {
         let m = &self.model;
         let c = &m.config;
         let w = &m.weights;
         let (n, e) = (tokens.len(), c.n_embd);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let pos0 = cache.pos;
+        let half = c.rope_dims / 2;
+
+        if cache.k.len() != c.n_layer {
+            let fits = c.n_layer * self.max_seq * kv_dim * 8 <= KV_RESERVE_LIMIT;
+            let reserve = if fits && !cfg!(target_arch = "wasm32") { self.max_seq * kv_dim } else { 0 };
+            cache.k = (0..c.n_layer).map(|_| Vec::with_capacity(reserve)).collect();
+            cache.v = (0..c.n_layer).map(|_| Vec::with_capacity(reserve)).collect();
+        }
+        let s = &mut cache.scratch;
+        if s.n < n || s.scores.len() < c.n_head * self.max_seq {
+            let big = n.max(s.n);
+            let qkv_rows = w.layers.first().and_then(|l| l.wqkv.as_ref()).map_or(0, |t| t.rows);
+            let max_cols = e.max(q_dim).max(c.n_ff);
+            s.n = big;
+            s.x = vec![0.0; big * e];
+            s.h = vec![0.0; big * e];
+            s.q = vec![0.0; big * q_dim];
+            s.k = vec![0.0; big * kv_dim];
+            s.v = vec![0.0; big * kv_dim];
+            s.qkv = vec![0.0; big * qkv_rows];
+            s.attn = vec![0.0; big * q_dim];
+            s.proj = vec![0.0; big * e];
+            s.up = vec![0.0; big * c.n_ff];
+            s.gate = vec![0.0; big * c.n_ff];
+            s.act = vec![BlockQ8::default(); big * max_cols.div_ceil(QK8)];
+            s.scores = vec![0.0; c.n_head * self.max_seq];
+            s.rope = vec![0.0; big * half * 2];
+        }
+        let x = &mut s.x[..n * e];
+        let h = &mut s.h[..n * e];
+        let q = &mut s.q[..n * q_dim];
+        let k = &mut s.k[..n * kv_dim];
+        let v = &mut s.v[..n * kv_dim];
+        let attn = &mut s.attn[..n * q_dim];
+        let proj = &mut s.proj[..n * e];
+        let up = &mut s.up[..n * c.n_ff];
+        let gate = &mut s.gate[..n * c.n_ff];
+        let act = &mut s.act[..];
+        let rope_cs = &mut s.rope[..n * half * 2];
 
         // Embedding lookup: decode the token's row (works for quantised embeddings too).
-        let mut x = vec![0f32; n * e];
         let embd_bytes = m.bytes(&w.token_embd);
         let rb = w.token_embd.row_bytes();
         for (t, &tok) in tokens.iter().enumerate() {
@@ -90,33 +324,30 @@ impl CpuModel {
         }
         if let Some(pe) = &w.pos_embd {
             let (bytes, rb) = (m.bytes(pe), pe.row_bytes());
-            let mut row = vec![0f32; e];
+            // `h` is free until the first norm: it holds the position row.
             for t in 0..n {
                 let p = pos0 + t;
-                dequantize_row(pe.ty, &bytes[p * rb..(p + 1) * rb], &mut row);
-                add_assign(&mut x[t * e..(t + 1) * e], &row);
+                dequantize_row(pe.ty, &bytes[p * rb..(p + 1) * rb], &mut h[..e]);
+                add_assign(&mut x[t * e..(t + 1) * e], &h[..e]);
+            }
+        }
+        // cos/sin of every rotated pair at each position, shared by all heads and layers.
+        for t in 0..n {
+            for i in 0..half {
+                let angle = (pos0 + t) as f32 * self.inv_freq[i];
+                let (sin, cos) = angle.sin_cos();
+                rope_cs[(t * half + i) * 2] = cos;
+                rope_cs[(t * half + i) * 2 + 1] = sin;
             }
         }
 
-        if cache.k.is_empty() {
-            cache.k = vec![Vec::new(); c.n_layer];
-            cache.v = vec![Vec::new(); c.n_layer];
-        }
-        let mut h = vec![0f32; n * e];
-        let mut q = vec![0f32; n * q_dim];
-        let mut k = vec![0f32; n * kv_dim];
-        let mut v = vec![0f32; n * kv_dim];
-        let mut attn = vec![0f32; n * q_dim];
-        let mut proj = vec![0f32; n * e];
-        let mut up = vec![0f32; n * c.n_ff];
-        let mut gate = vec![0f32; n * c.n_ff];
-
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
-            self.norm(&x, &lw.attn_norm, lw.attn_norm_b.as_ref(), &mut h);
+            self.norm(x, &lw.attn_norm, lw.attn_norm_b.as_ref(), h);
             if let Some(wqkv) = &lw.wqkv {
-                let mut qkv = vec![0f32; n * wqkv.rows];
-                self.matmul(wqkv, lw.bqkv.as_ref(), &h, &mut qkv);
+                let qkv = &mut s.qkv[..n * wqkv.rows];
+                let hq = self.quantize_input(wqkv, h, act);
+                self.matmul(wqkv, lw.bqkv.as_ref(), h, hq, qkv);
                 for (t, row) in qkv.chunks_exact(wqkv.rows).enumerate() {
                     q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
                     k[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
@@ -126,47 +357,65 @@ impl CpuModel {
                 fn get(t: &Option<Tensor>) -> &Tensor {
                     t.as_ref().expect("checked at load")
                 }
-                self.matmul(get(&lw.wq), lw.bq.as_ref(), &h, &mut q);
-                self.matmul(get(&lw.wk), lw.bk.as_ref(), &h, &mut k);
-                self.matmul(get(&lw.wv), lw.bv.as_ref(), &h, &mut v);
+                let (wq, wk, wv) = (get(&lw.wq), get(&lw.wk), get(&lw.wv));
+                let hq = self.quantize_input(wq, h, act);
+                self.matmul(wq, lw.bq.as_ref(), h, hq, q);
+                let same = |t: &Tensor| kernels::uses_q8_activations(t.ty) == kernels::uses_q8_activations(wq.ty);
+                if same(wk) && same(wv) {
+                    self.matmul(wk, lw.bk.as_ref(), h, hq, k);
+                    self.matmul(wv, lw.bv.as_ref(), h, hq, v);
+                } else {
+                    let hq = self.quantize_input(wk, h, act);
+                    self.matmul(wk, lw.bk.as_ref(), h, hq, k);
+                    let hq = self.quantize_input(wv, h, act);
+                    self.matmul(wv, lw.bv.as_ref(), h, hq, v);
+                }
             }
             for t in 0..n {
-                self.rope(&mut q[t * q_dim..(t + 1) * q_dim], pos0 + t);
-                self.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
+                let cs = &rope_cs[t * half * 2..(t + 1) * half * 2];
+                self.rope(&mut q[t * q_dim..(t + 1) * q_dim], cs);
+                self.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], cs);
             }
-            cache.k[l].extend_from_slice(&k);
-            cache.v[l].extend_from_slice(&v);
-            attention(c.n_head, c.n_head_kv, c.head_dim, pos0, &q, &cache.k[l], &cache.v[l], &mut attn);
-            self.matmul(&lw.wo, lw.bo.as_ref(), &attn, &mut proj);
-            add_assign(&mut x, &proj);
+            cache.k[l].extend_from_slice(k);
+            cache.v[l].extend_from_slice(v);
+            self.attention(pos0, q, &cache.k[l], &cache.v[l], &mut s.scores, attn);
+            let aq = self.quantize_input(&lw.wo, attn, act);
+            self.matmul(&lw.wo, lw.bo.as_ref(), attn, aq, proj);
+            add_assign(x, proj);
 
             // Feed-forward block.
-            self.norm(&x, &lw.ffn_norm, lw.ffn_norm_b.as_ref(), &mut h);
-            self.matmul(&lw.ffn_up, lw.ffn_up_b.as_ref(), &h, &mut up);
+            self.norm(x, &lw.ffn_norm, lw.ffn_norm_b.as_ref(), h);
+            let hq = self.quantize_input(&lw.ffn_up, h, act);
+            self.matmul(&lw.ffn_up, lw.ffn_up_b.as_ref(), h, hq, up);
             match &lw.ffn_gate {
                 Some(g) => {
-                    self.matmul(g, None, &h, &mut gate);
-                    for (u, g) in up.iter_mut().zip(&gate) {
+                    if kernels::uses_q8_activations(g.ty) == kernels::uses_q8_activations(lw.ffn_up.ty) {
+                        self.matmul(g, None, h, hq, gate);
+                    } else {
+                        let gq = self.quantize_input(g, h, act);
+                        self.matmul(g, None, h, gq, gate);
+                    }
+                    for (u, g) in up.iter_mut().zip(gate.iter()) {
                         *u *= silu(*g);
                     }
                 }
                 None => up.iter_mut().for_each(|u| *u = gelu(*u)),
             }
-            self.matmul(&lw.ffn_down, lw.ffn_down_b.as_ref(), &up, &mut proj);
-            add_assign(&mut x, &proj);
+            let uq = self.quantize_input(&lw.ffn_down, up, act);
+            self.matmul(&lw.ffn_down, lw.ffn_down_b.as_ref(), up, uq, proj);
+            add_assign(x, proj);
         }
         cache.pos += n;
 
-        self.norm(&x, &w.output_norm, w.output_norm_b.as_ref(), &mut h);
-        h
+        self.norm(x, &w.output_norm, w.output_norm_b.as_ref(), h);
     }
 
     /// RMSNorm (llama, qwen2) or LayerNorm with bias (gpt2), row by row.
     fn norm(&self, x: &[f32], weight: &Tensor, bias: Option<&Tensor>, out: &mut [f32]) {
         let e = self.model.config.n_embd;
         let eps = self.model.config.norm_eps;
-        let wt = read_f32(&self.model, weight);
-        let b = bias.map(|b| read_f32(&self.model, b));
+        let wt = self.model.bytes(weight);
+        let b = bias.map(|b| self.model.bytes(b));
         let layer_norm = self.model.config.arch == Arch::Gpt2;
         for (xr, o) in x.chunks_exact(e).zip(out.chunks_exact_mut(e)) {
             if layer_norm {
@@ -174,26 +423,25 @@ impl CpuModel {
                 let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / e as f32;
                 let inv = 1.0 / (var + eps).sqrt();
                 for i in 0..e {
-                    o[i] = (xr[i] - mean) * inv * wt[i] + b.as_ref().map_or(0.0, |b| b[i]);
+                    o[i] = (xr[i] - mean) * inv * f32_at(wt, i) + b.map_or(0.0, |b| f32_at(b, i));
                 }
             } else {
                 let ms = xr.iter().map(|v| v * v).sum::<f32>() / e as f32;
                 let inv = 1.0 / (ms + eps).sqrt();
                 for i in 0..e {
-                    o[i] = xr[i] * inv * wt[i];
+                    o[i] = xr[i] * inv * f32_at(wt, i);
                 }
             }
         }
     }
 
-    /// Rotate every head of one token's q or k vector by its position.
-    fn rope(&self, x: &mut [f32], pos: usize) {
+    /// Rotate every head of one token's q or k vector; `cs` holds (cos, sin) per rotated pair.
+    fn rope(&self, x: &mut [f32], cs: &[f32]) {
         let c = &self.model.config;
         let half = c.rope_dims / 2;
         for head in x.chunks_exact_mut(c.head_dim) {
             for i in 0..half {
-                let angle = pos as f32 * self.inv_freq[i];
-                let (sin, cos) = angle.sin_cos();
+                let (cos, sin) = (cs[2 * i], cs[2 * i + 1]);
                 let (a, b) = match c.rope {
                     RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                     RopeStyle::HalfSplit => (i, i + half),
@@ -204,6 +452,47 @@ impl CpuModel {
                 head[b] = x0 * sin + x1 * cos;
             }
         }
+    }
+
+    /// Causal self-attention for a batch of queries at positions `pos0..pos0+n`, against a cache
+    /// holding keys/values for positions `0..pos0+n`. Query head h reads key/value head
+    /// `h / (n_head / n_head_kv)` (grouped-query attention). The causal mask is the loop bound:
+    /// query t sees positions `0..=pos0+t`. Heads run in parallel; `scores` holds a row per head.
+    fn attention(&self, pos0: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], scores: &mut [f32], out: &mut [f32]) {
+        let c = &self.model.config;
+        let (n_head, head_dim) = (c.n_head, c.head_dim);
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+        let group = n_head / c.n_head_kv;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let n = q.len() / q_dim;
+        let isa = self.kernel_isa();
+        let stride = scores.len() / n_head;
+        debug_assert!(stride >= pos0 + n);
+        let (out_ptr, scores_ptr) = (SyncPtr(out.as_mut_ptr()), SyncPtr(scores.as_mut_ptr()));
+        let work = |heads: Range<usize>| {
+            let (out_ptr, scores_ptr) = (out_ptr, scores_ptr);
+            for h in heads {
+                // SAFETY: head h alone uses scores[h*stride..][..stride] and, for every t,
+                // out[t*q_dim + h*head_dim..][..head_dim]; both lie inside their buffers.
+                let scores = unsafe { std::slice::from_raw_parts_mut(scores_ptr.0.add(h * stride), stride) };
+                let kvh = h / group;
+                for t in 0..n {
+                    let seen = pos0 + t + 1;
+                    let qh = &q[t * q_dim + h * head_dim..][..head_dim];
+                    for (p, s) in scores[..seen].iter_mut().enumerate() {
+                        *s = kernels::dot_f32(isa, qh, &k_cache[p * kv_dim + kvh * head_dim..][..head_dim]) * scale;
+                    }
+                    softmax_in_place(&mut scores[..seen]);
+                    // SAFETY: see above.
+                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * q_dim + h * head_dim), head_dim) };
+                    o.fill(0.0);
+                    for (p, &s) in scores[..seen].iter().enumerate() {
+                        kernels::axpy(isa, s, &v_cache[p * kv_dim + kvh * head_dim..][..head_dim], o);
+                    }
+                }
+            }
+        };
+        self.par_ranges(n_head, n * (pos0 + n) * head_dim * 2, &work);
     }
 
     fn check_tokens(&self, pos: usize, tokens: &[u32]) -> Result<()> {
@@ -222,6 +511,25 @@ impl CpuModel {
             return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
         }
         Ok(())
+    }
+
+    /// Bytes of weights one decode step reads: every layer's tensors, the output projection, the
+    /// output norm, one embedding row (and one position row).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let w = &self.model.weights;
+        let mut total = w.output.size_bytes + w.token_embd.row_bytes() + w.output_norm.size_bytes;
+        total += w.pos_embd.as_ref().map_or(0, |t| t.row_bytes());
+        total += w.output_norm_b.as_ref().map_or(0, |t| t.size_bytes);
+        for l in &w.layers {
+            let ts = [
+                Some(&l.attn_norm), l.attn_norm_b.as_ref(), l.wq.as_ref(), l.wk.as_ref(), l.wv.as_ref(),
+                l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref(), l.wqkv.as_ref(), l.bqkv.as_ref(), Some(&l.wo),
+                l.bo.as_ref(), Some(&l.ffn_norm), l.ffn_norm_b.as_ref(), l.ffn_gate.as_ref(), Some(&l.ffn_up),
+                l.ffn_up_b.as_ref(), Some(&l.ffn_down), l.ffn_down_b.as_ref(),
+            ];
+            total += ts.iter().flatten().map(|t| t.size_bytes).sum::<usize>();
+        }
+        total
     }
 }
 
@@ -250,53 +558,18 @@ impl LanguageModel for CpuModel {
 
     fn forward(&self, state: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         self.check_tokens(state.pos, tokens)?;
-        let hidden = self.forward_hidden(state, tokens);
-        let e = self.model.config.n_embd;
-        let rows = if all_logits { &hidden[..] } else { &hidden[hidden.len() - e..] };
-        let mut logits = vec![0f32; rows.len() / e * self.model.config.n_vocab];
-        self.matmul(&self.model.weights.output, None, rows, &mut logits);
-        Ok(logits)
-    }
-}
-
-/// Causal self-attention for a batch of `n` queries at positions `pos0..pos0+n`, against a cache
-/// holding keys/values for positions `0..pos0+n`. Query head h reads key/value head
-/// `h / (n_head / n_head_kv)` (grouped-query attention). The causal mask is the loop bound:
-/// query t sees positions `0..=pos0+t`.
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    n_head: usize,
-    n_head_kv: usize,
-    head_dim: usize,
-    pos0: usize,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    out: &mut [f32],
-) {
-    let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
-    let group = n_head / n_head_kv;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let n = q.len() / q_dim;
-    let mut scores = vec![0f32; pos0 + n];
-    for t in 0..n {
-        let seen = pos0 + t + 1;
-        for h in 0..n_head {
-            let kvh = h / group;
-            let qh = &q[t * q_dim + h * head_dim..][..head_dim];
-            for (p, s) in scores[..seen].iter_mut().enumerate() {
-                *s = dot(qh, &k_cache[p * kv_dim + kvh * head_dim..][..head_dim]) * scale;
-            }
-            softmax_in_place(&mut scores[..seen]);
-            let o = &mut out[t * q_dim + h * head_dim..][..head_dim];
-            o.fill(0.0);
-            for (p, &s) in scores[..seen].iter().enumerate() {
-                let vp = &v_cache[p * kv_dim + kvh * head_dim..][..head_dim];
-                for (oi, vi) in o.iter_mut().zip(vp) {
-                    *oi += s * vi;
-                }
-            }
-        }
+        self.in_pool(|| {
+            self.forward_hidden(state, tokens);
+            let e = self.model.config.n_embd;
+            let n = tokens.len();
+            let s = &mut state.scratch;
+            let rows = if all_logits { &s.h[..n * e] } else { &s.h[(n - 1) * e..n * e] };
+            let out = &self.model.weights.output;
+            let mut logits = vec![0f32; rows.len() / e * self.model.config.n_vocab];
+            let xq = self.quantize_input(out, rows, &mut s.act);
+            self.matmul(out, None, rows, xq, &mut logits);
+            Ok(logits)
+        })
     }
 }
 
@@ -331,6 +604,10 @@ fn silu(x: f32) -> f32 {
 fn gelu(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
 /// A small F32 tensor (norm weight, bias) as floats.

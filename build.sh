@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Build the browser app: the crate for wasm32 (release, SIMD) + wasm-bindgen into www/pkg/,
+# then wasm-opt when npm's binaryen is installed.
+#
+#   ./build.sh          build www/pkg/
+#   ./build.sh serve    build, then serve www/ on http://127.0.0.1:8080 (PORT=... to change)
+#   ./build.sh test     build, then run the browser tests (tests/browser/run.mjs)
+#
+# Installs what is missing: the wasm32 rustup target, wasm-bindgen-cli at exactly the version
+# of the wasm-bindgen crate in Cargo.lock, and the npm packages under tests/browser/
+# (playwright-core, binaryen). NO_WASM_OPT=1 skips wasm-opt.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/wasm}"
+TARGET=wasm32-unknown-unknown
+OUT=www/pkg
+
+log() { printf '\033[1m[build]\033[0m %s\n' "$*" >&2; }
+
+# -- tools -------------------------------------------------------------------------------------
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$TARGET"; then
+  log "adding rustup target $TARGET"
+  rustup target add "$TARGET"
+fi
+
+# wasm-bindgen's CLI must match the crate exactly (the generated glue is version-specific).
+WB_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock 2>/dev/null || true)
+if [ -z "$WB_VERSION" ]; then
+  cargo generate-lockfile >/dev/null 2>&1 || true
+  WB_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)
+fi
+have_wb=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}' || true)
+if [ "$have_wb" != "$WB_VERSION" ]; then
+  log "installing wasm-bindgen-cli $WB_VERSION (found: ${have_wb:-none}; takes a few minutes)"
+  cargo install wasm-bindgen-cli --version "$WB_VERSION"
+fi
+
+if [ ! -d tests/browser/node_modules ] && command -v npm >/dev/null; then
+  log "installing npm packages in tests/browser (playwright-core, binaryen)"
+  (cd tests/browser && npm install --no-audit --no-fund --loglevel=error) || log "npm install failed: wasm-opt and the browser tests will be unavailable"
+fi
+
+# -- build -------------------------------------------------------------------------------------
+log "cargo build --release --target $TARGET (simd128)"
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
+  cargo build --release --lib --target "$TARGET"
+
+WASM="$CARGO_TARGET_DIR/$TARGET/release/nexttoken.wasm"
+mkdir -p "$OUT"
+log "wasm-bindgen --target web -> $OUT/"
+wasm-bindgen --target web --no-typescript --out-dir "$OUT" "$WASM"
+
+WASM_OPT=tests/browser/node_modules/.bin/wasm-opt
+if [ -z "${NO_WASM_OPT:-}" ] && [ -x "$WASM_OPT" ]; then
+  log "wasm-opt -O3 (npm binaryen)"
+  "$WASM_OPT" -O3 --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
+    --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
+    "$OUT/nexttoken_bg.wasm" -o "$OUT/nexttoken_bg.opt.wasm"
+  mv "$OUT/nexttoken_bg.opt.wasm" "$OUT/nexttoken_bg.wasm"
+else
+  log "wasm-opt skipped (npm binaryen not installed or NO_WASM_OPT set)"
+fi
+
+# A build id for the service worker's cache name: a new build replaces the cached app shell.
+BUILD_ID=$(cat "$OUT/nexttoken_bg.wasm" "$OUT/nexttoken.js" www/*.js www/*.html www/*.css 2>/dev/null | sha256sum | cut -c1-12)
+printf 'self.NEXTTOKEN_BUILD = "%s";\n' "$BUILD_ID" > "$OUT/build-id.js"
+log "done: $(du -h "$OUT/nexttoken_bg.wasm" | cut -f1) $OUT/nexttoken_bg.wasm (build $BUILD_ID)"
+
+case "${1:-}" in
+  serve)
+    PORT="${PORT:-8080}"
+    log "serving www/ on http://127.0.0.1:$PORT/  (Ctrl-C to stop)"
+    exec node tests/browser/serve.mjs www "$PORT"
+    ;;
+  test)
+    exec node tests/browser/run.mjs
+    ;;
+  "") ;;
+  *) echo "usage: $0 [serve|test]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,220 @@
+//! `nexttoken bench`: load time, prefill and decode speed, bytes of weights read per token and the
+//! bandwidth that implies, against a measured memory-copy bandwidth, and peak memory.
+//!
+//! Token ids are a fixed pseudo-random sequence (no tokenizer needed), so synthetic models from
+//! `nexttoken synth` and real ones are measured the same way; `tools/bench_llamacpp.py` feeds
+//! llama.cpp the same kind of sequence.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use nexttoken::cpu::{CpuModel, Precision};
+use nexttoken::gpu::GpuModel;
+use nexttoken::model::Model;
+use nexttoken::{LanguageModel, Result};
+
+pub struct BenchOptions {
+    pub model: PathBuf,
+    /// "cpu", "gpu" or "both".
+    pub backend: String,
+    /// CPU threads (0 = all cores).
+    pub threads: usize,
+    /// Prompt lengths to time prefill on.
+    pub prefill: Vec<usize>,
+    /// Context lengths to time decode at.
+    pub contexts: Vec<usize>,
+    /// Decode steps timed at each context.
+    pub steps: usize,
+    /// Reference (exact) CPU path instead of the fast one.
+    pub exact: bool,
+    pub json: bool,
+}
+
+/// Token `i` of the benchmark sequence: ids spread over the vocabulary, avoiding the first 3.
+pub fn bench_token(i: usize, n_vocab: usize) -> u32 {
+    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
+    (3 + x % (n_vocab as u64 - 3)) as u32
+}
+
+/// Time prefill and decode on any model.
+fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
+    let vocab = m.vocab_size();
+    let toks = |from: usize, n: usize| -> Vec<u32> { (from..from + n).map(|i| bench_token(i, vocab)).collect() };
+    // Warm-up: page the weights in and let the threads start.
+    let mut s = m.new_state();
+    m.forward(&mut s, &toks(0, 4), false)?;
+    m.forward(&mut s, &toks(4, 1), false)?;
+
+    let mut prefill = serde_json::Map::new();
+    for &n in &o.prefill {
+        let mut s = m.new_state();
+        let t = Instant::now();
+        m.forward(&mut s, &toks(0, n), false)?;
+        prefill.insert(n.to_string(), json!(n as f64 / t.elapsed().as_secs_f64()));
+    }
+    let mut decode = serde_json::Map::new();
+    let mut fill = serde_json::Map::new();
+    for &ctx in &o.contexts {
+        let mut s = m.new_state();
+        // Fill the cache to `ctx` tokens in prompt-sized chunks.
+        let t = Instant::now();
+        let mut pos = 0;
+        while pos < ctx {
+            let n = (ctx - pos).min(256);
+            m.forward(&mut s, &toks(pos, n), false)?;
+            pos += n;
+        }
+        fill.insert(ctx.to_string(), json!(ctx as f64 / t.elapsed().as_secs_f64()));
+        let t = Instant::now();
+        for i in 0..o.steps {
+            m.forward(&mut s, &toks(ctx + i, 1), false)?;
+        }
+        decode.insert(ctx.to_string(), json!(o.steps as f64 / t.elapsed().as_secs_f64()));
+    }
+    Ok(json!({"prefill_tok_s": prefill, "fill_tok_s": fill, "decode_tok_s": decode}))
+}
+
+/// Bytes per second of a 256 MiB memcpy (counting bytes read plus bytes written), best of 5.
+pub fn memcpy_bandwidth() -> f64 {
+    let n = 256 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * n as f64 / best
+}
+
+/// Peak resident memory of this process (VmHWM), in bytes.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(o: &BenchOptions) -> Result<()> {
+    // Contexts and prompts beyond the model's own context are clamped to fit it.
+    let n_ctx = Model::open(&o.model)?.config.n_ctx;
+    let fit = |n: usize| n.min(n_ctx.saturating_sub(o.steps + 1)).max(1);
+    let o = &BenchOptions {
+        model: o.model.clone(),
+        backend: o.backend.clone(),
+        threads: o.threads,
+        prefill: o.prefill.iter().map(|&n| n.min(n_ctx)).collect(),
+        contexts: o.contexts.iter().map(|&n| fit(n)).collect(),
+        steps: o.steps,
+        exact: o.exact,
+        json: o.json,
+    };
+    let max_ctx = o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps + 8;
+    let mut results = Vec::new();
+    let backends: Vec<&str> = match o.backend.as_str() {
+        "both" => vec!["cpu", "gpu"],
+        b => vec![b],
+    };
+    let mut model_bytes = 0usize;
+    let mut per_token = 0usize;
+    let mut params = 0usize;
+    for backend in backends {
+        let t = Instant::now();
+        let model = Model::open(&o.model)?;
+        model_bytes = model.tensors.iter().map(|t| t.size_bytes).sum();
+        params = model.parameter_count();
+        let mut r = if backend == "gpu" {
+            let gm = GpuModel::new(model)?.with_max_seq(max_ctx);
+            let load_s = t.elapsed().as_secs_f64();
+            let desc = gm.context().describe();
+            let mut r = measure(&gm, o)?;
+            r["load_s"] = json!(load_s);
+            r["device"] = json!(desc);
+            // GpuModel exposes no counters for these (yet).
+            r["dispatches_per_step"] = Value::Null;
+            r["readback_bytes_per_step"] = Value::Null;
+            r["gpu_memory_bytes"] = Value::Null;
+            r["note"] = json!("dispatches, readback bytes and GPU memory: N/A, the GpuModel API exposes no counters");
+            r
+        } else {
+            let threads = if o.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { o.threads };
+            let precision = if o.exact { Precision::Exact } else { Precision::Fast };
+            let cm = CpuModel::new(model).with_precision(precision).with_threads(threads).with_max_seq(max_ctx);
+            let load_s = t.elapsed().as_secs_f64();
+            per_token = cm.weight_bytes_per_token();
+            let mut r = measure(&cm, o)?;
+            r["load_s"] = json!(load_s);
+            r["threads"] = json!(cm.threads());
+            r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
+            r
+        };
+        if per_token == 0 {
+            per_token = CpuModel::new(Model::open(&o.model)?).weight_bytes_per_token();
+        }
+        r["backend"] = json!(backend);
+        let eff: serde_json::Map<String, Value> = r["decode_tok_s"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), json!(v.as_f64().unwrap_or(0.0) * per_token as f64))).collect())
+            .unwrap_or_default();
+        r["weight_bandwidth_bytes_s"] = Value::Object(eff);
+        results.push(r);
+    }
+    // Read the peak before the copy test's 512 MiB of buffers raise it.
+    let rss = peak_rss();
+    let memcpy = memcpy_bandwidth();
+    let out = json!({
+        "model": o.model.display().to_string(),
+        "parameters": params,
+        "model_bytes": model_bytes,
+        "weight_bytes_per_token": per_token,
+        "memcpy_bytes_s": memcpy,
+        "peak_rss_bytes": rss,
+        "steps": o.steps,
+        "results": results,
+    });
+    if o.json {
+        println!("{out}");
+        return Ok(());
+    }
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let gbs = |b: f64| b / 1e9;
+    println!("model          {}", o.model.display());
+    println!("parameters     {params}, tensors {:.1} MiB", mib(model_bytes as f64));
+    println!("weights/token  {:.1} MiB read per decode step", mib(per_token as f64));
+    println!("memcpy         {:.1} GB/s (256 MiB copy, read + write)", gbs(memcpy));
+    for r in &results {
+        println!("-- backend {}", r["backend"].as_str().unwrap_or("?"));
+        if let Some(d) = r["device"].as_str() {
+            println!("device         {d}");
+        }
+        if let Some(t) = r["threads"].as_u64() {
+            println!("threads        {t} ({})", r["isa"].as_str().unwrap_or(""));
+        }
+        println!("load           {:.3} s", r["load_s"].as_f64().unwrap_or(0.0));
+        for (n, v) in r["prefill_tok_s"].as_object().into_iter().flatten() {
+            println!("prefill {n:>5}  {:.1} tok/s", v.as_f64().unwrap_or(0.0));
+        }
+        for (n, v) in r["decode_tok_s"].as_object().into_iter().flatten() {
+            let bw = r["weight_bandwidth_bytes_s"][n].as_f64().unwrap_or(0.0);
+            let fill = r["fill_tok_s"][n].as_f64().unwrap_or(0.0);
+            println!(
+                "decode @{n:>5}  {:.1} tok/s  (weights {:.1} GB/s = {:.0}% of memcpy; filling the cache ran at {:.1} tok/s)",
+                v.as_f64().unwrap_or(0.0),
+                gbs(bw),
+                100.0 * bw / memcpy,
+                fill
+            );
+        }
+        if let Some(note) = r["note"].as_str() {
+            println!("note           {note}");
+        }
+    }
+    if let Some(rss) = rss {
+        println!("peak RSS       {:.1} MiB (VmHWM, before the memcpy test)", mib(rss as f64));
+    }
+    Ok(())
+}

@@ -1,0 +1,446 @@
+// Browser tests for www/: Playwright (playwright-core) driving the system Chromium, twice: with
+// WebGPU exposed (--enable-unsafe-webgpu, SwiftShader when there is no GPU) and without it (the
+// CPU fallback). Starts its own static server on 127.0.0.1 (a free port) and stops it.
+//
+//   node tests/browser/run.mjs          (after ./build.sh; or ./build.sh test)
+//
+// Environment: CHROMIUM=/path/to/chromium (default /usr/bin/chromium), NEXTTOKEN_BIN=path to the
+// native CLI (default target/release/nexttoken, else target/debug/nexttoken),
+// NEXTTOKEN_REQUIRE_SHARED=1 (missing ../shared is a failure, not a skip),
+// NEXTTOKEN_REQUIRE_WEBGPU=1 (the WebGPU run must really use WebGPU), ONLY=cpu|webgpu.
+// Closing line: "N passed, N failed" (and skipped); the exit status is 1 if anything failed.
+
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, "../..");
+const www = path.join(repo, "www");
+const shared = path.resolve(repo, "../shared/models/stories260K");
+const outDir = path.join(repo, "target", "browser-tests");
+fs.mkdirSync(outDir, { recursive: true });
+
+if (!fs.existsSync(path.join(here, "node_modules", "playwright-core"))) {
+  console.log("installing npm packages in tests/browser …");
+  const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], { cwd: here, stdio: "inherit" });
+  if (r.status !== 0) {
+    console.log("npm install failed\n0 passed, 1 failed");
+    process.exit(1);
+  }
+}
+const { chromium } = await import("playwright-core");
+const { serve } = await import("./serve.mjs");
+
+let passed = 0;
+let failed = 0;
+let skipped = 0;
+const failures = [];
+
+async function test(name, fn) {
+  const t0 = Date.now();
+  try {
+    const r = await fn();
+    if (r === "skip") {
+      skipped++;
+      console.log(`SKIP  ${name}`);
+    } else {
+      passed++;
+      console.log(`ok    ${name} (${Date.now() - t0} ms)`);
+    }
+  } catch (e) {
+    failed++;
+    failures.push(name);
+    console.log(`FAIL  ${name}\n      ${String(e && e.stack ? e.stack : e).split("\n").slice(0, 6).join("\n      ")}`);
+  }
+}
+
+function assert(cond, message) {
+  if (!cond) throw new Error(message);
+}
+function assertEq(got, want, what) {
+  if (got !== want) throw new Error(`${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+if (!fs.existsSync(path.join(www, "pkg", "nexttoken_bg.wasm"))) {
+  console.log("www/pkg is missing: run ./build.sh first\n0 passed, 1 failed");
+  process.exit(1);
+}
+const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
+if (!fs.existsSync(chromiumPath)) {
+  console.log(`no Chromium at ${chromiumPath} (apt-get install chromium, or set CHROMIUM)\n0 passed, 1 failed`);
+  process.exit(1);
+}
+
+const fixtures = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-browser-"));
+const haveShared = fs.existsSync(path.join(shared, "stories260K-f32.gguf")) && fs.existsSync(path.join(shared, "tokenizer.json"));
+if (!haveShared) {
+  const msg = `!!! SKIPPED: ${shared} is absent: the stories260K tests cannot run !!!`;
+  if (process.env.NEXTTOKEN_REQUIRE_SHARED) {
+    console.log(`${msg} (NEXTTOKEN_REQUIRE_SHARED is set)\n0 passed, 1 failed`);
+    process.exit(1);
+  }
+  console.log("\n" + "!".repeat(msg.length) + "\n" + msg + "\n" + "!".repeat(msg.length) + "\n");
+} else {
+  fs.copyFileSync(path.join(shared, "stories260K-f32.gguf"), path.join(fixtures, "stories260K-f32.gguf"));
+  fs.copyFileSync(path.join(shared, "tokenizer.json"), path.join(fixtures, "tokenizer.json"));
+  // The first 60% of the model: a GGUF whose tensors run past the end of the file.
+  const whole = fs.readFileSync(path.join(shared, "stories260K-f32.gguf"));
+  fs.writeFileSync(path.join(fixtures, "truncated.gguf"), whole.subarray(0, Math.floor(whole.length * 0.6)));
+}
+// A table model whose words, joined, are an HTML injection.
+fs.writeFileSync(
+  path.join(fixtures, "xss.json"),
+  JSON.stringify({
+    name: "xss",
+    vocab: ["<s>", "<img", "src=x", "onerror=window.__xss=1>", "<script>window.__xss=2</script>", "</s>"],
+    bos: "<s>",
+    eos: "</s>",
+    next: {
+      "<s>": { "<img": 1.0 },
+      "<img": { "src=x": 1.0 },
+      "src=x": { "onerror=window.__xss=1>": 1.0 },
+      "onerror=window.__xss=1>": { "<script>window.__xss=2</script>": 1.0 },
+      "<script>window.__xss=2</script>": { "</s>": 1.0 },
+    },
+  }),
+);
+
+const PROMPT = "Once upon a time";
+const N_TOKENS = 32;
+let expected = null;
+if (haveShared) {
+  const candidates = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean);
+  const bin = candidates.find((p) => fs.existsSync(p));
+  if (!bin) {
+    console.log("no native CLI (target/release/nexttoken or target/debug/nexttoken): run cargo build --release\n0 passed, 1 failed");
+    process.exit(1);
+  }
+  const r = spawnSync(bin, ["generate", "--model", path.join(fixtures, "stories260K-f32.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N_TOKENS), "--backend", "cpu"], { encoding: "utf8" });
+  assert(r.status === 0, `the CLI failed: ${r.stderr}`);
+  assert(r.stdout.startsWith(PROMPT), `the CLI's output does not start with the prompt: ${r.stdout}`);
+  expected = r.stdout.slice(PROMPT.length).replace(/\n$/, "");
+  console.log(`native CLI (${path.relative(repo, bin)}), greedy ${N_TOKENS} tokens: ${JSON.stringify(PROMPT + expected)}`);
+}
+
+// The server: www/, the fixtures under /test/, and a download that breaks off half way.
+let interruptedHits = 0;
+const handler = (req, res) => {
+  if (req.url.startsWith("/test/interrupted.gguf")) {
+    interruptedHits++;
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": 4_000_000 });
+    res.write(Buffer.alloc(1_000_000, 7));
+    setTimeout(() => res.destroy(), 100);
+    return true;
+  }
+  return false;
+};
+let server = await serve(www, 0, { "/test/": fixtures }, { handler });
+const port = server.address().port;
+const base = `http://127.0.0.1:${port}`;
+console.log(`serving www/ on ${base}`);
+
+async function stopServer() {
+  server.closeAllConnections?.();
+  await new Promise((r) => server.close(r));
+}
+async function startServer() {
+  server = await serve(www, port, { "/test/": fixtures }, { handler });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Page helpers
+
+const state = (page) => page.evaluate(() => document.body.dataset.state);
+async function waitState(page, want, timeout = 60_000) {
+  await page.waitForFunction((w) => [].concat(w).includes(document.body.dataset.state), want, { timeout });
+}
+async function errorText(page) {
+  return page.evaluate(() => (document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent));
+}
+async function waitLoaded(page, timeout = 60_000) {
+  await waitState(page, ["ready", "error"], timeout);
+  const err = await errorText(page);
+  if ((await state(page)) === "error") throw new Error(`the model did not load: ${err}`);
+}
+async function setSettings(page, { temperature = 0, maxTokens = N_TOKENS } = {}) {
+  await page.fill("#temperature", String(temperature));
+  await page.fill("#max-tokens", String(maxTokens));
+  await page.fill("#beams", "1");
+}
+const outputText = (page) => page.evaluate(() => document.getElementById("output-tokens").textContent);
+const statsOf = (page) => page.evaluate(() => ({ ...window.nexttokenApp.stats }));
+
+/** Record how many tokens were in the DOM each time it changed during generation. */
+async function watchTokens(page) {
+  await page.evaluate(() => {
+    window.__counts = [];
+    const out = document.getElementById("output-tokens");
+    window.__obs?.disconnect();
+    window.__obs = new MutationObserver(() => window.__counts.push([out.childElementCount, out.textContent.length, document.body.dataset.state]));
+    window.__obs.observe(out, { childList: true });
+  });
+}
+
+async function generateAndCheck(page, label, { screenshot } = {}) {
+  await setSettings(page);
+  await page.fill("#prompt", PROMPT);
+  await watchTokens(page);
+  await page.click("#generate");
+  if (screenshot) {
+    // Mid-generation: as soon as a few tokens are out.
+    await page.waitForFunction(() => document.getElementById("output-tokens").childElementCount >= 3, null, { timeout: 60_000 });
+    await page.screenshot({ path: screenshot, fullPage: true });
+  }
+  await waitState(page, "ready", 120_000);
+  const err = await errorText(page);
+  assert(!err, `generation failed: ${err}`);
+  const text = await outputText(page);
+  assertEq(text, expected, `${label}: greedy text differs from the native CLI's`);
+  const counts = await page.evaluate(() => window.__counts);
+  const partial = counts.filter(([n, len, st]) => n > 0 && len < expected.length && st === "generating");
+  assert(partial.length >= 5, `${label}: tokens did not arrive incrementally (DOM updates while generating: ${JSON.stringify(counts.slice(0, 10))})`);
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function runConfig(mode) {
+  const webgpu = mode === "webgpu";
+  console.log(`\n== Chromium ${webgpu ? "with WebGPU (--enable-unsafe-webgpu)" : "without WebGPU (CPU fallback)"} ==`);
+  const args = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"];
+  if (webgpu) args.push("--enable-unsafe-webgpu", "--use-angle=swiftshader", "--enable-features=Vulkan");
+  const browser = await chromium.launch({ executablePath: chromiumPath, args, headless: true });
+  const context = await browser.newContext({ serviceWorkers: "allow", viewport: { width: 1200, height: 900 } });
+  const page = await context.newPage();
+  const consoleLines = [];
+  page.on("console", (m) => consoleLines.push(`${m.type()}: ${m.text()}`));
+  page.on("pageerror", (e) => consoleLines.push(`pageerror: ${e.message}`));
+  const modelUrl = `/?model=${encodeURIComponent("/test/stories260K-f32.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}&prompt=${encodeURIComponent(PROMPT)}`;
+
+  try {
+    await test(`[${mode}] navigator.gpu adapter ${webgpu ? "present" : "absent"}`, async () => {
+      await page.goto(`${base}/?nosw&model=lesson-toy`);
+      const has = await page.evaluate(async () => !!(navigator.gpu && (await navigator.gpu.requestAdapter())));
+      if (webgpu && !has) {
+        console.log("      (this Chromium exposes no WebGPU adapter even with --enable-unsafe-webgpu)");
+        return "skip";
+      }
+      assertEq(has, webgpu, "WebGPU adapter available");
+    });
+
+    if (haveShared) {
+      await test(`[${mode}] stories260K greedy ${N_TOKENS} tokens equals the native CLI, streamed token by token`, async () => {
+        await page.goto(base + modelUrl);
+        await waitLoaded(page);
+        const stats = await statsOf(page);
+        console.log(`      backend: ${stats.backend}`);
+        if (webgpu) {
+          if (process.env.NEXTTOKEN_REQUIRE_WEBGPU) assert(/WebGPU/.test(stats.backend), `expected WebGPU, got ${stats.backend}`);
+        } else {
+          assert(/CPU/.test(stats.backend), `expected the CPU fallback, got ${stats.backend}`);
+        }
+        await generateAndCheck(page, mode, { screenshot: path.join(outDir, `mid-generation-${mode}.png`) });
+        const s = await statsOf(page);
+        for (const key of ["time to first token", "prefill", "decode", "backend", "load time"]) assert(s[key], `stat ${key} missing: ${JSON.stringify(s)}`);
+        console.log(`      TTFT ${s["time to first token"]}, prefill ${s.prefill}, decode ${s.decode}`);
+      });
+
+      await test(`[${mode}] per-token inspection shows probability, alternatives, log P and perplexity`, async () => {
+        await page.click('#output-tokens .tok[data-i="3"]');
+        const txt = await page.textContent("#inspect");
+        for (const w of ["P(token | before)", "log P so far", "perplexity so far", "Most likely at this step"]) assert(txt.includes(w), `inspector lacks ${w}: ${txt}`);
+        const alts = await page.locator("#inspect .alternatives li").count();
+        assertEq(alts, 5, "alternatives shown");
+      });
+
+      await test(`[${mode}] Stop ends generation within a token`, async () => {
+        await page.fill("#max-tokens", "400");
+        await page.fill("#temperature", "1");
+        await page.click("#generate");
+        await page.waitForFunction(() => document.getElementById("output-tokens").childElementCount >= 2);
+        const at = await page.evaluate(() => {
+          document.getElementById("stop-btn").click();
+          return document.getElementById("output-tokens").childElementCount;
+        });
+        await waitState(page, "ready");
+        await page.waitForTimeout(200);
+        const after = await page.evaluate(() => document.getElementById("output-tokens").childElementCount);
+        assert(after <= at + 1, `tokens kept arriving after Stop: ${at} at Stop, ${after} later`);
+        assert(after < 400, "generation ran to the end");
+      });
+
+      await test(`[${mode}] second visit with the network blocked loads from the cache (service worker + Cache API)`, async () => {
+        // The service worker must control the page and the model must be in the cache.
+        await page.evaluate(() => navigator.serviceWorker.ready);
+        const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+        assert(cached.some((u) => u.endsWith("/test/stories260K-f32.gguf")), `model not cached: ${JSON.stringify(cached)}`);
+        await stopServer();
+        const blocked = [];
+        await context.route("**/*", (route) => {
+          blocked.push(route.request().url());
+          return route.abort("internetdisconnected");
+        });
+        await context.setOffline(true);
+        try {
+          await page.goto(base + modelUrl);
+          await waitLoaded(page);
+          const s = await statsOf(page);
+          assert(/cache/.test(s.download || ""), `expected a load from the cache, stats: ${JSON.stringify(s)}`);
+          await generateAndCheck(page, `${mode} offline`);
+        } finally {
+          await context.setOffline(false);
+          await context.unroute("**/*");
+          await startServer();
+        }
+        const modelHits = blocked.filter((u) => /\/test\//.test(u));
+        assert(modelHits.length === 0, `model requests went to the network: ${modelHits}`);
+      });
+
+      await test(`[${mode}] a truncated model gives a clear error and the page keeps working`, async () => {
+        await page.goto(`${base}/?model=${encodeURIComponent("/test/truncated.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+        await waitState(page, ["error", "ready"]);
+        const err = await errorText(page);
+        console.log(`      error shown: ${err}`);
+        assert(/truncat|past the end|end of (the )?file|too short|bytes/i.test(err), `unclear error: ${JSON.stringify(err)}`);
+        const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+        assert(!cached.some((u) => u.endsWith("truncated.gguf")), "the unusable file was kept in the cache");
+        await useLessonToy(page);
+      });
+
+      await test(`[${mode}] a 404 model URL gives a clear error and the page keeps working`, async () => {
+        await page.goto(`${base}/?model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+        await waitState(page, ["error", "ready"]);
+        const err = await errorText(page);
+        console.log(`      error shown: ${err}`);
+        assert(/404/.test(err) && /no-such-model\.gguf/.test(err), `unclear error: ${JSON.stringify(err)}`);
+        await useLessonToy(page);
+      });
+
+      await test(`[${mode}] an interrupted download says so, offers Retry and caches nothing`, async () => {
+        await page.goto(`${base}/?model=${encodeURIComponent("/test/interrupted.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+        await waitState(page, ["error", "ready"]);
+        const err = await errorText(page);
+        console.log(`      error shown: ${err}`);
+        assert(/interrupted|cut short/i.test(err), `unclear error: ${JSON.stringify(err)}`);
+        assert(await page.isVisible("#retry"), "no Retry button");
+        const before = interruptedHits;
+        await page.click("#retry");
+        await waitState(page, ["error", "ready"]);
+        assert(interruptedHits > before, "Retry did not download again");
+        const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+        assert(!cached.some((u) => u.includes("interrupted")), "a partial download was cached");
+        await useLessonToy(page);
+      });
+
+      await test(`[${mode}] cached-models list shows the model with its size, and Delete removes it`, async () => {
+        await page.goto(`${base}/?model=lesson-toy`);
+        await waitLoaded(page);
+        await page.waitForFunction(() => document.querySelector("#cache-list")?.textContent.includes("stories260K-f32.gguf"));
+        const row = page.locator("#cache-list li", { hasText: "stories260K-f32.gguf" });
+        const txt = await row.textContent();
+        assert(/1\.05 MB/.test(txt), `size not shown: ${txt}`);
+        await row.locator("button").click();
+        await page.waitForFunction(() => !document.querySelector("#cache-list").textContent.includes("stories260K-f32.gguf"));
+      });
+    }
+
+    await test(`[${mode}] the default model (www/models/default.gguf) is picked, loads and matches the native CLI`, async () => {
+      if (!fs.existsSync(path.join(www, "models", "default.gguf"))) {
+        console.log("      (www/models/default.gguf is not built yet)");
+        return "skip";
+      }
+      const bin = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean).find((p) => fs.existsSync(p));
+      const r = spawnSync(bin, ["generate", "--model", path.join(www, "models/default.gguf"), "--tokenizer", path.join(www, "models/default-tokenizer.json"), "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "24", "--backend", "cpu"], { encoding: "utf8" });
+      assert(r.status === 0, `the CLI failed on the default model: ${r.stderr}`);
+      const want = r.stdout.slice("In the beginning".length).replace(/\n$/, "");
+      await page.goto(`${base}/`);
+      await waitLoaded(page);
+      assertEq(await page.inputValue("#model-select"), "default", "model picked on a first visit");
+      assertEq(await page.inputValue("#prompt"), "In the beginning", "prompt");
+      await setSettings(page, { maxTokens: 24 });
+      await page.click("#generate");
+      await waitState(page, "ready", 120_000);
+      assertEq(await outputText(page), want, "default model greedy text vs the native CLI");
+    });
+
+    await test(`[${mode}] model output with HTML is shown as text; no script runs`, async () => {
+      await page.goto(`${base}/?model=${encodeURIComponent("/test/xss.json")}&prompt=`);
+      await waitLoaded(page);
+      await setSettings(page, { maxTokens: 10 });
+      await page.click("#generate");
+      await waitState(page, "ready");
+      await page.click('#output-tokens .tok[data-i="2"]');
+      await page.waitForTimeout(300);
+      const text = await outputText(page);
+      assert(text.includes("<img src=x onerror=window.__xss=1>"), `output text: ${text}`);
+      const r = await page.evaluate(() => ({ xss: window.__xss, imgs: document.querySelectorAll("main img").length, scripts: document.querySelectorAll("main script").length }));
+      assertEq(JSON.stringify(r), JSON.stringify({ imgs: 0, scripts: 0 }), "injected elements or script effects");
+    });
+
+    await test(`[${mode}] Score: P("the cat sat") = 0.42 by the chain rule, perplexity shown`, async () => {
+      await page.goto(`${base}/?model=lesson-toy&prompt=${encodeURIComponent("the cat sat")}`);
+      await waitLoaded(page);
+      await page.click("#score-btn");
+      await page.locator("#score-out").waitFor({ state: "visible" });
+      const txt = await page.textContent("#score-out");
+      assert(/P\(text\) = 0\.4200/.test(txt) && /perplexity = 1\.335/.test(txt), `score output: ${txt}`);
+    });
+
+    await test(`[${mode}] embed page: <next-token> shows P(the cat sat) = 0.42; greedy vs beam lesson`, async () => {
+      await page.goto(`${base}/embed.html`);
+      const product = page.locator("#cat .product");
+      await product.waitFor({ state: "visible", timeout: 30_000 });
+      const txt = await product.textContent();
+      const p = Number(await product.getAttribute("data-probability"));
+      assert(/“the cat sat”/.test(txt) && /= 0\.42$/.test(txt), `product line: ${txt}`);
+      assert(Math.abs(p - 0.42) < 1e-6, `probability ${p}`);
+      const out = await page.locator("#cat .gen").textContent();
+      assertEq(out.trim(), "the cat sat", "generated text");
+      // The beam lesson: greedy finds "the cat" (0.33), two beams find "a bird" (0.36).
+      const beamEls = page.locator('next-token[model="models/lesson-beam.json"]');
+      await beamEls.nth(0).locator(".run").click();
+      await beamEls.nth(1).locator(".run").click();
+      for (const [i, text, p] of [[0, "the cat", 0.33], [1, "a bird", 0.36]]) {
+        const prod = beamEls.nth(i).locator(".product");
+        await prod.waitFor({ state: "visible", timeout: 30_000 });
+        const line = await prod.textContent();
+        assert(line.includes(`“${text}”`) && line.endsWith(`= ${p.toFixed(2)}`), `beam lesson ${i}: ${line}`);
+      }
+      await page.screenshot({ path: path.join(outDir, `embed-${mode}.png`), fullPage: true });
+    });
+  } finally {
+    if (failed && consoleLines.length) fs.writeFileSync(path.join(outDir, `console-${mode}.log`), consoleLines.join("\n"));
+    await browser.close();
+  }
+}
+
+async function useLessonToy(page) {
+  await page.selectOption("#model-select", "lesson-toy");
+  await page.click("#load");
+  await waitLoaded(page);
+  await page.fill("#prompt", "");
+  await setSettings(page, { maxTokens: 8 });
+  await page.click("#generate");
+  await waitState(page, "ready");
+  assertEq((await outputText(page)).trim(), "the cat sat", "after the error, the lesson model's greedy text");
+}
+
+try {
+  for (const mode of ["webgpu", "cpu"]) {
+    if (process.env.ONLY && process.env.ONLY !== mode) continue;
+    await runConfig(mode);
+  }
+} finally {
+  await stopServer().catch(() => {});
+  fs.rmSync(fixtures, { recursive: true, force: true });
+}
+console.log(`\nscreenshots and logs: ${path.relative(process.cwd(), outDir)}/`);
+if (failures.length) console.log(`failed: ${failures.join("; ")}`);
+console.log(`${passed} passed, ${failed} failed${skipped ? `, ${skipped} skipped` : ""}`);
+process.exit(failed ? 1 : 0);

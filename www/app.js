@@ -1,0 +1,385 @@
+// The page: model picker, prompt and settings, the streamed output (every token clickable), the
+// token inspector, live stats and the cached-models list. All inference is in the worker, through
+// nexttoken.js. Model output only ever enters the DOM as text (textContent), never as HTML.
+//
+// URL parameters (handy for links and tests): ?model=URL|catalog-id &tokenizer=URL &backend=cpu|gpu|auto
+// &prompt=TEXT. The body's data-state is idle | loading | ready | generating | error.
+
+import { NextToken, CATALOG, resolveSpec } from "./nexttoken.js";
+import { listCached, deleteCached, formatBytes } from "./model-cache.js";
+
+const $ = (id) => document.getElementById(id);
+const el = (tag, props = {}, ...children) => {
+  const node = Object.assign(document.createElement(tag), props);
+  for (const c of children) node.append(c);
+  return node;
+};
+
+const nt = new NextToken();
+const params = new URLSearchParams(location.search);
+let loadedSpec = null;
+let lastLoad = null; // () => load again (Retry)
+let loadController = null;
+let tokens = []; // generated tokens of the current output, with running sums
+let stats = {};
+
+function setState(state) {
+  document.body.dataset.state = state;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model picker
+
+async function initPicker() {
+  const select = $("model-select");
+  for (const m of CATALOG) select.append(el("option", { value: m.id, textContent: m.name }));
+  select.append(el("option", { value: "custom", textContent: "Custom URL…" }));
+  // The default model is built by a separate step; offer it only when it is there.
+  let defaultThere = false;
+  try {
+    const r = await fetch("models/default.gguf", { method: "HEAD", cache: "no-store" });
+    defaultThere = r.ok;
+  } catch {
+    defaultThere = false;
+  }
+  if (!defaultThere) {
+    const opt = select.querySelector('option[value="default"]');
+    opt.textContent += " — not built yet";
+    opt.disabled = true;
+  }
+  const fromUrl = params.get("model");
+  if (fromUrl && CATALOG.some((m) => m.id === fromUrl)) select.value = fromUrl;
+  else if (fromUrl) {
+    select.value = "custom";
+    $("model-url").value = fromUrl;
+    $("tokenizer-url").value = params.get("tokenizer") || "";
+  } else select.value = defaultThere ? "default" : "lesson-toy";
+  if (params.get("backend")) $("backend").value = params.get("backend");
+  if (params.get("prompt") !== null) $("prompt").value = params.get("prompt");
+  onPickerChange(params.get("prompt") === null);
+  select.addEventListener("change", () => onPickerChange(true));
+  $("load").addEventListener("click", () => loadSelected());
+  // Small models load by themselves; the big catalog downloads wait for the button.
+  const spec = selectedSpec();
+  if (spec && (fromUrl || spec.kind === "table" || spec.id === "default")) loadSelected();
+}
+
+function selectedSpec() {
+  const id = $("model-select").value;
+  if (id === "custom") {
+    const url = $("model-url").value.trim();
+    if (!url) return null;
+    return resolveSpec(url, $("tokenizer-url").value.trim() || undefined);
+  }
+  return resolveSpec(id);
+}
+
+function onPickerChange(setPrompt) {
+  const id = $("model-select").value;
+  $("custom-row").hidden = id !== "custom";
+  const entry = CATALOG.find((m) => m.id === id);
+  $("model-note").textContent = entry?.note || (id === "custom" ? "Any GGUF (llama, qwen2, gpt2) with its tokenizer.json, or a table model (.json). The server must allow CORS." : "");
+  $("chat-row").hidden = !entry?.chat;
+  $("chat").checked = !!entry?.chat;
+  if (setPrompt && entry) $("prompt").value = entry.prompt ?? (entry.kind === "table" ? "the" : "Once upon a time");
+}
+
+async function loadSelected() {
+  const spec = selectedSpec();
+  if (!spec) {
+    showError("enter a model URL first", false);
+    return;
+  }
+  lastLoad = () => loadModel(spec);
+  return loadModel(spec);
+}
+
+async function loadModel(spec) {
+  hideError();
+  setState("loading");
+  nt.abort();
+  $("generate").disabled = $("score-btn").disabled = true;
+  $("load").disabled = true;
+  $("cancel-load").hidden = false;
+  loadController = new AbortController();
+  const progress = $("progress");
+  progress.hidden = false;
+  progress.value = 0;
+  stats = { model: spec.name || spec.url };
+  renderStats();
+  const t0 = performance.now();
+  const status = $("status");
+  status.textContent = `Loading ${spec.name || spec.url}…`;
+  try {
+    const info = await nt.load(spec, {
+      backend: $("backend").value,
+      signal: loadController.signal,
+      onProgress: ({ file, loaded, total, fromCache }) => {
+        const what = `${fromCache ? "Reading cached" : "Downloading"} ${file}`;
+        if (total) {
+          progress.max = total;
+          progress.value = loaded;
+          status.textContent = `${what}: ${formatBytes(loaded)} of ${formatBytes(total)} (${Math.floor((100 * loaded) / total)}%)`;
+        } else {
+          progress.removeAttribute("value");
+          status.textContent = `${what}: ${formatBytes(loaded)}`;
+        }
+        stats.download = `${formatBytes(loaded)}${total ? " / " + formatBytes(total) : ""}${fromCache ? " (cache)" : ""}`;
+        renderStats();
+      },
+      onWarning: (message) => showError(message, false, "warning"),
+    });
+    loadedSpec = spec;
+    const ms = performance.now() - t0;
+    status.textContent = `Loaded ${spec.name || spec.url} in ${(ms / 1000).toFixed(2)} s.`;
+    stats = {
+      model: spec.name || spec.url,
+      backend: backendLabel(info),
+      architecture: info.kind === "table" ? "bigram table" : `${info.arch}, ${info.nLayer} layers, ${info.nEmbd} wide`,
+      parameters: info.parameters.toLocaleString(),
+      "model size": formatBytes(info.bytes),
+      download: info.timings?.fromCache ? "from cache" : stats.download || "",
+      "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms)`,
+    };
+    renderStats();
+    $("version").textContent = `nexttoken ${info.version}`;
+    if (info.kind === "table") $("model-note").textContent = `${info.description} Words: ${info.words.join(" ")}`;
+    $("generate").disabled = $("score-btn").disabled = false;
+    setState("ready");
+    refreshCacheList();
+  } catch (e) {
+    status.textContent = "";
+    showError(e.message, e.retryable);
+    setState(loadedSpec ? "error" : "error");
+  } finally {
+    progress.hidden = true;
+    $("load").disabled = false;
+    $("cancel-load").hidden = true;
+    loadController = null;
+  }
+}
+
+function backendLabel(info) {
+  if (info.backend === "webgpu") return info.backendDetail || "WebGPU";
+  if (info.backend === "table") return "table lookup (no matrix math)";
+  return `CPU (WebAssembly SIMD)${info.backendDetail && info.backendDetail !== "CPU backend chosen" ? " — " + info.backendDetail : ""}`;
+}
+
+function showError(message, retryable, kind = "error") {
+  $("error").hidden = false;
+  $("error").className = kind;
+  $("error-text").textContent = message;
+  $("retry").hidden = !(retryable && lastLoad);
+}
+function hideError() {
+  $("error").hidden = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generation
+
+function options() {
+  const num = (id) => Number($(id).value);
+  return {
+    temperature: num("temperature"),
+    topK: num("top-k"),
+    topP: num("top-p"),
+    minP: num("min-p"),
+    repeatPenalty: num("repeat-penalty"),
+    repeatWindow: num("repeat-window"),
+    maxTokens: num("max-tokens"),
+    seed: num("seed"),
+    beams: num("beams"),
+    lengthNormalise: $("length-normalise").checked,
+    stop: $("stop")
+      .value.split(",")
+      .map((s) => s.trim())
+      .filter(Boolean)
+      .concat(($("chat").checked && loadedSpec?.stop) || []),
+  };
+}
+
+function probColor(p) {
+  // 0 → red-ish, 1 → transparent green: a light background that keeps the text readable.
+  const hue = Math.round(120 * Math.sqrt(p));
+  return `hsl(${hue} 80% 85%)`;
+}
+
+async function runGenerate() {
+  if (!loadedSpec) return;
+  hideError();
+  const promptText = $("prompt").value;
+  const entry = CATALOG.find((m) => m.id === loadedSpec.id);
+  const prompt = $("chat").checked && entry?.chat ? entry.chat.replace("{prompt}", promptText) : promptText;
+  const out = $("output-tokens");
+  out.replaceChildren();
+  $("output-prompt").textContent = promptText;
+  $("score-out").hidden = true;
+  tokens = [];
+  setState("generating");
+  $("generate").disabled = true;
+  $("stop-btn").disabled = false;
+  const t0 = performance.now();
+  let first = null;
+  try {
+    for await (const t of nt.generate(prompt, options())) {
+      first ??= performance.now() - t0;
+      const i = tokens.length;
+      tokens.push(t);
+      const span = el("span", { className: "tok", textContent: t.text, tabIndex: 0 });
+      if (t.text === "") span.classList.add("empty");
+      span.dataset.i = i;
+      span.style.backgroundColor = probColor(t.prob);
+      span.title = `${JSON.stringify(t.token)}  P = ${t.prob.toFixed(4)}`;
+      out.append(span);
+      stats.tokens = String(tokens.length);
+      stats["log P"] = t.logprobSum.toFixed(3);
+      stats.perplexity = t.perplexity.toFixed(3);
+      stats["tokens/s (live)"] = tokens.length > 1 ? ((1000 * (tokens.length - 1)) / (performance.now() - t0 - first)).toFixed(1) : "";
+      renderStats();
+    }
+    const s = nt.lastSummary;
+    if (s) {
+      stats["prompt tokens"] = String(s.promptTokens);
+      stats["time to first token"] = `${s.ttftMs.toFixed(1)} ms`;
+      stats.prefill = `${s.prefillTokS.toFixed(1)} tok/s`;
+      stats.decode = `${s.decodeTokS.toFixed(1)} tok/s`;
+      stats.stopped = s.stopReason;
+    } else {
+      stats.stopped = "Stop pressed";
+    }
+    delete stats["tokens/s (live)"];
+    renderStats();
+    setState("ready");
+  } catch (e) {
+    showError(e.message, false);
+    setState("ready");
+  } finally {
+    $("generate").disabled = false;
+    $("stop-btn").disabled = true;
+  }
+}
+
+function stopGenerate() {
+  nt.abort();
+  $("stop-btn").disabled = true;
+}
+
+function inspect(i) {
+  const t = tokens[i];
+  if (!t) return;
+  for (const s of document.querySelectorAll(".tok.selected")) s.classList.remove("selected");
+  document.querySelector(`.tok[data-i="${i}"]`)?.classList.add("selected");
+  const box = $("inspect");
+  const rows = [
+    ["token", JSON.stringify(t.token)],
+    ["id", String(t.id)],
+    ["text", JSON.stringify(t.text)],
+    ["P(token | before)", t.prob.toPrecision(4)],
+    ["log P", t.logprob.toFixed(4)],
+    ["log P so far", t.logprobSum.toFixed(4)],
+    ["P so far", Math.exp(t.logprobSum).toPrecision(4)],
+    ["perplexity so far", t.perplexity.toFixed(3)],
+    ["position", String(t.position)],
+  ];
+  const dl = el("dl", { className: "stats" });
+  for (const [k, v] of rows) dl.append(el("dt", { textContent: k }), el("dd", { textContent: v }));
+  const list = el("ol", { className: "alternatives" });
+  for (const alt of t.top) {
+    const bar = el("span", { className: "bar" });
+    bar.style.width = `${(100 * alt.prob).toFixed(1)}%`;
+    const li = el("li", {}, el("code", { textContent: JSON.stringify(alt.token) }), el("span", { className: "p", textContent: alt.prob.toFixed(4) }), bar);
+    if (alt.id === t.id) li.classList.add("chosen");
+    list.append(li);
+  }
+  box.replaceChildren(dl, el("h3", { textContent: "Most likely at this step" }), list);
+}
+
+async function runScore() {
+  hideError();
+  try {
+    const r = await nt.score($("prompt").value);
+    const box = $("score-out");
+    box.hidden = false;
+    const table = el("table", { className: "score" });
+    table.append(el("tr", {}, el("th", { textContent: "token" }), el("th", { textContent: "P(token | before)" }), el("th", { textContent: "log P" })));
+    for (const t of r.tokens) {
+      table.append(el("tr", {}, el("td", {}, el("code", { textContent: JSON.stringify(t.token) })), el("td", { textContent: t.prob.toPrecision(4) }), el("td", { textContent: t.logprob.toFixed(4) })));
+    }
+    box.replaceChildren(
+      el("p", { textContent: `P(text) = ${r.probability.toPrecision(4)}, log P = ${r.logprob.toFixed(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}` }),
+      table,
+    );
+  } catch (e) {
+    showError(e.message, false);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats and cache list
+
+function renderStats() {
+  const dl = $("stats");
+  dl.replaceChildren();
+  for (const [k, v] of Object.entries(stats)) {
+    if (v === undefined || v === "") continue;
+    dl.append(el("dt", { textContent: k }), el("dd", { textContent: v }));
+  }
+}
+
+async function refreshCacheList() {
+  const list = $("cache-list");
+  let items = [];
+  try {
+    items = await listCached();
+  } catch (e) {
+    list.replaceChildren(el("li", { textContent: `The cache cannot be read here: ${e.message}` }));
+    return;
+  }
+  list.replaceChildren();
+  if (!items.length) list.append(el("li", { className: "note", textContent: "none yet" }));
+  for (const item of items) {
+    const del = el("button", { type: "button", textContent: "Delete" });
+    del.addEventListener("click", async () => {
+      await deleteCached(item.url);
+      refreshCacheList();
+    });
+    const li = el("li", {}, el("span", { className: "name", textContent: item.name, title: item.url }), el("span", { className: "size", textContent: formatBytes(item.bytes) }), del);
+    list.append(li);
+  }
+  if (navigator.storage?.estimate) {
+    const { usage, quota } = await navigator.storage.estimate();
+    const persisted = navigator.storage.persisted ? await navigator.storage.persisted() : false;
+    $("storage-info").textContent = `Storage used ${formatBytes(usage || 0)} of ${formatBytes(quota || 0)} available${persisted ? " (persistent)" : ""}.`;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+$("generate").addEventListener("click", runGenerate);
+$("stop-btn").addEventListener("click", stopGenerate);
+$("score-btn").addEventListener("click", runScore);
+$("retry").addEventListener("click", () => lastLoad?.());
+$("cancel-load").addEventListener("click", () => loadController?.abort());
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("generate").disabled) runGenerate();
+});
+$("output-tokens").addEventListener("click", (e) => {
+  const span = e.target.closest(".tok");
+  if (span) inspect(Number(span.dataset.i));
+});
+$("output-tokens").addEventListener("keydown", (e) => {
+  const span = e.target.closest(".tok");
+  if (span && (e.key === "Enter" || e.key === " ")) {
+    e.preventDefault();
+    inspect(Number(span.dataset.i));
+  }
+});
+
+if ("serviceWorker" in navigator && !params.has("nosw")) {
+  navigator.serviceWorker.register("sw.js").catch((e) => console.warn("service worker not registered:", e));
+}
+setState("idle");
+initPicker();
+refreshCacheList();
+window.nexttokenApp = { nt, get tokens() { return tokens; }, get stats() { return stats; } };

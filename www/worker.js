@@ -1,0 +1,179 @@
+// The inference worker: downloads (with the Cache API), loads the model into wasm and runs the
+// generation loop, one token per step, posting each token as soon as it is known. The page
+// stays responsive, and between tokens the worker yields so that an "abort" message gets in.
+//
+// Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt, options}
+//               {type:"abort", id} | {type:"score", id, text} | {type:"cancel-load", id}
+// Messages out: {type:"progress", id, file, loaded, total, fromCache}
+//               {type:"loaded", id, info, timings} | {type:"token", id, token}
+//               {type:"done", id, summary} | {type:"result", id, value}
+//               {type:"warning", id, message} | {type:"error", id, message, retryable}
+
+import init, { ByteSink, Engine, version } from "./pkg/nexttoken.js";
+import { fetchModelFile, dropOldCaches, deleteCached } from "./model-cache.js";
+
+let ready = null;
+let engine = null;
+let session = null;
+let sessionId = null;
+const aborted = new Set();
+const loadAborts = new Map();
+
+function wasmReady() {
+  ready ??= init({ module_or_path: new URL("./pkg/nexttoken_bg.wasm", import.meta.url) }).then(() => dropOldCaches().catch(() => {}));
+  return ready;
+}
+
+const post = (msg) => self.postMessage(msg);
+const errorMessage = (e) => (e && e.message) || String(e);
+
+/** Let queued messages (an abort) run before the next token. */
+const yieldToEvents = () =>
+  new Promise((resolve) => {
+    const ch = new MessageChannel();
+    ch.port1.onmessage = () => resolve();
+    ch.port2.postMessage(0);
+  });
+
+async function fetchText(url, id, file, signal, cache = true) {
+  const parts = [];
+  const got = await fetchModelFile(url, {
+    signal,
+    cache,
+    onChunk: (c) => parts.push(c.slice()),
+    onProgress: (p) => post({ type: "progress", id, file, ...p }),
+  });
+  if (got.cacheWarning) post({ type: "warning", id, message: got.cacheWarning });
+  const all = new Uint8Array(got.bytes);
+  let o = 0;
+  for (const p of parts) {
+    all.set(p, o);
+    o += p.length;
+  }
+  return all;
+}
+
+async function load({ id, spec, options = {} }) {
+  const controller = new AbortController();
+  loadAborts.set(id, controller);
+  const signal = controller.signal;
+  const t0 = performance.now();
+  try {
+    await wasmReady();
+    // Free the previous model before allocating the next: wasm memory never shrinks, but freed
+    // space is reused.
+    session?.free?.();
+    session = null;
+    engine?.free?.();
+    engine = null;
+    let timings = {};
+    if (spec.kind === "table") {
+      // Table models are a few hundred bytes: always fetched fresh (the service worker keeps the
+      // lesson tables for offline use).
+      const bytes = await fetchText(spec.url, id, "model", signal, false);
+      const t1 = performance.now();
+      engine = Engine.loadTable(new TextDecoder().decode(bytes));
+      timings = { downloadMs: t1 - t0, initMs: performance.now() - t1 };
+    } else {
+      // The tokenizer first (small), then the model straight into wasm memory.
+      const tokenizer = spec.tokenizer ? await fetchText(spec.tokenizer, id, "tokenizer", signal) : null;
+      if (!tokenizer) throw new Error("a GGUF model needs a tokenizer.json URL");
+      let sink = null;
+      const got = await fetchModelFile(spec.url, {
+        signal,
+        sha256: spec.sha256,
+        // One allocation of the announced size; the chunks are copied straight into it.
+        onStart: ({ total }) => {
+          sink?.free();
+          sink = new ByteSink(total || spec.size || 0);
+        },
+        onChunk: (chunk) => sink.push(chunk),
+        onProgress: (p) => post({ type: "progress", id, file: "model", ...p }),
+      }).catch((e) => {
+        sink?.free();
+        throw e;
+      });
+      if (got.cacheWarning) post({ type: "warning", id, message: got.cacheWarning });
+      if (!sink) throw new Error("the model file is empty");
+      const t1 = performance.now();
+      try {
+        engine = await Engine.loadGguf(sink, tokenizer, { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048 });
+      } catch (e) {
+        // The file downloaded completely but is not a usable model: do not keep it.
+        await deleteCached(new URL(spec.url, self.location.href).href).catch(() => {});
+        await deleteCached(new URL(spec.tokenizer, self.location.href).href).catch(() => {});
+        throw e;
+      }
+      timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache: got.fromCache };
+    }
+    post({ type: "loaded", id, info: { ...engine.info(), version: version() }, timings });
+  } catch (e) {
+    engine = null;
+    const cancelled = signal.aborted;
+    const retryable = cancelled || (e?.name === "DownloadError" ? e.retryable : false);
+    post({ type: "error", id, message: cancelled ? "loading was cancelled" : errorMessage(e), retryable });
+  } finally {
+    loadAborts.delete(id);
+  }
+}
+
+async function generate({ id, prompt, options = {} }) {
+  if (!engine) {
+    post({ type: "error", id, message: "no model is loaded" });
+    return;
+  }
+  try {
+    session?.free?.();
+    session = engine.start(prompt, options);
+    sessionId = id;
+    for (;;) {
+      if (aborted.has(id)) {
+        session.abort();
+        break;
+      }
+      const token = await session.next();
+      if (token === null) break;
+      post({ type: "token", id, token });
+      await yieldToEvents();
+    }
+    post({ type: "done", id, summary: session.summary(), promptTokens: session.promptTokens });
+  } catch (e) {
+    post({ type: "error", id, message: errorMessage(e) });
+  } finally {
+    aborted.delete(id);
+    sessionId = null;
+  }
+}
+
+async function score({ id, text }) {
+  try {
+    if (!engine) throw new Error("no model is loaded");
+    post({ type: "result", id, value: engine.score(text) });
+  } catch (e) {
+    post({ type: "error", id, message: errorMessage(e) });
+  }
+}
+
+self.onmessage = (event) => {
+  const msg = event.data;
+  switch (msg.type) {
+    case "load":
+      load(msg);
+      break;
+    case "generate":
+      generate(msg);
+      break;
+    case "abort":
+      if (msg.id === sessionId) aborted.add(msg.id);
+      break;
+    case "cancel-load":
+      loadAborts.get(msg.id)?.abort();
+      break;
+    case "score":
+      score(msg);
+      break;
+    case "info":
+      post({ type: "result", id: msg.id, value: engine ? engine.info() : null });
+      break;
+  }
+};

@@ -134,11 +134,14 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             let mut r = measure(&gm, o)?;
             r["load_s"] = json!(load_s);
             r["device"] = json!(desc);
-            // GpuModel exposes no counters for these (yet).
-            r["dispatches_per_step"] = Value::Null;
-            r["readback_bytes_per_step"] = Value::Null;
-            r["gpu_memory_bytes"] = Value::Null;
-            r["note"] = json!("dispatches, readback bytes and GPU memory: N/A, the GpuModel API exposes no counters");
+            // Counters of the last forward, which `measure` left at a one-token decode step.
+            let st = gm.stats();
+            r["dispatches_per_step"] = json!(st.dispatches_last);
+            r["submissions_per_step"] = json!(st.submissions_last);
+            r["readback_bytes_per_step"] = json!(st.readback_bytes_last);
+            r["gpu_memory_bytes"] = json!(st.model_bytes + st.kv_bytes_per_state);
+            r["f16_kv"] = json!(st.f16_kv);
+            r["note"] = json!("readback is the full logits row (the LanguageModel API); forward_greedy reads 4 bytes, forward_topk 8k+8");
             r
         } else {
             let threads = if o.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { o.threads };
@@ -207,6 +210,15 @@ pub fn run(o: &BenchOptions) -> Result<()> {
                 gbs(bw),
                 100.0 * bw / memcpy,
                 fill
+            );
+        }
+        if let Some(d) = r["dispatches_per_step"].as_u64() {
+            println!(
+                "per step       {d} dispatches, {} submission, {} bytes read back; GPU memory {:.1} MiB (f16 KV: {})",
+                r["submissions_per_step"],
+                r["readback_bytes_per_step"],
+                mib(r["gpu_memory_bytes"].as_f64().unwrap_or(0.0)),
+                r["f16_kv"]
             );
         }
         if let Some(note) = r["note"].as_str() {

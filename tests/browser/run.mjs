@@ -121,7 +121,7 @@ if (haveShared) {
     console.log("no native CLI (target/release/nexttoken or target/debug/nexttoken): run cargo build --release\n0 passed, 1 failed");
     process.exit(1);
   }
-  const r = spawnSync(bin, ["generate", "--model", path.join(fixtures, "stories260K-f32.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N_TOKENS), "--backend", "cpu"], { encoding: "utf8" });
+  const r = spawnSync(bin, ["generate", "--model", path.join(fixtures, "stories260K-f32.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N_TOKENS), "--backend", "cpu", "--exact"], { encoding: "utf8" });
   assert(r.status === 0, `the CLI failed: ${r.stderr}`);
   assert(r.stdout.startsWith(PROMPT), `the CLI's output does not start with the prompt: ${r.stdout}`);
   expected = r.stdout.slice(PROMPT.length).replace(/\n$/, "");
@@ -356,7 +356,7 @@ async function runConfig(mode) {
         return "skip";
       }
       const bin = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean).find((p) => fs.existsSync(p));
-      const r = spawnSync(bin, ["generate", "--model", path.join(www, "models/default.gguf"), "--tokenizer", path.join(www, "models/default-tokenizer.json"), "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "24", "--backend", "cpu"], { encoding: "utf8" });
+      const r = spawnSync(bin, ["generate", "--model", path.join(www, "models/default.gguf"), "--tokenizer", path.join(www, "models/default-tokenizer.json"), "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "24", "--backend", "cpu", "--exact"], { encoding: "utf8" });
       assert(r.status === 0, `the CLI failed on the default model: ${r.stderr}`);
       const want = r.stdout.slice("In the beginning".length).replace(/\n$/, "");
       await page.goto(`${base}/`);

@@ -44,7 +44,7 @@ fn tokenizer() -> HfTokenizer {
 }
 
 /// Greedy continuation with the KV cache, one token per forward.
-fn greedy(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
+fn greedy<M: LanguageModel>(model: &M, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut state = model.new_state();
     let mut logits = model.forward(&mut state, prompt, false).unwrap();
     let mut out = Vec::new();
@@ -105,4 +105,29 @@ fn default_tokenizer_matches_fixture() {
     let mut all = prompt.clone();
     all.extend(ids(&reference["greedy_ids"]));
     assert_eq!(tok.decode(&all), reference["greedy_text"].as_str().unwrap());
+}
+
+/// The GPU path on the shipped file: logits within the GPU-vs-CPU tolerance of transformers' (f32
+/// KV cache) and the same 40 greedy tokens.
+#[test]
+fn default_model_on_the_gpu_matches_transformers() {
+    use nexttoken::gpu::{GpuModel, GpuOptions};
+    let Some(ctx) = common::gpu_context() else { return };
+    let reference = reference();
+    let prompt = ids(&reference["prompt_ids"]);
+    let model = Model::open(&common::repo().join("www/models/default.gguf")).unwrap();
+    let gpu = pollster::block_on(GpuModel::with_options(ctx, model, GpuOptions::f32())).unwrap();
+    let vocab = gpu.vocab_size();
+    let mut state = gpu.new_state();
+    let got = gpu.forward(&mut state, &prompt, true).unwrap();
+    let mut worst = 0f32;
+    for (pos, row) in rows(&reference["logits"]).iter().enumerate() {
+        for (g, w) in got[pos * vocab..(pos + 1) * vocab].iter().zip(row) {
+            worst = worst.max((g - w).abs());
+        }
+    }
+    eprintln!("default.gguf on the GPU: max abs logit error {worst:.2e}");
+    assert!(worst <= 1e-3, "GPU max abs logit error {worst} > 1e-3");
+    let want = ids(&reference["greedy_ids"]);
+    assert_eq!(greedy(&gpu, &prompt, want.len()), want, "GPU greedy continuation differs from transformers");
 }

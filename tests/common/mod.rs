@@ -309,3 +309,18 @@ pub fn argmax(x: &[f32]) -> usize {
     }
     best
 }
+
+/// The GPU, or None with a loud message when no adapter exists. CI sets NEXTTOKEN_REQUIRE_GPU=1
+/// (and installs lavapipe), which turns the skip into a failure.
+pub fn gpu_context() -> Option<std::sync::Arc<nexttoken::gpu::GpuContext>> {
+    match nexttoken::gpu::GpuContext::new() {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            if std::env::var_os("NEXTTOKEN_REQUIRE_GPU").is_some_and(|v| v != "0") {
+                panic!("NEXTTOKEN_REQUIRE_GPU is set but no GPU is usable: {e}");
+            }
+            eprintln!("\n*** SKIPPED: no GPU adapter ({e}); GPU checks did not run ***\n");
+            None
+        }
+    }
+}

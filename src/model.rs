@@ -84,6 +84,10 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+    /// The token a prompt starts with: BOS when the model has one and wants it prepended.
+    pub fn prompt_start(&self) -> Option<u32> {
+        self.bos_token.filter(|_| self.add_bos)
+    }
 }
 
 /// One tensor: where its bytes are in the model file and how to read them.

@@ -10,7 +10,6 @@ mod common;
 
 use nexttoken::cpu::CpuModel;
 use nexttoken::model::Model;
-use nexttoken::sampling::argmax;
 use nexttoken::tokenizer::HfTokenizer;
 use nexttoken::{LanguageModel, Vocab};
 use serde_json::Value;
@@ -43,21 +42,6 @@ fn tokenizer() -> HfTokenizer {
     HfTokenizer::from_file(&common::repo().join("www/models/default-tokenizer.json")).unwrap()
 }
 
-/// Greedy continuation with the KV cache, one token per forward.
-fn greedy<M: LanguageModel>(model: &M, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = model.new_state();
-    let mut logits = model.forward(&mut state, prompt, false).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let next = argmax(&logits);
-        out.push(next);
-        if out.len() < n {
-            logits = model.forward(&mut state, &[next], false).unwrap();
-        }
-    }
-    out
-}
-
 #[test]
 fn default_model_logits_match_transformers() {
     let reference = reference();
@@ -87,7 +71,7 @@ fn default_model_greedy_matches_transformers() {
     let prompt = ids(&reference["prompt_ids"]);
     let want = ids(&reference["greedy_ids"]);
     assert_eq!(want.len(), 40);
-    let ours = greedy(&open_model(), &prompt, want.len());
+    let ours = common::greedy(&open_model(), &prompt, want.len());
     assert_eq!(ours, want, "greedy continuation differs from transformers");
 }
 
@@ -129,5 +113,5 @@ fn default_model_on_the_gpu_matches_transformers() {
     eprintln!("default.gguf on the GPU: max abs logit error {worst:.2e}");
     assert!(worst <= 1e-3, "GPU max abs logit error {worst} > 1e-3");
     let want = ids(&reference["greedy_ids"]);
-    assert_eq!(greedy(&gpu, &prompt, want.len()), want, "GPU greedy continuation differs from transformers");
+    assert_eq!(common::greedy(&gpu, &prompt, want.len()), want, "GPU greedy continuation differs from transformers");
 }

@@ -10,7 +10,6 @@ mod common;
 
 use nexttoken::cpu::{CpuModel, Precision};
 use nexttoken::model::Model;
-use nexttoken::sampling::argmax;
 use nexttoken::LanguageModel;
 use serde_json::Value;
 
@@ -27,21 +26,6 @@ fn rows(v: &Value) -> Vec<Vec<f32>> {
         .iter()
         .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
         .collect()
-}
-
-/// Greedy continuation with the KV cache, one token per forward.
-fn greedy(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = model.new_state();
-    let mut logits = model.forward(&mut state, prompt, false).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let next = argmax(&logits);
-        out.push(next);
-        if out.len() < n {
-            logits = model.forward(&mut state, &[next], false).unwrap();
-        }
-    }
-    out
 }
 
 fn check_variant(path: &std::path::Path, prompt: &[u32], want_logits: &[Vec<f32>], want_greedy: &[u32]) {
@@ -63,7 +47,7 @@ fn check_variant(path: &std::path::Path, prompt: &[u32], want_logits: &[Vec<f32>
     }
     eprintln!("{name}: max abs logit error {worst:.2e} over {} positions", want_logits.len());
     assert!(worst <= LOGIT_TOLERANCE, "{name}: max abs logit error {worst} > {LOGIT_TOLERANCE}");
-    let ours = greedy(&model, prompt, want_greedy.len());
+    let ours = common::greedy(&model, prompt, want_greedy.len());
     assert_eq!(ours, want_greedy, "{name}: greedy continuation differs from transformers");
 }
 

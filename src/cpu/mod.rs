@@ -543,8 +543,7 @@ impl LanguageModel for CpuModel {
         self.max_seq
     }
     fn bos_token(&self) -> Option<u32> {
-        let c = &self.model.config;
-        c.bos_token.filter(|_| c.add_bos)
+        self.model.config.prompt_start()
     }
     fn eos_tokens(&self) -> &[u32] {
         &self.model.config.eos_tokens

@@ -324,3 +324,18 @@ pub fn gpu_context() -> Option<std::sync::Arc<nexttoken::gpu::GpuContext>> {
         }
     }
 }
+
+/// Greedy continuation of `prompt` with the KV cache: one prefill, then one token per forward.
+pub fn greedy<M: nexttoken::LanguageModel>(model: &M, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut state = model.new_state();
+    let mut logits = model.forward(&mut state, prompt, false).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let next = nexttoken::sampling::argmax(&logits);
+        out.push(next);
+        if out.len() < n {
+            logits = model.forward(&mut state, &[next], false).unwrap();
+        }
+    }
+    out
+}

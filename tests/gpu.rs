@@ -210,18 +210,47 @@ fn matmul_every_type_and_shape() {
 }
 
 #[test]
+fn matmul_tiled_every_type_and_shape() {
+    // The prefill kernel (32 x 32 output tiles): rows and tokens not multiples of the tile,
+    // forced as well onto a batch small enough for the decode kernel.
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(11);
+    for ty in ALL_TYPES {
+        let opts = col_options(ty);
+        for (i, (rows, n_tok)) in [(37, 9), (70, 33), (5, 70), (33, 2)].into_iter().enumerate() {
+            let cols = opts[i % opts.len()];
+            let w = random_weights(&mut rng, ty, rows, cols, 0.5);
+            let x = rng.vec(n_tok * cols, 1.0);
+            let bias = (i % 2 == 0).then(|| rng.vec(rows, 1.0));
+            let got = host::matmul_with(&k, ty, &w, rows, cols, &x, bias.as_deref(), true).unwrap();
+            let wf = dequant(ty, &w, rows, cols);
+            let mut want = vec![0f32; n_tok * rows];
+            for t in 0..n_tok {
+                for r in 0..rows {
+                    want[t * rows + r] = dot(&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols])
+                        + bias.as_ref().map_or(0.0, |b| b[r]);
+                }
+            }
+            check_close(&format!("tiled matmul {} {rows}x{cols} n={n_tok}", ty.name()), &got, &want, 1e-4);
+        }
+    }
+}
+
+#[test]
 fn matmul_split_into_parts() {
     // A tensor larger than one binding is split by rows; test that path on small data.
     let Some(k) = kernels() else { return };
     let mut rng = Rng(2);
     for ty in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K] {
         let cols = col_options(ty)[1];
-        let (rows, n_tok) = (41, 3);
-        let w = random_weights(&mut rng, ty, rows, cols, 0.5);
-        let x = rng.vec(n_tok * cols, 1.0);
-        let got = host::matmul_split(&k, ty, &w, rows, cols, &x, 8).unwrap();
-        let whole = host::matmul(&k, ty, &w, rows, cols, &x, None).unwrap();
-        check_close(&format!("split matmul {}", ty.name()), &got, &whole, 1e-6);
+        // 3 tokens: the decode kernel; 12: the tiled prefill kernel.
+        for (rows, n_tok) in [(41, 3), (41, 12)] {
+            let w = random_weights(&mut rng, ty, rows, cols, 0.5);
+            let x = rng.vec(n_tok * cols, 1.0);
+            let got = host::matmul_split(&k, ty, &w, rows, cols, &x, 8).unwrap();
+            let whole = host::matmul(&k, ty, &w, rows, cols, &x, None).unwrap();
+            check_close(&format!("split matmul {} n={n_tok}", ty.name()), &got, &whole, 1e-6);
+        }
     }
 }
 
@@ -502,6 +531,24 @@ fn synthetic_models_match_cpu() {
         }
     }
     eprintln!("largest logit error per synthetic model: {}", report.join(", "));
+}
+
+#[test]
+fn tiled_prefill_every_type_and_stories() {
+    // Prompts of more than 8 tokens: every weight matmul of the prefill takes the tiled kernel.
+    let Some(ctx) = context() else { return };
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 53 % 300) as u32).collect();
+    for (i, ty) in ALL_TYPES.into_iter().enumerate() {
+        let arch = [Arch::Llama, Arch::Gpt2][i % 2];
+        let cpu = CpuModel::new(synth_model(arch, ty, 40 + i as u64, false));
+        let gpu = gpu_model(&ctx, synth_model(arch, ty, 40 + i as u64, false), GpuOptions::f32());
+        compare_decode(&format!("tiled prefill {} {}", arch.gguf_name(), ty.name()), &cpu, &gpu, &prompt, 1, 1e-3);
+    }
+    let Some(path) = stories_path("stories260K-q8_0.gguf") else { return };
+    let cpu = CpuModel::new(Model::open(&path).unwrap());
+    let gpu = gpu_model(&ctx, Model::open(&path).unwrap(), GpuOptions::f32());
+    let prompt: Vec<u32> = (0..40).map(|i| (1 + i * 7 % 500) as u32).collect();
+    compare_decode("stories260K q8_0 40-token prefill", &cpu, &gpu, &prompt, 2, 2e-3);
 }
 
 #[test]

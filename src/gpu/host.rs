@@ -30,6 +30,13 @@ pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> 
 /// `y[t][r] = W[r] . x[t] (+ bias[r])` for `x.len() / cols` tokens; W is `rows` x `cols` of `ty`
 /// in its GGUF bytes.
 pub fn matmul(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let n_tok = x.len() / cols;
+    matmul_with(k, ty, w, rows, cols, x, bias, n_tok > super::kernels::MATMUL_TOKENS as usize)
+}
+
+/// [`matmul`] with the kernel forced: `tiled` for the prefill (matrix-matrix) kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], bias: Option<&[f32]>, tiled: bool) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let n_tok = x.len() / cols;
     let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
@@ -38,7 +45,7 @@ pub fn matmul(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: 
     let dummy = floats(ctx, "dummy", 4);
     let y = floats(ctx, "y", n_tok * rows);
     let mut pass = Pass::new(k);
-    ops::matmul(&mut pass, &wt, bb.as_ref(), &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 });
+    ops::matmul_with(&mut pass, &wt, bb.as_ref(), &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 }, tiled);
     pass.submit();
     read(ctx, &y, n_tok * rows)
 }

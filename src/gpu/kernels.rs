@@ -18,6 +18,7 @@ use crate::quant::GgmlType;
 
 const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+const MATMUL_TILED: &str = include_str!("../../shaders/matmul_tiled.wgsl");
 const EMBEDDING: &str = include_str!("../../shaders/embedding.wgsl");
 const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
 const LAYER_NORM: &str = include_str!("../../shaders/layer_norm.wgsl");
@@ -36,6 +37,9 @@ pub const MAX_GROUPS: u32 = 65535;
 pub const MATMUL_TOKENS: u32 = 8;
 /// Rows one matmul workgroup handles (`RPW` in matmul.wgsl).
 pub const MATMUL_ROWS: u32 = 4;
+/// Rows and tokens of the output tile of one matmul_tiled.wgsl workgroup (`TR`, `TT`).
+pub const TILED_ROWS: u32 = 32;
+pub const TILED_TOKENS: u32 = 32;
 /// Largest head size attention.wgsl supports.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest k of the top-k kernels.
@@ -47,6 +51,8 @@ pub const PARAM_SLOT: u64 = 256;
 pub enum Kernel {
     /// Weight matrix (of this type) times a batch of vectors, optional bias.
     Matmul(GgmlType),
+    /// The same product tiled over rows and tokens, for prefill batches of many tokens.
+    MatmulTiled(GgmlType),
     /// Row lookup from a weight matrix of this type.
     Embedding(GgmlType),
     RmsNorm,
@@ -98,6 +104,7 @@ impl Kernel {
     pub fn source(self) -> String {
         match self {
             Kernel::Matmul(ty) => with_dequant(ty, MATMUL),
+            Kernel::MatmulTiled(ty) => with_dequant(ty, MATMUL_TILED),
             Kernel::Embedding(ty) => with_dequant(ty, EMBEDDING),
             Kernel::RmsNorm => RMS_NORM.into(),
             Kernel::LayerNorm => LAYER_NORM.into(),
@@ -123,7 +130,7 @@ impl Kernel {
     /// uniform parameters follow at the next binding.
     pub fn storage_bindings(self) -> &'static [bool] {
         match self {
-            Kernel::Matmul(_) => &[false, false, false, true],
+            Kernel::Matmul(_) | Kernel::MatmulTiled(_) => &[false, false, false, true],
             Kernel::Embedding(_) => &[false, false, true],
             Kernel::RmsNorm => &[false, false, true],
             Kernel::LayerNorm => &[false, false, false, true],

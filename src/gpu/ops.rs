@@ -2,7 +2,7 @@
 //! each shader's bindings and `Params` layout. Used by the model and by the host helpers.
 
 use super::context::{gpu_err, GpuContext};
-use super::kernels::{grid, storage, upload, Kernel, Pass, MATMUL_ROWS, MATMUL_TOKENS, MAX_TOP_K};
+use super::kernels::{grid, storage, upload, Kernel, Pass, MATMUL_ROWS, MATMUL_TOKENS, MAX_TOP_K, TILED_ROWS, TILED_TOKENS};
 use crate::error::Result;
 use crate::quant::GgmlType;
 
@@ -69,7 +69,8 @@ pub struct Out<'a> {
 }
 
 /// `y[t][col0 + r] = W[r] . x[x_row0 + t] (+ bias[r])` for `n_tok` tokens. `dummy` stands in for
-/// a missing bias (every binding must be bound).
+/// a missing bias (every binding must be bound). Batches of more than `MATMUL_TOKENS` tokens
+/// (prefill) use the tiled kernel; smaller ones (decode) the matrix-vector one.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul<'a>(
     pass: &mut Pass<'a>,
@@ -81,9 +82,27 @@ pub fn matmul<'a>(
     n_tok: usize,
     y: Out<'a>,
 ) {
+    matmul_with(pass, w, bias, dummy, x, x_row0, n_tok, y, u(n_tok) > MATMUL_TOKENS);
+}
+
+/// [`matmul`] with the kernel chosen by the caller: `tiled` for matmul_tiled.wgsl.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with<'a>(
+    pass: &mut Pass<'a>,
+    w: &'a GpuTensor,
+    bias: Option<&'a wgpu::Buffer>,
+    dummy: &'a wgpu::Buffer,
+    x: &'a wgpu::Buffer,
+    x_row0: usize,
+    n_tok: usize,
+    y: Out<'a>,
+    tiled: bool,
+) {
+    let (tile_rows, tile_tokens, kernel) =
+        if tiled { (TILED_ROWS, TILED_TOKENS, Kernel::MatmulTiled(w.ty)) } else { (MATMUL_ROWS, MATMUL_TOKENS, Kernel::Matmul(w.ty)) };
     for part in &w.parts {
-        let (gx, gy) = grid(u(part.rows).div_ceil(MATMUL_ROWS));
-        let gz = u(n_tok).div_ceil(MATMUL_TOKENS);
+        let (gx, gy) = grid(u(part.rows).div_ceil(tile_rows));
+        let gz = u(n_tok).div_ceil(tile_tokens);
         let params = [
             u(part.rows),
             u(w.cols),
@@ -95,7 +114,7 @@ pub fn matmul<'a>(
             u(part.row0),
             bias.is_some() as u32,
         ];
-        pass.dispatch(Kernel::Matmul(w.ty), &[&part.buffer, x, bias.unwrap_or(dummy), y.buf], &params, [gx, gy, gz]);
+        pass.dispatch(kernel, &[&part.buffer, x, bias.unwrap_or(dummy), y.buf], &params, [gx, gy, gz]);
     }
 }
 

@@ -26,3 +26,7 @@ cargo test --all-targets -- --test-threads=2
 # missing), then Playwright drives headless Chromium with and without WebGPU. The expected texts
 # come from the native CLI built above.
 ./build.sh test
+
+# The browser benchmark (www/bench.html) for the wasm CPU path, WebGPU (SwiftShader here) and
+# wllama (llama.cpp in wasm) on the same file: prints numbers, asserts only that each run produced them.
+node tests/browser/bench.mjs

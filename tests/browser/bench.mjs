@@ -1,0 +1,158 @@
+// Benchmark in headless Chromium: www/bench.html (the nexttoken wasm engine, run on the page),
+// once without WebGPU (CPU wasm) and once with --enable-unsafe-webgpu (backend=auto); and, when
+// @wllama/wllama is installed here, a page served from a temp folder at /wllama/ (llama.cpp in wasm, 1 thread) on the
+// same GGUF, with a nexttoken/wllama ratio table. "init+load" is wasm compile + model load (wllama:
+// its worker start + load); wllama prompts are the same text, its tokenizer counts them (prompt_n).
+//
+//   node tests/browser/bench.mjs      (after ./build.sh)
+//
+// Environment: CHROMIUM (default /usr/bin/chromium), MODEL / TOKENIZER (URLs under www/, default
+// models/default.gguf, models/default-tokenizer.json), REPS (default 5), NO_WLLAMA=1.
+// Closing line: "N passed, N failed" (a run passes when it produced numbers).
+
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+import { serve } from "./serve.mjs";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, "../..");
+const www = path.join(repo, "www");
+const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
+const MODEL = process.env.MODEL || "models/default.gguf";
+const TOKENIZER = process.env.TOKENIZER || "models/default-tokenizer.json";
+const REPS = process.env.REPS || "5";
+
+let passed = 0;
+let failed = 0;
+const results = {};
+
+// The wllama page: the same prompts (token ids from nexttoken's tokenizer, so the counts are
+// exact; BOS from the model), greedy, cache_prompt off, single thread, no WebGPU; llama.cpp's own
+// timings (prompt_ms, predicted_ms) are the numbers.
+const WLLAMA_PAGE = `<!doctype html><meta charset="utf-8"><title>wllama bench</title><pre id="result">running…</pre>
+<script type="module">
+import { Wllama } from "./esm/index.js";
+import init, { ByteSink, Engine } from "/pkg/nexttoken.js";
+const q = new URLSearchParams(location.search);
+const reps = Number(q.get("reps") || 5);
+const TEXT = "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends. " +
+  "One day she saw a big red ball under a tree and ran to get it. ";
+const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2; };
+try {
+  await init({ module_or_path: "/pkg/nexttoken_bg.wasm" });
+  const tok = new Uint8Array(await (await fetch(q.get("tokenizer"))).arrayBuffer());
+  const t0 = performance.now();
+  const blob = await (await fetch(q.get("model"), { cache: "no-store" })).blob();
+  const tFetch = performance.now();
+  const w = new Wllama({ default: new URL("./esm/wasm/wllama.wasm", location.href).href }, { suppressNativeLog: true });
+  await w.loadModel([blob], { n_threads: 1, n_gpu_layers: 0, n_ctx: 1024 });
+  const tLoad = performance.now();
+  // The prompts as text, cut so that nexttoken's tokenizer (a CPU engine on the same file) gives
+  // n tokens with BOS; llama.cpp's own count (prompt_n) is what is reported.
+  const sink = new ByteSink(blob.size); sink.push(new Uint8Array(await blob.arrayBuffer()));
+  const eng = await Engine.loadGguf(sink, tok, { backend: "cpu" });
+  const promptText = (n) => {
+    const long = TEXT.repeat(Math.ceil((n * 8) / TEXT.length) + 2);
+    const count = (s) => eng.encode(s).length + 1;
+    let lo = 1, hi = long.length;
+    while (lo < hi) { const mid = Math.ceil((lo + hi) / 2); if (count(long.slice(0, mid)) <= n) lo = mid; else hi = mid - 1; }
+    return long.slice(0, lo);
+  };
+  const run = async (prompt, max_tokens) => (await w.createCompletion({ prompt, max_tokens, temperature: 0, cache_prompt: false, ignore_eos: true })).timings;
+  await run(promptText(16), 4);
+  const prefill = {};
+  for (const n of [16, 128]) {
+    const ts = []; for (let i = 0; i < reps; i++) ts.push(await run(promptText(n), 1));
+    const ms = median(ts.map((t) => t.prompt_ms));
+    prefill[n] = { promptTokens: ts[0].prompt_n, ms, tokS: ts[0].prompt_n * 1000 / ms };
+  }
+  const ds = []; for (let i = 0; i < reps; i++) ds.push(await run(promptText(16), 33));
+  const per = median(ds.map((t) => t.predicted_ms / t.predicted_n));
+  eng.free();
+  const r = { engine: "wllama", backend: "wasm cpu", threads: w.getNumThreads(), multithread: w.isMultithread(), reps,
+    fetchMs: tFetch - t0, loadMs: tLoad - tFetch, prefill16: prefill[16], prefill128: prefill[128],
+    decode: { promptTokens: ds[0].prompt_n, generatedTokens: ds[0].predicted_n, msPerToken: per, tokS: 1000 / per } };
+  window.benchResult = r;
+  document.getElementById("result").textContent = JSON.stringify(r, null, 2);
+} catch (e) {
+  window.benchError = String((e && e.stack) || e);
+  document.getElementById("result").textContent = window.benchError;
+}
+</script>`;
+
+// wllama's files, served from a temporary folder (never copied into www/).
+const mounts = {};
+const wllamaDir = path.join(here, "node_modules", "@wllama", "wllama");
+const haveWllama = !process.env.NO_WLLAMA && fs.existsSync(wllamaDir);
+let tmp = null;
+if (haveWllama) {
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-bench-"));
+  fs.cpSync(path.join(wllamaDir, "esm"), path.join(tmp, "esm"), { recursive: true });
+  fs.writeFileSync(path.join(tmp, "index.html"), WLLAMA_PAGE);
+  mounts["/wllama/"] = tmp;
+}
+
+const server = await serve(www, 0, mounts);
+const base = `http://127.0.0.1:${server.address().port}`;
+console.log(`serving www/ on ${base}`);
+
+async function runPage(name, url, { webgpu = false } = {}) {
+  const args = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"];
+  if (webgpu) args.push("--enable-unsafe-webgpu", "--use-angle=swiftshader", "--enable-features=Vulkan");
+  const browser = await chromium.launch({ executablePath: chromiumPath, args, headless: true });
+  const lines = [];
+  try {
+    const page = await browser.newPage();
+    page.on("console", (m) => lines.push(`${m.type()}: ${m.text()}`));
+    page.on("pageerror", (e) => lines.push(`pageerror: ${e.message}`));
+    await page.goto(base + url);
+    await page.waitForFunction(() => window.benchResult || window.benchError, null, { timeout: 300_000 });
+    const r = await page.evaluate(() => window.benchResult || { error: window.benchError });
+    if (r.error) throw new Error(r.error);
+    results[name] = r;
+    passed++;
+    const { userAgent, sampleText, ...shown } = r;
+    console.log(`ok    ${name}\n${JSON.stringify(shown, null, 2)}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL  ${name}: ${String(e && e.message ? e.message : e).split("\n").slice(0, 6).join("\n      ")}`);
+    if (lines.length) console.log("      console:\n      " + lines.slice(-10).join("\n      "));
+  } finally {
+    await browser.close();
+  }
+}
+
+const q = (backend) => `?model=${encodeURIComponent(MODEL)}&tokenizer=${encodeURIComponent(TOKENIZER)}&backend=${backend}&reps=${REPS}`;
+try {
+  await runPage("nexttoken cpu (no WebGPU flag)", `/bench.html${q("cpu")}`);
+  await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto")}`, { webgpu: true });
+  if (haveWllama) {
+    await runPage("wllama 1 thread", `/wllama/index.html?model=${encodeURIComponent("/" + MODEL)}&tokenizer=${encodeURIComponent("/" + TOKENIZER)}&reps=${REPS}`);
+  } else {
+    console.log("SKIP  wllama (npm install @wllama/wllama in tests/browser to compare)");
+  }
+} finally {
+  server.closeAllConnections?.();
+  await new Promise((r) => server.close(r));
+  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+}
+
+// Summary table.
+const fmt = (x) => (typeof x === "number" && isFinite(x) ? x.toFixed(1) : "-");
+const row = (r) => [(r.wasmInitMs || 0) + r.loadMs, r.prefill16?.tokS, r.prefill128?.tokS, r.decode?.tokS];
+console.log("\n" + ["run", "backend", "init+load ms", "prefill16 tok/s", "prefill128 tok/s", "decode tok/s"].join(" | "));
+for (const [name, r] of Object.entries(results)) console.log([name, r.backend, ...row(r).map(fmt)].join(" | "));
+const w = results["wllama 1 thread"];
+if (w) {
+  console.log("\nratio nexttoken/wllama (higher = nexttoken faster; load: lower = nexttoken faster)");
+  for (const [name, r] of Object.entries(results)) {
+    if (r === w) continue;
+    const a = row(r), b = row(w);
+    console.log([name, ...a.map((x, i) => (x && b[i] ? (x / b[i]).toFixed(2) : "-"))].join(" | "));
+  }
+}
+console.log(`\n${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,133 @@
+// Benchmark of the wasm engine, run directly on the page (no worker): load time, prefill tok/s
+// for 16- and 128-token prompts, decode tok/s over 32 greedy tokens. Result: a JSON object in
+// <pre id="result"> and window.benchResult (window.benchError on failure).
+//   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5
+import init, { ByteSink, Engine, version } from "./pkg/nexttoken.js";
+
+const q = new URLSearchParams(location.search);
+const modelUrl = q.get("model") || "models/default.gguf";
+const tokUrl = q.get("tokenizer") || "models/default-tokenizer.json";
+const backend = q.get("backend") || "auto";
+const reps = Math.max(1, Number(q.get("reps") || 5));
+const DECODE = 32;
+const TEXT =
+  "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends. " +
+  "One day she saw a big red ball under a tree and ran to get it. ";
+
+const status = (s) => (document.getElementById("status").textContent = s);
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+async function fetchBytes(url) {
+  const r = await fetch(url, { cache: "no-store" });
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return new Uint8Array(await r.arrayBuffer());
+}
+
+/** A prompt of exactly `n` tokens (BOS included, when the model adds one): the longest prefix
+ * of a repeated text, cut at a character, whose token count is `n`. */
+function promptOf(engine, n, bos) {
+  const long = TEXT.repeat(Math.ceil((n * 8) / TEXT.length) + 2);
+  const count = (s) => engine.encode(s).length + bos;
+  // Binary search on the character length for the largest prefix with count <= n.
+  let lo = 1, hi = long.length;
+  while (lo < hi) {
+    const mid = Math.ceil((lo + hi) / 2);
+    if (count(long.slice(0, mid)) <= n) lo = mid;
+    else hi = mid - 1;
+  }
+  // Trim trailing spaces, which tokenizers may merge unpredictably; then re-check.
+  let p = long.slice(0, lo);
+  while (p.length > 1 && count(p) > n) p = p.slice(0, -1);
+  return p;
+}
+
+/** Run one greedy generation to the end; its summary. */
+async function run(engine, prompt, maxTokens) {
+  const s = engine.start(prompt, { temperature: 0, maxTokens });
+  try {
+    while ((await s.next()) !== null) {}
+    return s.summary();
+  } finally {
+    s.free();
+  }
+}
+
+async function main() {
+  const t0 = performance.now();
+  await init({ module_or_path: new URL("./pkg/nexttoken_bg.wasm", import.meta.url) });
+  const tInit = performance.now();
+  const [modelBytes, tokBytes] = await Promise.all([fetchBytes(modelUrl), fetchBytes(tokUrl)]);
+  const tFetch = performance.now();
+  const sink = new ByteSink(modelBytes.length);
+  sink.push(modelBytes);
+  const engine = await Engine.loadGguf(sink, tokBytes, { backend, maxSeq: 2048 });
+  const tLoad = performance.now();
+  const info = engine.info();
+
+  // Does the prompt get a BOS? Compare start()'s count with encode()'s.
+  const probe = engine.start("Once", { temperature: 0, maxTokens: 1 });
+  const bos = probe.promptTokens - engine.encode("Once").length;
+  probe.free();
+
+  status("warming up…");
+  await run(engine, TEXT, 4);
+
+  const prefill = {};
+  for (const n of [16, 128]) {
+    status(`prefill ${n}…`);
+    const prompt = promptOf(engine, n, bos);
+    const runs = [];
+    for (let i = 0; i < reps; i++) runs.push(await run(engine, prompt, 1));
+    const ms = median(runs.map((r) => r.prefillMs));
+    prefill[n] = { promptTokens: runs[0].promptTokens, ms, tokS: (runs[0].promptTokens * 1000) / ms };
+  }
+
+  status("decode…");
+  const dprompt = promptOf(engine, 16, bos);
+  const druns = [];
+  for (let i = 0; i < reps; i++) druns.push(await run(engine, dprompt, DECODE + 1));
+  // decodeMs covers the tokens after the first (the first comes from prefill).
+  const dms = druns.map((r) => r.decodeMs / Math.max(1, r.generatedTokens - 1));
+  const perTok = median(dms);
+
+  const result = {
+    engine: "nexttoken",
+    version: version(),
+    userAgent: navigator.userAgent,
+    model: modelUrl,
+    backendRequested: backend,
+    backend: info.backend,
+    backendDetail: info.backendDetail,
+    arch: info.arch,
+    parameters: info.parameters,
+    modelBytes: modelBytes.length,
+    threads: 1,
+    reps,
+    wasmInitMs: tInit - t0,
+    fetchMs: tFetch - tInit,
+    loadMs: tLoad - tFetch,
+    prefill16: prefill[16],
+    prefill128: prefill[128],
+    decode: {
+      promptTokens: druns[0].promptTokens,
+      generatedTokens: druns[0].generatedTokens,
+      stopReason: druns[0].stopReason,
+      msPerToken: perTok,
+      tokS: 1000 / perTok,
+    },
+    sampleText: druns[0].text,
+  };
+  engine.free();
+  window.benchResult = result;
+  document.getElementById("result").textContent = JSON.stringify(result, null, 2);
+  status("done");
+}
+
+main().catch((e) => {
+  window.benchError = String((e && e.stack) || e);
+  status("error: " + ((e && e.message) || e));
+  document.getElementById("result").textContent = window.benchError;
+});

@@ -84,6 +84,24 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+    /// Whether `tokens` can be appended at position `pos` of a sequence of at most `max_seq`
+    /// tokens: the same rule for every backend, so each refuses the same input the same way.
+    pub fn check_tokens(&self, pos: usize, tokens: &[u32], max_seq: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::Input("no tokens to run".into()));
+        }
+        if pos + tokens.len() > max_seq {
+            return Err(Error::Input(format!(
+                "{} tokens after {pos} would exceed the context of {max_seq} tokens",
+                tokens.len()
+            )));
+        }
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {}", self.n_vocab)));
+        }
+        Ok(())
+    }
+
     /// The token a prompt starts with: BOS when the model has one and wants it prepended.
     pub fn prompt_start(&self) -> Option<u32> {
         self.bos_token.filter(|_| self.add_bos)

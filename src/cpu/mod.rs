@@ -17,7 +17,7 @@ pub mod kernels;
 
 use std::ops::Range;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::lm::LanguageModel;
 use crate::model::{Arch, Model, RopeStyle, Tensor};
 use crate::quant::dequantize_row;
@@ -496,21 +496,7 @@ impl CpuModel {
     }
 
     fn check_tokens(&self, pos: usize, tokens: &[u32]) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(Error::Input("no tokens to run".into()));
-        }
-        if pos + tokens.len() > self.max_seq {
-            return Err(Error::Input(format!(
-                "{} tokens after {pos} would exceed the context of {} tokens",
-                tokens.len(),
-                self.max_seq
-            )));
-        }
-        let n_vocab = self.model.config.n_vocab;
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
-        }
-        Ok(())
+        self.model.config.check_tokens(pos, tokens, self.max_seq)
     }
 
     /// Bytes of weights one decode step reads: every layer's tensors, the output projection, the

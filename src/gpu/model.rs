@@ -386,21 +386,7 @@ impl GpuModel {
     }
 
     fn check_tokens(&self, pos: usize, tokens: &[u32]) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(Error::Input("no tokens to run".into()));
-        }
-        if pos + tokens.len() > self.max_seq {
-            return Err(Error::Input(format!(
-                "{} tokens after {pos} would exceed the context of {} tokens",
-                tokens.len(),
-                self.max_seq
-            )));
-        }
-        let n_vocab = self.model.config.n_vocab;
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {n_vocab}")));
-        }
-        Ok(())
+        self.model.config.check_tokens(pos, tokens, self.max_seq)
     }
 
     /// [`LanguageModel::forward`], awaitable (the only way in the browser).

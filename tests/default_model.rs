@@ -22,18 +22,6 @@ fn reference() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-fn rows(v: &Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-        .collect()
-}
-
 fn open_model() -> CpuModel {
     CpuModel::new(Model::open(&common::repo().join("www/models/default.gguf")).unwrap())
 }
@@ -45,8 +33,8 @@ fn tokenizer() -> HfTokenizer {
 #[test]
 fn default_model_logits_match_transformers() {
     let reference = reference();
-    let prompt = ids(&reference["prompt_ids"]);
-    let want = rows(&reference["logits"]);
+    let prompt = common::ids(&reference["prompt_ids"]);
+    let want = common::rows(&reference["logits"]);
     assert_eq!(want.len(), prompt.len(), "fixture has logits for every prompt position");
     let model = open_model();
     let vocab = model.vocab_size();
@@ -68,8 +56,8 @@ fn default_model_logits_match_transformers() {
 #[test]
 fn default_model_greedy_matches_transformers() {
     let reference = reference();
-    let prompt = ids(&reference["prompt_ids"]);
-    let want = ids(&reference["greedy_ids"]);
+    let prompt = common::ids(&reference["prompt_ids"]);
+    let want = common::ids(&reference["greedy_ids"]);
     assert_eq!(want.len(), 40);
     let ours = common::greedy(&open_model(), &prompt, want.len());
     assert_eq!(ours, want, "greedy continuation differs from transformers");
@@ -82,12 +70,12 @@ fn default_tokenizer_matches_fixture() {
     let reference = reference();
     let tok = tokenizer();
     assert_eq!(tok.vocab_size(), 2048);
-    let prompt = ids(&reference["prompt_ids"]);
+    let prompt = common::ids(&reference["prompt_ids"]);
     let encoded = tok.encode(reference["prompt"].as_str().unwrap()).unwrap();
     assert_eq!(prompt[0], 1, "BOS");
     assert_eq!(&prompt[1..], &encoded[..], "prompt ids");
     let mut all = prompt.clone();
-    all.extend(ids(&reference["greedy_ids"]));
+    all.extend(common::ids(&reference["greedy_ids"]));
     assert_eq!(tok.decode(&all), reference["greedy_text"].as_str().unwrap());
 }
 
@@ -98,20 +86,20 @@ fn default_model_on_the_gpu_matches_transformers() {
     use nexttoken::gpu::{GpuModel, GpuOptions};
     let Some(ctx) = common::gpu_context() else { return };
     let reference = reference();
-    let prompt = ids(&reference["prompt_ids"]);
+    let prompt = common::ids(&reference["prompt_ids"]);
     let model = Model::open(&common::repo().join("www/models/default.gguf")).unwrap();
     let gpu = pollster::block_on(GpuModel::with_options(ctx, model, GpuOptions::f32())).unwrap();
     let vocab = gpu.vocab_size();
     let mut state = gpu.new_state();
     let got = gpu.forward(&mut state, &prompt, true).unwrap();
     let mut worst = 0f32;
-    for (pos, row) in rows(&reference["logits"]).iter().enumerate() {
+    for (pos, row) in common::rows(&reference["logits"]).iter().enumerate() {
         for (g, w) in got[pos * vocab..(pos + 1) * vocab].iter().zip(row) {
             worst = worst.max((g - w).abs());
         }
     }
     eprintln!("default.gguf on the GPU: max abs logit error {worst:.2e}");
     assert!(worst <= 1e-3, "GPU max abs logit error {worst} > 1e-3");
-    let want = ids(&reference["greedy_ids"]);
+    let want = common::ids(&reference["greedy_ids"]);
     assert_eq!(common::greedy(&gpu, &prompt, want.len()), want, "GPU greedy continuation differs from transformers");
 }

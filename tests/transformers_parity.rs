@@ -16,18 +16,6 @@ use serde_json::Value;
 /// Max abs logit error vs transformers, for every weight type (f32 activations throughout).
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-fn rows(v: &Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-        .collect()
-}
-
 fn check_variant(path: &std::path::Path, prompt: &[u32], want_logits: &[Vec<f32>], want_greedy: &[u32]) {
     let name = path.file_name().unwrap().to_string_lossy().to_string();
     // The exact path (f32 activations): the fast path's Q8 activations would not hold 1e-4;
@@ -55,12 +43,12 @@ fn check_fixture(dir: &str) {
     let dir = common::fixtures().join(dir);
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let prompt = ids(&reference["prompt_ids"]);
+    let prompt = common::ids(&reference["prompt_ids"]);
     let variants = reference["variants"].as_object().unwrap();
     assert!(!variants.is_empty());
     for (_, v) in variants {
         let file = dir.join(v["file"].as_str().unwrap());
-        check_variant(&file, &prompt, &rows(&v["logits"]), &ids(&v["greedy_ids"]));
+        check_variant(&file, &prompt, &common::rows(&v["logits"]), &common::ids(&v["greedy_ids"]));
     }
 }
 
@@ -94,11 +82,11 @@ fn stories260k_greedy_matches_transformers() {
         &std::fs::read_to_string(common::fixtures().join("stories260k/reference.json")).unwrap(),
     )
     .unwrap();
-    let prompt = ids(&reference["prompt_ids"]);
+    let prompt = common::ids(&reference["prompt_ids"]);
     assert_eq!(prompt, [1, 403, 407, 261, 378], "tokenizer of 'Once upon a time'");
-    check_variant(&dir.join("stories260K-f32.gguf"), &prompt, &rows(&reference["logits"]), &ids(&reference["greedy_ids"]));
+    check_variant(&dir.join("stories260K-f32.gguf"), &prompt, &common::rows(&reference["logits"]), &common::ids(&reference["greedy_ids"]));
     let q8 = &reference["q8_0"];
-    check_variant(&dir.join("stories260K-q8_0.gguf"), &prompt, &rows(&q8["logits"]), &ids(&q8["greedy_ids"]));
+    check_variant(&dir.join("stories260K-q8_0.gguf"), &prompt, &common::rows(&q8["logits"]), &common::ids(&q8["greedy_ids"]));
 }
 
 /// Prompt ids from our tokenizer wrapper equal the ids transformers fed its model.
@@ -111,7 +99,7 @@ fn fixture_prompts_tokenize_identically() {
         let reference: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
         let tok = HfTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
-        let prompt = ids(&reference["prompt_ids"]);
+        let prompt = common::ids(&reference["prompt_ids"]);
         let text = reference["prompt"].as_str().unwrap();
         let encoded = tok.encode(text).unwrap();
         assert!(prompt.ends_with(&encoded) && prompt.len() - encoded.len() <= 1, "{dir:?}: {encoded:?} vs {prompt:?}");

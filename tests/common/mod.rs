@@ -339,3 +339,17 @@ pub fn greedy<M: nexttoken::LanguageModel>(model: &M, prompt: &[u32], n: usize) 
     }
     out
 }
+
+/// A fixture's list of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// A fixture's rows of logits.
+pub fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .collect()
+}

@@ -1,0 +1,203 @@
+//! x86-64 AVX2 + FMA + F16C kernels (picked at run time).
+
+use super::*;
+use std::arch::x86_64::*;
+
+/// The f16 at byte `i`, converted by the F16C instruction (the `half` crate's conversion is
+/// software unless the whole build targets F16C, and it ran once per 32 weights).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16c(b: &[u8], i: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[i], b[i + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Signed int8 x signed int8, 32 lanes, to 8 i32 sums (llama.cpp's sign trick: maddubs needs
+/// one unsigned operand, so take |w| and move w's sign onto x).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn mul_i8(w: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// Unsigned (0..=63) x signed int8, 32 lanes, to 8 i32 sums.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn mul_u8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
+    match ty {
+        GgmlType::Q8_0 => {
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let n = act.len().min(row.len() / 34);
+            let mut i = 0;
+            while i + 2 <= n {
+                for (k, acc) in [&mut acc0, &mut acc1].into_iter().enumerate() {
+                    let b = &row[(i + k) * 34..];
+                    let a = &act[i + k];
+                    let w = _mm256_loadu_si256(b.as_ptr().add(2) as *const __m256i);
+                    let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                    let d = _mm256_set1_ps(f16c(b, 0) * a.d);
+                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(mul_i8(w, x)), *acc);
+                }
+                i += 2;
+            }
+            let mut total = hsum_ps(_mm256_add_ps(acc0, acc1));
+            if i < n {
+                total += scalar::dot_q8(ty, &row[i * 34..n * 34], &act[i..n]);
+            }
+            total
+        }
+        GgmlType::Q4_0 => {
+            let mut acc = _mm256_setzero_ps();
+            let mut offset = 0f32;
+            let mask = _mm256_set1_epi8(0x0f);
+            for (b, a) in row.chunks_exact(18).zip(act) {
+                let bytes = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
+                // Low nibbles are elements 0..16, high nibbles 16..32.
+                let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+                let w = _mm256_and_si256(both, mask);
+                let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let d = f16c(b, 0) * a.d;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
+                // sum((q - 8) * x) = sum(q * x) - 8 * sum(x)
+                offset += d * (8 * a.sum) as f32;
+            }
+            hsum_ps(acc) - offset
+        }
+        GgmlType::Q4_K => {
+            let mut acc = _mm256_setzero_ps();
+            let mut mins = 0f32;
+            let mask = _mm256_set1_epi8(0x0f);
+            for (b, a) in row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)) {
+                let (d, dmin) = (f16c(b, 0), f16c(b, 2));
+                let scales = &b[4..16];
+                for chunk in 0..4 {
+                    let bytes = _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
+                    let lo = _mm256_and_si256(bytes, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                    for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                        let (sc, m) = q4_k_scale_min(j, scales);
+                        let aj = &a[j];
+                        let x = _mm256_loadu_si256(aj.qs.as_ptr() as *const __m256i);
+                        let s = _mm256_set1_ps(d * sc as f32 * aj.d);
+                        acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
+                        mins += dmin * m as f32 * aj.d * aj.sum as f32;
+                    }
+                }
+            }
+            hsum_ps(acc) - mins
+        }
+        GgmlType::Q6_K => {
+            let mut acc = _mm256_setzero_ps();
+            let m4 = _mm256_set1_epi8(0x0f);
+            let m2 = _mm256_set1_epi8(3);
+            let m32 = _mm256_set1_epi8(32);
+            for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
+                let d = f16c(b, 208);
+                for half in 0..2 {
+                    let p = b.as_ptr();
+                    let ql0 = _mm256_loadu_si256(p.add(half * 64) as *const __m256i);
+                    let ql1 = _mm256_loadu_si256(p.add(half * 64 + 32) as *const __m256i);
+                    let qh = _mm256_loadu_si256(p.add(128 + half * 32) as *const __m256i);
+                    let sc = &b[192 + half * 8..192 + half * 8 + 8];
+                    let lows = [
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    ];
+                    let highs = [
+                        _mm256_and_si256(qh, m2),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
+                    ];
+                    for k in 0..4 {
+                        let ak = &a[half * 4 + k];
+                        let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
+                        let w = _mm256_sub_epi8(q, m32);
+                        let x = _mm256_loadu_si256(ak.qs.as_ptr() as *const __m256i);
+                        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                        // Elements 0..16 are the low 128-bit lane: scale sc[2k]; 16..32: sc[2k+1].
+                        let s16 = _mm256_set_m128i(
+                            _mm_set1_epi16((sc[2 * k + 1] as i8) as i16),
+                            _mm_set1_epi16((sc[2 * k] as i8) as i16),
+                        );
+                        let s32 = _mm256_madd_epi16(p16, s16);
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ak.d), _mm256_cvtepi32_ps(s32), acc);
+                    }
+                }
+            }
+            hsum_ps(acc)
+        }
+        _ => scalar::dot_q8(ty, row, act),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_float_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let main = n / 16 * 16;
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let xp = x.as_ptr();
+    match ty {
+        GgmlType::F32 => {
+            let wp = row.as_ptr() as *const f32;
+            for i in (0..main).step_by(16) {
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i + 8)), _mm256_loadu_ps(xp.add(i + 8)), acc1);
+            }
+            hsum_ps(_mm256_add_ps(acc0, acc1)) + scalar::dot_float_row(ty, &row[main * 4..], &x[main..])
+        }
+        GgmlType::F16 => {
+            let wp = row.as_ptr() as *const __m128i;
+            for i in (0..main).step_by(16) {
+                let w0 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i / 8)));
+                let w1 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i / 8 + 1)));
+                acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(i + 8)), acc1);
+            }
+            hsum_ps(_mm256_add_ps(acc0, acc1)) + scalar::dot_float_row(ty, &row[main * 2..], &x[main..])
+        }
+        _ => scalar::dot_float_row(ty, row, x),
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let main = n / 16 * 16;
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
+    for i in (0..main).step_by(16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), _mm256_loadu_ps(bp.add(i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i + 8)), _mm256_loadu_ps(bp.add(i + 8)), acc1);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1)) + scalar::dot_f32(&a[main..n], &b[main..n])
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let main = n / 8 * 8;
+    let av = _mm256_set1_ps(a);
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    for i in (0..main).step_by(8) {
+        _mm256_storeu_ps(yp.add(i), _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i))));
+    }
+    scalar::axpy(a, &x[main..n], &mut y[main..n]);
+}

@@ -1,0 +1,151 @@
+//! The fast CPU path's dot products: weights are never expanded to f32.
+//!
+//! For the quantised weight types (Q8_0, Q4_0, Q4_K, Q6_K) the activation vector is first
+//! quantised to [`BlockQ8`] blocks of 32 (as llama.cpp quantises activations to Q8_0, except that
+//! the scale stays f32), and each weight block is multiplied with its activation block in integer
+//! arithmetic: int8 x int8 (Q8_0), int4 x int8 (Q4_0, Q4_K), int6 x int8 (Q6_K), one float
+//! multiply-add per block or sub-block. F32, F16 and BF16 rows are converted in registers and
+//! multiplied with the f32 activations directly (fused; no row buffer).
+//!
+//! Every kernel has a portable scalar version, the oracle the SIMD versions are tested against
+//! (`tests/cpu_kernels.rs`), and SIMD versions: x86-64 AVX2+FMA+F16C (picked at run time with
+//! `is_x86_feature_detected!`) and wasm32 simd128 (picked at compile time, when the crate is built
+//! with `-C target-feature=+simd128`). aarch64 NEON is not written yet: it uses the scalar path.
+
+use half::{bf16, f16};
+
+use crate::quant::{q4_k_scale_min, GgmlType, QK_K};
+
+/// Elements per activation block.
+pub const QK8: usize = 32;
+
+/// 32 activations quantised to int8: `x[i] ~= d * qs[i]`, with `sum = sum(qs)` precomputed for the
+/// weight types whose blocks carry an offset (Q4_0's -8, Q4_K's min).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8 {
+    pub d: f32,
+    pub sum: i32,
+    pub qs: [i8; QK8],
+}
+
+/// Which instruction set a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust: the oracle.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// wasm32 simd128.
+    Simd128,
+}
+
+impl Isa {
+    /// The best instruction set this machine (or this wasm build) supports.
+    pub fn detect() -> Isa {
+        Isa::available().last().copied().unwrap_or(Isa::Scalar)
+    }
+
+    /// Every instruction set usable here, scalar first.
+    pub fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            v.push(Isa::Avx2);
+        }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        v.push(Isa::Simd128);
+        v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Simd128 => "simd128",
+        }
+    }
+}
+
+/// Whether the fast path multiplies rows of `ty` with Q8-quantised activations (else f32).
+pub fn uses_q8_activations(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+}
+
+/// Quantise `x` (a multiple of 32 long) to blocks: d = max|x| / 127, q = round(x / d).
+pub fn quantize_activations(x: &[f32], out: &mut [BlockQ8]) {
+    debug_assert_eq!(x.len(), out.len() * QK8);
+    for (xb, o) in x.chunks_exact(QK8).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in o.qs.iter_mut().zip(xb) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        o.d = d;
+        o.sum = sum;
+    }
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Dot product of one weight row of `ty` (Q8_0, Q4_0, Q4_K or Q6_K; `row` is its bytes) with the
+/// quantised activations `act` (`cols / 32` blocks).
+pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::Avx2 is only produced by `available()` after detecting avx2, fma and f16c.
+        Isa::Avx2 => unsafe { avx2::dot_q8(ty, row, act) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => simd128::dot_q8(ty, row, act),
+        _ => scalar::dot_q8(ty, row, act),
+    }
+}
+
+/// Dot product of one F32, F16 or BF16 weight row (`row` is its bytes) with f32 activations.
+pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::dot_float_row(ty, row, x) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => simd128::dot_float_row(ty, row, x),
+        _ => scalar::dot_float_row(ty, row, x),
+    }
+}
+
+/// `sum(a[i] * b[i])`.
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::dot_f32(a, b) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => simd128::dot_f32(a, b),
+        _ => scalar::dot_f32(a, b),
+    }
+}
+
+/// `y[i] += a * x[i]`.
+pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { avx2::axpy(a, x, y) },
+        _ => scalar::axpy(a, x, y),
+    }
+}
+
+/// The portable kernels: the oracle for the SIMD ones.
+pub mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128;

@@ -1,0 +1,92 @@
+//! Portable Rust: the oracle every SIMD kernel is tested against.
+
+use super::*;
+
+pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
+    match ty {
+        GgmlType::Q8_0 => row
+            .chunks_exact(34)
+            .zip(act)
+            .map(|(b, a)| {
+                let s: i32 = b[2..34].iter().zip(&a.qs).map(|(&w, &x)| (w as i8) as i32 * x as i32).sum();
+                f16_at(b, 0) * a.d * s as f32
+            })
+            .sum(),
+        GgmlType::Q4_0 => row
+            .chunks_exact(18)
+            .zip(act)
+            .map(|(b, a)| {
+                let qs = &b[2..18];
+                let mut s = 0i32;
+                for j in 0..16 {
+                    s += ((qs[j] & 0x0f) as i32 - 8) * a.qs[j] as i32;
+                    s += ((qs[j] >> 4) as i32 - 8) * a.qs[j + 16] as i32;
+                }
+                f16_at(b, 0) * a.d * s as f32
+            })
+            .sum(),
+        GgmlType::Q4_K => row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)).map(|(b, a)| q4_k_block(b, a)).sum(),
+        GgmlType::Q6_K => row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)).map(|(b, a)| q6_k_block(b, a)).sum(),
+        other => panic!("dot_q8: {} rows take f32 activations", other.name()),
+    }
+}
+
+/// One Q4_K super-block (8 sub-blocks of 32, each with a 6-bit scale and min) times 8
+/// activation blocks: sum_j d*sc_j*da_j*dot(q_j, a_j) - dmin*m_j*da_j*sum(a_j).
+fn q4_k_block(b: &[u8], a: &[BlockQ8]) -> f32 {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (scales, qs) = (&b[4..16], &b[16..144]);
+    let mut acc = 0f32;
+    for (j, aj) in a.iter().enumerate() {
+        let (sc, m) = q4_k_scale_min(j, scales);
+        let q = &qs[(j / 2) * 32..(j / 2) * 32 + 32];
+        let shift = 4 * (j % 2);
+        let s: i32 = q.iter().zip(&aj.qs).map(|(&w, &x)| ((w >> shift) & 0x0f) as i32 * x as i32).sum();
+        acc += aj.d * (d * sc as f32 * s as f32 - dmin * m as f32 * aj.sum as f32);
+    }
+    acc
+}
+
+/// One Q6_K super-block (16 sub-blocks of 16 with int8 scales) times 8 activation blocks.
+fn q6_k_block(b: &[u8], a: &[BlockQ8]) -> f32 {
+    let d = f16_at(b, 208);
+    let mut acc = 0f32;
+    for half in 0..2 {
+        let ql = &b[half * 64..half * 64 + 64];
+        let qh = &b[128 + half * 32..128 + half * 32 + 32];
+        let sc = &b[192 + half * 8..192 + half * 8 + 8];
+        for k in 0..4 {
+            let ak = &a[half * 4 + k];
+            let mut sums = [0i32; 2];
+            for l in 0..32 {
+                let low = if k % 2 == 0 { ql[l] } else { ql[l + 32] };
+                let low = if k < 2 { low & 0x0f } else { low >> 4 };
+                let q = (low | (((qh[l] >> (2 * k)) & 3) << 4)) as i32 - 32;
+                sums[l / 16] += q * ak.qs[l] as i32;
+            }
+            let s = (sc[2 * k] as i8) as i32 * sums[0] + (sc[2 * k + 1] as i8) as i32 * sums[1];
+            acc += d * ak.d * s as f32;
+        }
+    }
+    acc
+}
+
+pub fn dot_float_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    match ty {
+        GgmlType::F32 => row.chunks_exact(4).zip(x).map(|(c, &v)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * v).sum(),
+        GgmlType::F16 => row.chunks_exact(2).zip(x).map(|(c, &v)| f16::from_le_bytes([c[0], c[1]]).to_f32() * v).sum(),
+        GgmlType::BF16 => row.chunks_exact(2).zip(x).map(|(c, &v)| bf16::from_le_bytes([c[0], c[1]]).to_f32() * v).sum(),
+        other => panic!("dot_float_row: {} is quantised", other.name()),
+    }
+}
+
+/// The same expression as the reference path's `cpu::dot`, so results match it bit for bit.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}

@@ -122,6 +122,40 @@ fn quantised_dot_products_match_scalar_and_reference() {
     }
 }
 
+/// The tiles (R rows x T activation vectors at once) against the scalar single-row kernel.
+#[test]
+fn tiles_match_single_row_dot_products() {
+    let mut rng = SplitMix64(99);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let sizes: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 576, 1056] };
+        for &cols in sizes {
+            let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, ty, cols)).collect();
+            let acts: Vec<Vec<BlockQ8>> = (0..3).map(|_| quantized(&activations(&mut rng, cols))).collect();
+            let tile: [&[u8]; 4] = std::array::from_fn(|r| rows[r].as_slice());
+            for isa in Isa::available() {
+                let one = kernels::dot_q8_tile(isa, ty, tile, [acts[0].as_slice()]);
+                let two = kernels::dot_q8_tile(isa, ty, tile, [acts[1].as_slice(), acts[2].as_slice()]);
+                for r in 0..4 {
+                    for (t, got) in [(0, one[r][0]), (1, two[r][0]), (2, two[r][1])] {
+                        let want = kernels::scalar::dot_q8(ty, &rows[r], &acts[t]);
+                        let mut x = vec![0f32; cols];
+                        for (xb, a) in x.chunks_mut(QK8).zip(&acts[t]) {
+                            xb.iter_mut().zip(&a.qs).for_each(|(v, &q)| *v = a.d * q as f32);
+                        }
+                        let (_, mag, _) = reference(ty, &rows[r], &x);
+                        assert!(
+                            ((got - want) as f64).abs() <= 1e-5 * mag + 1e-6,
+                            "{} cols {cols} {} row {r} vector {t}: tile {got} vs scalar {want}",
+                            ty.name(),
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn float_row_dot_products_match_scalar_and_reference() {
     let mut rng = SplitMix64(7);
@@ -244,9 +278,9 @@ fn fast_path_matches_exact_on_stories260k() {
 
 #[test]
 fn fast_path_matches_exact_on_synthetic_models() {
-    // Q8_0: Q8 activations (measured up to 0.06 on these random models); F16/F32: f32 activations.
+    // Q8_0, Q4_0: Q8 activations (measured up to 0.06 on these random models); F16/F32: f32 activations.
     for arch in ["llama", "qwen2", "gpt2"] {
-        for (ty, tol) in [(GgmlType::Q8_0, 0.15f32), (GgmlType::F16, 1e-4), (GgmlType::F32, 1e-4)] {
+        for (ty, tol) in [(GgmlType::Q8_0, 0.15f32), (GgmlType::Q4_0, 0.15), (GgmlType::F16, 1e-4), (GgmlType::F32, 1e-4)] {
             let open = || Model::from_bytes(common::synth_model(arch, ty, 1)).unwrap();
             let exact = CpuModel::new(open());
             let prompt = [1u32, 5, 9, 14, 30, 7, 3, 22];

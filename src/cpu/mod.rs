@@ -232,38 +232,77 @@ impl CpuModel {
         debug_assert_eq!(out.len(), n * rows);
         let bytes = self.model.bytes(w);
         let row_bytes = w.row_bytes();
+        let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
         let out_ptr = SyncPtr(out.as_mut_ptr());
-        let isa = self.isa;
-        let blocks = w.cols / QK8;
-        let fast = self.precision == Precision::Fast;
         let bias_bytes = bias.map(|b| self.model.bytes(b));
-        let work = |range: Range<usize>| {
+        let store = |t: usize, r: usize, v: f32| {
             let out_ptr = out_ptr;
-            // The reference decodes each row to f32 first; the fast path never does.
-            let mut row = if fast { Vec::new() } else { vec![0f32; w.cols] };
-            for r in range {
-                let wr = &bytes[r * row_bytes..(r + 1) * row_bytes];
-                if !fast {
-                    dequantize_row(w.ty, wr, &mut row);
-                }
-                for t in 0..n {
-                    let xt = &x[t * w.cols..(t + 1) * w.cols];
-                    let mut v = if !fast {
-                        dot(&row, xt)
-                    } else if let Some(xq) = xq {
-                        kernels::dot_q8(isa, w.ty, wr, &xq[t * blocks..(t + 1) * blocks])
-                    } else {
-                        kernels::dot_float_row(isa, w.ty, wr, xt)
-                    };
-                    if let Some(bb) = bias_bytes {
-                        v += f32_at(bb, r);
-                    }
-                    // SAFETY: t * rows + r < out.len(), and each r belongs to one task.
-                    unsafe { *out_ptr.0.add(t * rows + r) = v };
-                }
-            }
+            let v = v + bias_bytes.map_or(0.0, |b| f32_at(b, r));
+            // SAFETY: t * rows + r < out.len(), and each r belongs to one task.
+            unsafe { *out_ptr.0.add(t * rows + r) = v };
         };
-        self.par_ranges(rows, w.cols * n, &work);
+        let isa = self.isa;
+        match (self.precision, xq) {
+            (Precision::Exact, _) => {
+                // The reference decodes each row to f32 first.
+                let work = |range: Range<usize>| {
+                    let mut wr = vec![0f32; w.cols];
+                    for r in range {
+                        dequantize_row(w.ty, row(r), &mut wr);
+                        for t in 0..n {
+                            store(t, r, dot(&wr, &x[t * w.cols..(t + 1) * w.cols]));
+                        }
+                    }
+                };
+                self.par_ranges(rows, w.cols * n, &work);
+            }
+            (Precision::Fast, Some(xq)) => {
+                // Tiles of TILE_ROWS rows x 2 tokens (prefill) or x 1 token (decode, and the odd
+                // token); rows past the last whole tile go one at a time.
+                const R: usize = kernels::TILE_ROWS;
+                let blocks = w.cols / QK8;
+                let act = |t: usize| &xq[t * blocks..(t + 1) * blocks];
+                let work = |tiles: Range<usize>| {
+                    let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
+                    let mut r = r0;
+                    while r + R <= r1 {
+                        let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));
+                        let mut t = 0;
+                        while t + 2 <= n {
+                            let o = kernels::dot_q8_tile(isa, w.ty, tile, [act(t), act(t + 1)]);
+                            for (k, o) in o.iter().enumerate() {
+                                store(t, r + k, o[0]);
+                                store(t + 1, r + k, o[1]);
+                            }
+                            t += 2;
+                        }
+                        if t < n {
+                            let o = kernels::dot_q8_tile(isa, w.ty, tile, [act(t)]);
+                            for (k, o) in o.iter().enumerate() {
+                                store(t, r + k, o[0]);
+                            }
+                        }
+                        r += R;
+                    }
+                    for r in r..r1 {
+                        for t in 0..n {
+                            store(t, r, kernels::dot_q8(isa, w.ty, row(r), act(t)));
+                        }
+                    }
+                };
+                self.par_ranges(rows.div_ceil(R), w.cols * n * R, &work);
+            }
+            (Precision::Fast, None) => {
+                let work = |range: Range<usize>| {
+                    for r in range {
+                        for t in 0..n {
+                            store(t, r, kernels::dot_float_row(isa, w.ty, row(r), &x[t * w.cols..(t + 1) * w.cols]));
+                        }
+                    }
+                };
+                self.par_ranges(rows, w.cols * n, &work);
+            }
+        }
     }
 
     /// Run the transformer over `tokens` at positions `cache.pos..`, appending to the cache.

@@ -68,14 +68,16 @@ impl SplitMix64 {
     }
 }
 
-/// Encode f32 values as `ty` (F32, F16, BF16 or Q8_0). Panics on other types: the helper only
-/// writes what it can encode exactly like ggml does.
+/// Encode f32 values as `ty` (F32, F16, BF16, Q8_0 or Q4_0). Panics on other types: the helper
+/// only writes what it can encode exactly like ggml does (Q4_0 through the library's quantiser,
+/// which `cpu_kernels::synth_quantisers_follow_ggml` checks against ggml's definition).
 pub fn encode_f32(ty: GgmlType, values: &[f32]) -> Vec<u8> {
     match ty {
         GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         GgmlType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
         GgmlType::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
         GgmlType::Q8_0 => quantize_q8_0(values),
+        GgmlType::Q4_0 => nexttoken::quant::quantize(ty, values).expect("Q4_0 needs whole blocks of 32"),
         other => panic!("synthetic models cannot encode {}", other.name()),
     }
 }

@@ -107,6 +107,22 @@ pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
     }
 }
 
+/// Weight rows one tile multiplies at once (see [`dot_q8_tile`]).
+pub const TILE_ROWS: usize = 4;
+
+/// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:
+/// each weight block is loaded (and unpacked) once for all `T` vectors, each activation block
+/// once for all `R` rows, and the `R * T` sums stay in registers. Decode uses `T = 1` (one token,
+/// several rows: more independent work per loaded activation), prefill `T > 1`.
+pub fn dot_q8_tile<const R: usize, const T: usize>(isa: Isa, ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_q8`.
+        Isa::Avx2 if avx2::has_tile(ty) => unsafe { avx2::dot_q8_tile(ty, rows, acts) },
+        _ => std::array::from_fn(|r| std::array::from_fn(|t| dot_q8(isa, ty, rows[r], acts[t]))),
+    }
+}
+
 /// Dot product of one F32, F16 or BF16 weight row (`row` is its bytes) with f32 activations.
 pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match isa {

@@ -43,28 +43,9 @@ fn activations(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// A random row of `ty` with `cols` elements, as bytes.
+/// A random row of `ty` with `cols` elements, as bytes (the library's self-check makes them).
 fn random_row(rng: &mut SplitMix64, ty: GgmlType, cols: usize) -> Vec<u8> {
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q6_K => {
-            // Any bytes are a valid block except the f16 scales: set those to sane values.
-            let mut b: Vec<u8> = (0..ty.row_bytes(cols)).map(|_| rng.next_u64() as u8).collect();
-            for blk in b.chunks_exact_mut(ty.block_bytes()) {
-                let d = f16::from_f32(0.001 + rng.next_f32() * 0.01).to_le_bytes();
-                if ty == GgmlType::Q4_K {
-                    blk[0..2].copy_from_slice(&d);
-                    blk[2..4].copy_from_slice(&f16::from_f32(rng.next_f32() * 0.01).to_le_bytes());
-                } else {
-                    blk[208..210].copy_from_slice(&d);
-                }
-            }
-            b
-        }
-        _ => {
-            let vals: Vec<f32> = (0..cols).map(|_| rng.uniform(0.1)).collect();
-            quantize(ty, &vals).unwrap()
-        }
-    }
+    kernels::check::random_row(ty, cols, &mut || (rng.next_u64() >> 32) as u32)
 }
 
 fn quantized(x: &[f32]) -> Vec<BlockQ8> {
@@ -152,6 +133,23 @@ fn tiles_match_single_row_dot_products() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The library's own self-check (what the browser runs for simd128), for every ISA here.
+/// `NEXTTOKEN_REQUIRE_ISA=neon` (tools/test.sh under qemu) makes a missing instruction set a
+/// failure, so an undetected one cannot pass by testing scalar against itself.
+#[test]
+fn library_self_check_passes() {
+    let isas = Isa::available();
+    if let Ok(want) = std::env::var("NEXTTOKEN_REQUIRE_ISA") {
+        assert!(isas.iter().any(|isa| isa.name() == want), "NEXTTOKEN_REQUIRE_ISA={want}, but this machine has {isas:?}");
+    }
+    for isa in isas {
+        for seed in 0..3 {
+            let summary = kernels::check_isa_against_scalar(isa, seed).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("{summary}");
         }
     }
 }

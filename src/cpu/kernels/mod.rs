@@ -9,8 +9,10 @@
 //!
 //! Every kernel has a portable scalar version, the oracle the SIMD versions are tested against
 //! (`tests/cpu_kernels.rs`), and SIMD versions: x86-64 AVX2+FMA+F16C (picked at run time with
-//! `is_x86_feature_detected!`) and wasm32 simd128 (picked at compile time, when the crate is built
-//! with `-C target-feature=+simd128`). aarch64 NEON is not written yet: it uses the scalar path.
+//! `is_x86_feature_detected!`), aarch64 NEON (picked at run time) and wasm32 simd128 (picked at
+//! compile time, when the crate is built with `-C target-feature=+simd128`). The same comparison
+//! is also in the library ([`check_isa_against_scalar`]), so builds that `cargo test` cannot run
+//! (wasm in a browser) check themselves.
 
 use half::{bf16, f16};
 
@@ -36,6 +38,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// aarch64 NEON.
+    Neon,
     /// wasm32 simd128.
     Simd128,
 }
@@ -54,6 +58,10 @@ impl Isa {
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             v.push(Isa::Avx2);
         }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            v.push(Isa::Neon);
+        }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         v.push(Isa::Simd128);
         v
@@ -63,6 +71,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
             Isa::Simd128 => "simd128",
         }
     }
@@ -101,6 +110,9 @@ pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::Avx2 is only produced by `available()` after detecting avx2, fma and f16c.
         Isa::Avx2 => unsafe { avx2::dot_q8(ty, row, act) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: Isa::Neon is only produced by `available()` after detecting neon.
+        Isa::Neon => unsafe { neon::dot_q8(ty, row, act) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 => simd128::dot_q8(ty, row, act),
         _ => scalar::dot_q8(ty, row, act),
@@ -129,6 +141,9 @@ pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { avx2::dot_float_row(ty, row, x) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::dot_float_row(ty, row, x) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 => simd128::dot_float_row(ty, row, x),
         _ => scalar::dot_float_row(ty, row, x),
@@ -141,6 +156,9 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { avx2::dot_f32(a, b) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::dot_f32(a, b) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 => simd128::dot_f32(a, b),
         _ => scalar::dot_f32(a, b),
@@ -153,6 +171,11 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { avx2::axpy(a, x, y) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Isa::Neon => unsafe { neon::axpy(a, x, y) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => simd128::axpy(a, x, y),
         _ => scalar::axpy(a, x, y),
     }
 }
@@ -162,6 +185,13 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+/// The kernels against scalar inside the library (for builds `cargo test` cannot run).
+pub mod check;
+pub use check::check_isa_against_scalar;
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;

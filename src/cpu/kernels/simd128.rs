@@ -29,15 +29,17 @@ fn load_qs(a: &BlockQ8, at: usize) -> v128 {
     unsafe { v128_load(a.qs[at..at + 16].as_ptr() as *const v128) }
 }
 
+/// 32 int8 weights (two vectors) times one activation block, as 4 i32 partial sums.
+fn dot32(w0: v128, w1: v128, a: &BlockQ8) -> v128 {
+    i32x4_add(mul16(w0, load_qs(a, 0)), mul16(w1, load_qs(a, 16)))
+}
+
 pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
     match ty {
         GgmlType::Q8_0 => row
             .chunks_exact(34)
             .zip(act)
-            .map(|(b, a)| {
-                let s = i32x4_add(mul16(load(b, 2), load_qs(a, 0)), mul16(load(b, 18), load_qs(a, 16)));
-                f16_at(b, 0) * a.d * hsum_i32(s) as f32
-            })
+            .map(|(b, a)| f16_at(b, 0) * a.d * hsum_i32(dot32(load(b, 2), load(b, 18), a)) as f32)
             .sum(),
         GgmlType::Q4_0 => row
             .chunks_exact(18)
@@ -47,10 +49,60 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 let eight = i8x16_splat(8);
                 let lo = i8x16_sub(v128_and(bytes, i8x16_splat(0x0f)), eight);
                 let hi = i8x16_sub(u8x16_shr(bytes, 4), eight);
-                let s = i32x4_add(mul16(lo, load_qs(a, 0)), mul16(hi, load_qs(a, 16)));
-                f16_at(b, 0) * a.d * hsum_i32(s) as f32
+                f16_at(b, 0) * a.d * hsum_i32(dot32(lo, hi, a)) as f32
             })
             .sum(),
+        GgmlType::Q4_K => {
+            let mut acc = f32x4_splat(0.0);
+            let mut mins = 0f32;
+            let m4 = u8x16_splat(0x0f);
+            for (b, a) in row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)) {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                for chunk in 0..4 {
+                    // 32 bytes: low nibbles are sub-block 2 * chunk, high nibbles 2 * chunk + 1.
+                    let (q0, q1) = (load(b, 16 + chunk * 32), load(b, 32 + chunk * 32));
+                    let lo = (v128_and(q0, m4), v128_and(q1, m4));
+                    let hi = (u8x16_shr(q0, 4), u8x16_shr(q1, 4));
+                    for (j, (w0, w1)) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                        let (sc, m) = q4_k_scale_min(j, &b[4..16]);
+                        let aj = &a[j];
+                        let s = f32x4_convert_i32x4(dot32(w0, w1, aj));
+                        acc = f32x4_add(acc, f32x4_mul(s, f32x4_splat(d * sc as f32 * aj.d)));
+                        mins += dmin * m as f32 * aj.d * aj.sum as f32;
+                    }
+                }
+            }
+            hsum_f32(acc) - mins
+        }
+        GgmlType::Q6_K => {
+            let mut acc = f32x4_splat(0.0);
+            let (m4, m2, m32) = (u8x16_splat(0x0f), u8x16_splat(3), i8x16_splat(32));
+            for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
+                let d = f16_at(b, 208);
+                for half in 0..2 {
+                    let ql = [0, 16, 32, 48].map(|at| load(b, half * 64 + at));
+                    let qh = [load(b, 128 + half * 32), load(b, 144 + half * 32)];
+                    let sc = &b[192 + half * 8..200 + half * 8];
+                    for k in 0..4 {
+                        // Sub-block pair k: 4 low bits from ql[0..32] (k even) or ql[32..64] (k
+                        // odd), low nibbles for k < 2, high for k >= 2; 2 high bits at qh >> 2k.
+                        let w = [0, 1].map(|i| {
+                            let l = ql[(k % 2) * 2 + i];
+                            let low = if k < 2 { v128_and(l, m4) } else { u8x16_shr(l, 4) };
+                            let high = i8x16_shl(v128_and(u8x16_shr(qh[i], 2 * k as u32), m2), 4);
+                            i8x16_sub(v128_or(low, high), m32)
+                        });
+                        // Elements 0..16 have scale sc[2k], 16..32 sc[2k + 1].
+                        let ak = &a[half * 4 + k];
+                        let s0 = i32x4_mul(mul16(w[0], load_qs(ak, 0)), i32x4_splat((sc[2 * k] as i8) as i32));
+                        let s1 = i32x4_mul(mul16(w[1], load_qs(ak, 16)), i32x4_splat((sc[2 * k + 1] as i8) as i32));
+                        let s = f32x4_convert_i32x4(i32x4_add(s0, s1));
+                        acc = f32x4_add(acc, f32x4_mul(s, f32x4_splat(d * ak.d)));
+                    }
+                }
+            }
+            hsum_f32(acc)
+        }
         _ => scalar::dot_q8(ty, row, act),
     }
 }
@@ -89,4 +141,16 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         acc = f32x4_add(acc, f32x4_mul(load_f32x4_f(&a[i..i + 4]), load_f32x4_f(&b[i..i + 4])));
     }
     hsum_f32(acc) + scalar::dot_f32(&a[main..n], &b[main..n])
+}
+
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    // No fused multiply-add in simd128 (it is in relaxed-simd), so this rounds like the scalar loop.
+    let av = f32x4_splat(a);
+    for (yc, xc) in y.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
+        let r = f32x4_add(load_f32x4_f(yc), f32x4_mul(av, load_f32x4_f(xc)));
+        // SAFETY: yc is 4 floats; v128_store is unaligned.
+        unsafe { v128_store(yc.as_mut_ptr() as *mut v128, r) };
+    }
+    let main = x.len().min(y.len()) / 4 * 4;
+    scalar::axpy(a, &x[main..], &mut y[main..]);
 }

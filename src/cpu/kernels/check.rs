@@ -1,0 +1,150 @@
+//! One instruction set's kernels against the scalar oracle, on random data at awkward sizes.
+//!
+//! It lives in the library, not only in `tests/`, because `cargo test` cannot run every build:
+//! the wasm32 simd128 kernels run only in a browser, whose test suite calls this through
+//! `web::kernel_self_test`. `tests/cpu_kernels.rs` runs it natively for every instruction set.
+
+use super::*;
+use crate::quant::{dequantize_row, quantize};
+use crate::sampling::Rng;
+
+/// A random row of `ty` (`cols` elements) as bytes, from the random source `next`: uniform values
+/// through the library's quantiser for Q8_0, Q4_0 and the float types; random bytes for Q4_K and
+/// Q6_K (any bytes are a valid block) except their f16 scales, which get sane magnitudes.
+pub fn random_row(ty: GgmlType, cols: usize, next: &mut impl FnMut() -> u32) -> Vec<u8> {
+    let mut unit = || (next() >> 8) as f32 / (1u32 << 24) as f32;
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => {
+            let mut b: Vec<u8> = (0..ty.row_bytes(cols)).map(|_| (unit() * 256.0) as u8).collect();
+            for blk in b.chunks_exact_mut(ty.block_bytes()) {
+                let d = f16::from_f32(0.001 + unit() * 0.01).to_le_bytes();
+                if ty == GgmlType::Q4_K {
+                    blk[0..2].copy_from_slice(&d);
+                    blk[2..4].copy_from_slice(&f16::from_f32(unit() * 0.01).to_le_bytes());
+                } else {
+                    blk[208..210].copy_from_slice(&d);
+                }
+            }
+            b
+        }
+        _ => {
+            let vals: Vec<f32> = (0..cols).map(|_| (unit() * 2.0 - 1.0) * 0.1).collect();
+            quantize(ty, &vals).expect("random_row: a type the library quantises")
+        }
+    }
+}
+
+/// Normal-ish activations with an outlier every 37 values, as real hidden states have.
+fn activations(n: usize, next: &mut impl FnMut() -> u32) -> Vec<f32> {
+    let mut uniform = || (next() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
+    (0..n)
+        .map(|i| {
+            let v = uniform() + uniform() + uniform();
+            if i % 37 == 5 {
+                v * 20.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// Counts comparisons and reports the first one out of tolerance.
+struct Checker {
+    isa: Isa,
+    checks: usize,
+}
+
+impl Checker {
+    /// `got` vs the scalar `want`, allowing for float summation order: `1e-5 * mag + 1e-6`,
+    /// where `mag` is the sum of |products| that went into the result.
+    fn check(&mut self, what: impl FnOnce() -> String, got: f32, want: f32, mag: f64) -> Result<(), String> {
+        self.checks += 1;
+        let tol = 1e-5 * mag + 1e-6;
+        // Written so that NaN fails.
+        if ((got - want) as f64).abs() <= tol {
+            Ok(())
+        } else {
+            Err(format!("{} {}: {got} vs scalar {want} (tolerance {tol:.2e})", self.isa.name(), what()))
+        }
+    }
+}
+
+/// sum |w_i x_i| for a weight row of `ty` and f32 activations.
+fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
+    let mut w = vec![0f32; x.len()];
+    dequantize_row(ty, row, &mut w);
+    w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
+}
+
+/// Checks `isa`'s `dot_q8` (Q8_0, Q4_0, Q4_K, Q6_K), `dot_q8_tile` (4 x 1 and 4 x 2),
+/// `dot_float_row` (F32, F16, BF16), `dot_f32` and `axpy` against the scalar kernels on data
+/// drawn from `seed`. Returns a one-line summary, or the first mismatch.
+pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
+    if !Isa::available().contains(&isa) {
+        return Err(format!("{} is not available on this machine or in this build", isa.name()));
+    }
+    let mut rng = Rng::new(seed);
+    let next = &mut || rng.next_u32();
+    let mut c = Checker { isa, checks: 0 };
+
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let sizes: &[usize] = if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 96, 224, 1056] };
+        for &cols in sizes {
+            let rows: Vec<Vec<u8>> = (0..TILE_ROWS).map(|_| random_row(ty, cols, next)).collect();
+            let acts: Vec<Vec<BlockQ8>> = (0..2)
+                .map(|_| {
+                    let mut q = vec![BlockQ8::default(); cols / QK8];
+                    quantize_activations(&activations(cols, next), &mut q);
+                    q
+                })
+                .collect();
+            let tile: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
+            let one = dot_q8_tile(isa, ty, tile, [acts[0].as_slice()]);
+            let two = dot_q8_tile(isa, ty, tile, [acts[0].as_slice(), acts[1].as_slice()]);
+            for (t, act) in acts.iter().enumerate() {
+                // The activations the integer kernels actually see, for the magnitude.
+                let x: Vec<f32> = act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
+                for (r, row) in rows.iter().enumerate() {
+                    let want = scalar::dot_q8(ty, row, act);
+                    let mag = magnitude(ty, row, &x);
+                    let what = |kernel: &'static str| move || format!("{kernel} {} cols {cols} row {r} vector {t}", ty.name());
+                    c.check(what("dot_q8"), dot_q8(isa, ty, row, act), want, mag)?;
+                    c.check(what("dot_q8_tile<4, 2>"), two[r][t], want, mag)?;
+                    if t == 0 {
+                        c.check(what("dot_q8_tile<4, 1>"), one[r][0], want, mag)?;
+                    }
+                }
+            }
+        }
+    }
+
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for cols in [1, 7, 8, 15, 16, 17, 33, 100, 577] {
+            let row = random_row(ty, cols, next);
+            let x = activations(cols, next);
+            let want = scalar::dot_float_row(ty, &row, &x);
+            let what = || format!("dot_float_row {} cols {cols}", ty.name());
+            c.check(what, dot_float_row(isa, ty, &row, &x), want, magnitude(ty, &row, &x))?;
+        }
+    }
+
+    for n in [0, 1, 3, 4, 7, 8, 15, 16, 17, 63, 65, 100] {
+        let (a, b) = (activations(n, next), activations(n, next));
+        let mag: f64 = a.iter().zip(&b).map(|(u, v)| (u * v).abs() as f64).sum();
+        c.check(|| format!("dot_f32 n {n}"), dot_f32(isa, &a, &b), scalar::dot_f32(&a, &b), mag)?;
+        let (mut want, mut got) = (b.clone(), b.clone());
+        scalar::axpy(0.37, &a, &mut want);
+        axpy(isa, 0.37, &a, &mut got);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let mag = (0.37 * a[i]).abs() as f64 + b[i].abs() as f64;
+            c.check(|| format!("axpy n {n} element {i}"), g, w, mag)?;
+        }
+    }
+
+    Ok(format!(
+        "{}: {} results match scalar (dot_q8 and 4x1, 4x2 tiles on Q8_0 Q4_0 Q4_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy), seed {seed}",
+        isa.name(),
+        c.checks
+    ))
+}

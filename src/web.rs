@@ -63,6 +63,15 @@ pub fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
 }
 
+/// This build's fastest CPU kernels (simd128 in the `+simd128` build) against the scalar oracle
+/// on random rows: `cargo test` cannot run wasm kernels, so the browser tests call this. Returns
+/// a one-line summary naming the instruction set, or throws the first mismatch.
+#[wasm_bindgen(js_name = kernelSelfTest)]
+pub fn kernel_self_test() -> Result<String, JsError> {
+    let isa = crate::cpu::kernels::Isa::detect();
+    crate::cpu::kernels::check_isa_against_scalar(isa, 1).map_err(|e| JsError::new(&e))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bytes in
 

@@ -234,6 +234,23 @@ async function runConfig(mode) {
       assertEq(has, webgpu, "WebGPU adapter available");
     });
 
+    await test(`[${mode}] wasm kernel self-test: the simd128 kernels match the scalar ones`, async () => {
+      // cargo test cannot run wasm kernels: the library checks them against scalar in the page.
+      await page.goto(`${base}/?nosw&model=lesson-toy`);
+      const r = await page.evaluate(async () => {
+        const wasm = await import("/pkg/nexttoken.js");
+        await wasm.default();
+        try {
+          return { summary: wasm.kernelSelfTest() };
+        } catch (e) {
+          return { error: String(e && e.message ? e.message : e) };
+        }
+      });
+      assert(!r.error, `kernel self-test failed: ${r.error}`);
+      console.log(`      ${r.summary}`);
+      assert(/^simd128: \d+ results match scalar/.test(r.summary), `expected the simd128 kernels: ${r.summary}`);
+    });
+
     if (haveShared) {
       await test(`[${mode}] stories260K greedy ${N_TOKENS} tokens equals the native CLI, streamed token by token`, async () => {
         await page.goto(base + modelUrl);

@@ -22,6 +22,26 @@ mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 cargo build --all-targets
 cargo test --all-targets -- --test-threads=2
 
+# The aarch64 NEON kernels, run for real: tests/cpu_kernels.rs cross-built for aarch64 (Debian's
+# cross gcc links it) and run under qemu-user, which emulates NEON. qemu runs the test on the
+# host's files, so ../shared is found as natively. NEXTTOKEN_REQUIRE_ISA fails the run if NEON
+# is not detected, rather than letting scalar pass against itself.
+test_aarch64() {
+  local missing=()
+  for pkg in qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  fi
+  rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+    NEXTTOKEN_REQUIRE_ISA=neon \
+    cargo test --release --target aarch64-unknown-linux-gnu --test cpu_kernels -- --test-threads=2
+}
+test_aarch64
+
 # The browser app: wasm build (installs wasm-bindgen-cli, npm playwright-core and binaryen when
 # missing), then Playwright drives headless Chromium with and without WebGPU. The expected texts
 # come from the native CLI built above.

@@ -10,7 +10,7 @@ mod synth;
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
-use nexttoken::cpu::{CpuModel, Precision};
+use nexttoken::cpu::{kernels::Isa, CpuModel, Precision};
 use nexttoken::gpu::{GpuContext, GpuModel};
 use nexttoken::generate::{self, BeamOptions, GenerateOptions, Generation};
 use nexttoken::model::{Model, Storage};
@@ -104,6 +104,10 @@ struct ModelArgs {
     /// CPU backend: threads (0 = every core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// CPU backend, fast path: the kernels' instruction set (scalar, avx2, neon; default: the best
+    /// this machine has). `--isa scalar` computes what the wasm build does, up to summation order.
+    #[arg(long)]
+    isa: Option<String>,
 }
 
 #[derive(Args)]
@@ -233,7 +237,17 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
                     0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
                     n => n,
                 };
-                CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads)
+                let fast = CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
+                match &args.isa {
+                    None => fast,
+                    Some(name) => {
+                        let isa = Isa::available().into_iter().find(|i| i.name() == name).ok_or_else(|| {
+                            let names: Vec<_> = Isa::available().iter().map(|i| i.name()).collect();
+                            nexttoken::Error::Input(format!("--isa {name}: this machine has {}", names.join(", ")))
+                        })?;
+                        fast.with_isa(isa)
+                    }
+                }
             };
             f(&cpu.with_max_seq(args.context), &tokenizer)
         }

@@ -216,6 +216,25 @@ impl Model {
         Ok(Model { config, weights, storage: Arc::new(storage), tensors })
     }
 
+    /// Bytes of weights one decode step reads: every layer's tensors, the output projection, the
+    /// output norm, one embedding row (and one position row).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let w = &self.weights;
+        let mut total = w.output.size_bytes + w.token_embd.row_bytes() + w.output_norm.size_bytes;
+        total += w.pos_embd.as_ref().map_or(0, |t| t.row_bytes());
+        total += w.output_norm_b.as_ref().map_or(0, |t| t.size_bytes);
+        for l in &w.layers {
+            let ts = [
+                Some(&l.attn_norm), l.attn_norm_b.as_ref(), l.wq.as_ref(), l.wk.as_ref(), l.wv.as_ref(),
+                l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref(), l.wqkv.as_ref(), l.bqkv.as_ref(), Some(&l.wo),
+                l.bo.as_ref(), Some(&l.ffn_norm), l.ffn_norm_b.as_ref(), l.ffn_gate.as_ref(), Some(&l.ffn_up),
+                l.ffn_up_b.as_ref(), Some(&l.ffn_down), l.ffn_down_b.as_ref(),
+            ];
+            total += ts.iter().flatten().map(|t| t.size_bytes).sum::<usize>();
+        }
+        total
+    }
+
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Model> {
         Model::from_storage(Storage::Owned(bytes))
     }

@@ -20,8 +20,9 @@ use std::ops::Range;
 use crate::error::Result;
 use crate::lm::LanguageModel;
 use crate::model::{Arch, Model, RopeStyle, Tensor};
-use crate::quant::dequantize_row;
-use kernels::{BlockQ8, Isa, QK8};
+use crate::quant::{dequantize_row, GgmlType};
+use half::{f16, slice::HalfFloatSliceExt};
+use kernels::{BlockQ8, Isa, KvRows, QK8};
 
 /// How the CPU path computes: bit-for-bit reference, or fast (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +41,9 @@ pub struct CpuModel {
     precision: Precision,
     isa: Isa,
     threads: usize,
-    #[cfg(not(target_arch = "wasm32"))]
+    /// Natively, the model's own pool; `None` with one thread, and in the browser, where the
+    /// threads build uses the global pool the page started (`web::init_threads`).
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     pool: Option<std::sync::Arc<rayon::ThreadPool>>,
 }
 
@@ -72,9 +75,9 @@ struct Scratch {
 #[derive(Debug, Default)]
 pub struct KvCache {
     pub pos: usize,
-    /// Per layer: `pos` rows of `kv_dim` floats.
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    /// Per layer: `pos` rows of `kv_dim` values.
+    k: Vec<KvStore>,
+    v: Vec<KvStore>,
     scratch: Scratch,
 }
 
@@ -82,6 +85,53 @@ impl Clone for KvCache {
     /// Copies the filled rows only (beam search forks states); scratch is made afresh on use.
     fn clone(&self) -> KvCache {
         KvCache { pos: self.pos, k: self.k.clone(), v: self.v.clone(), scratch: Scratch::default() }
+    }
+}
+
+/// Threads of the browser's worker pool: set by `web::init_threads` once the page started it
+/// (wasm threads build); 1 otherwise.
+#[cfg(target_arch = "wasm32")]
+pub static BROWSER_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+#[cfg(target_arch = "wasm32")]
+pub fn browser_threads() -> usize {
+    BROWSER_THREADS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One layer's cached keys or values. f16 on the fast path for quantised weights where the
+/// machine converts f16 in hardware (as llama.cpp's default cache): at long contexts the cache is
+/// as many bytes per token as the weights, and the activations are already rounded to 8 bits.
+#[derive(Clone, Debug)]
+enum KvStore {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl KvStore {
+    fn new(f16: bool, reserve: usize) -> KvStore {
+        if f16 {
+            KvStore::F16(Vec::with_capacity(reserve))
+        } else {
+            KvStore::F32(Vec::with_capacity(reserve))
+        }
+    }
+
+    fn push(&mut self, rows: &[f32]) {
+        match self {
+            KvStore::F32(v) => v.extend_from_slice(rows),
+            KvStore::F16(v) => {
+                let start = v.len();
+                v.resize(start + rows.len(), f16::ZERO);
+                v[start..].convert_from_f32_slice(rows);
+            }
+        }
+    }
+
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            KvStore::F32(v) => KvRows::F32(v),
+            KvStore::F16(v) => KvRows::F16(v),
+        }
     }
 }
 
@@ -117,7 +167,7 @@ impl CpuModel {
             precision: Precision::Exact,
             isa: Isa::detect(),
             threads: 1,
-            #[cfg(not(target_arch = "wasm32"))]
+            #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
             pool: None,
         }
     }
@@ -146,7 +196,9 @@ impl CpuModel {
         self
     }
 
-    /// Split matmuls and attention over `threads` threads (natively; wasm32 stays serial).
+    /// Split matmuls and attention over `threads` threads: natively on a pool of the model's own;
+    /// in the browser on the pool of Web Workers the page started (the wasm threads build, on a
+    /// cross-origin isolated page), at most as many as it has; else serially.
     /// Results do not depend on the thread count: each output element is computed by one thread.
     pub fn with_threads(mut self, threads: usize) -> CpuModel {
         self.threads = threads.max(1);
@@ -163,7 +215,7 @@ impl CpuModel {
         }
         #[cfg(target_arch = "wasm32")]
         {
-            self.threads = 1;
+            self.threads = self.threads.min(browser_threads());
         }
         self
     }
@@ -178,6 +230,12 @@ impl CpuModel {
         self.threads
     }
 
+    /// Whether the KV cache holds f16 (see `KvStore`): fast path, quantised weights, F16C.
+    fn kv_f16(&self) -> bool {
+        let quantised = kernels::uses_q8_activations(self.model.weights.layers.first().map_or(GgmlType::F32, |l| l.wo.ty));
+        self.precision == Precision::Fast && self.isa == Isa::Avx2 && quantised
+    }
+
     /// The kernels' instruction set: scalar (the reference expressions) in exact mode.
     fn kernel_isa(&self) -> Isa {
         match self.precision {
@@ -189,17 +247,21 @@ impl CpuModel {
     /// Run `f` over `0..n` split into ranges on the thread pool (serially when small or single
     /// threaded). `cost` is the work per item, to keep tiny loops on one thread.
     fn par_ranges(&self, n: usize, cost: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Some(pool) = &self.pool {
+        #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+        if self.threads > 1 {
             let total = n.saturating_mul(cost);
             let chunks = (self.threads * 4).min(n).min(total >> 14);
             if chunks > 1 {
                 use rayon::prelude::*;
-                pool.install(|| (0..chunks).into_par_iter().for_each(|c| f(c * n / chunks..(c + 1) * n / chunks)));
+                let run = || (0..chunks).into_par_iter().for_each(|c| f(c * n / chunks..(c + 1) * n / chunks));
+                match &self.pool {
+                    Some(pool) => pool.install(run),
+                    None => run(),
+                }
                 return;
             }
         }
-        #[cfg(target_arch = "wasm32")]
+        #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
         let _ = cost;
         f(0..n)
     }
@@ -207,7 +269,7 @@ impl CpuModel {
     /// Run `f` inside the pool, so the forward pass's many parallel loops start from a worker
     /// thread (cheap) instead of each being injected from outside (a wake-up each).
     fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        #[cfg(not(target_arch = "wasm32"))]
+        #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
         if let Some(pool) = &self.pool {
             return pool.install(f);
         }
@@ -319,8 +381,9 @@ impl CpuModel {
         if cache.k.len() != c.n_layer {
             let fits = c.n_layer * self.max_seq * kv_dim * 8 <= KV_RESERVE_LIMIT;
             let reserve = if fits && !cfg!(target_arch = "wasm32") { self.max_seq * kv_dim } else { 0 };
-            cache.k = (0..c.n_layer).map(|_| Vec::with_capacity(reserve)).collect();
-            cache.v = (0..c.n_layer).map(|_| Vec::with_capacity(reserve)).collect();
+            let f16 = self.kv_f16();
+            cache.k = (0..c.n_layer).map(|_| KvStore::new(f16, reserve)).collect();
+            cache.v = (0..c.n_layer).map(|_| KvStore::new(f16, reserve)).collect();
         }
         let s = &mut cache.scratch;
         if s.n < n || s.scores.len() < c.n_head * self.max_seq {
@@ -415,9 +478,9 @@ impl CpuModel {
                 self.rope(&mut q[t * q_dim..(t + 1) * q_dim], cs);
                 self.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], cs);
             }
-            cache.k[l].extend_from_slice(k);
-            cache.v[l].extend_from_slice(v);
-            self.attention(pos0, q, &cache.k[l], &cache.v[l], &mut s.scores, attn);
+            cache.k[l].push(k);
+            cache.v[l].push(v);
+            self.attention(pos0, q, cache.k[l].rows(), cache.v[l].rows(), &mut s.scores, attn);
             let aq = self.quantize_input(&lw.wo, attn, act);
             self.matmul(&lw.wo, lw.bo.as_ref(), attn, aq, proj);
             add_assign(x, proj);
@@ -497,7 +560,7 @@ impl CpuModel {
     /// holding keys/values for positions `0..pos0+n`. Query head h reads key/value head
     /// `h / (n_head / n_head_kv)` (grouped-query attention). The causal mask is the loop bound:
     /// query t sees positions `0..=pos0+t`. Heads run in parallel; `scores` holds a row per head.
-    fn attention(&self, pos0: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], scores: &mut [f32], out: &mut [f32]) {
+    fn attention(&self, pos0: usize, q: &[f32], k_cache: KvRows, v_cache: KvRows, scores: &mut [f32], out: &mut [f32]) {
         let c = &self.model.config;
         let (n_head, head_dim) = (c.n_head, c.head_dim);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
@@ -518,16 +581,12 @@ impl CpuModel {
                 for t in 0..n {
                     let seen = pos0 + t + 1;
                     let qh = &q[t * q_dim + h * head_dim..][..head_dim];
-                    for (p, s) in scores[..seen].iter_mut().enumerate() {
-                        *s = kernels::dot_f32(isa, qh, &k_cache[p * kv_dim + kvh * head_dim..][..head_dim]) * scale;
-                    }
+                    let keys = k_cache.skip(kvh * head_dim);
+                    kernels::attention_scores(isa, qh, keys, kv_dim, scale, &mut scores[..seen]);
                     softmax_in_place(&mut scores[..seen]);
                     // SAFETY: see above.
                     let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * q_dim + h * head_dim), head_dim) };
-                    o.fill(0.0);
-                    for (p, &s) in scores[..seen].iter().enumerate() {
-                        kernels::axpy(isa, s, &v_cache[p * kv_dim + kvh * head_dim..][..head_dim], o);
-                    }
+                    kernels::attention_values(isa, &scores[..seen], v_cache.skip(kvh * head_dim), kv_dim, o);
                 }
             }
         };
@@ -538,23 +597,9 @@ impl CpuModel {
         self.model.config.check_tokens(pos, tokens, self.max_seq)
     }
 
-    /// Bytes of weights one decode step reads: every layer's tensors, the output projection, the
-    /// output norm, one embedding row (and one position row).
+    /// Bytes of weights one decode step reads (`Model::weight_bytes_per_token`).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let w = &self.model.weights;
-        let mut total = w.output.size_bytes + w.token_embd.row_bytes() + w.output_norm.size_bytes;
-        total += w.pos_embd.as_ref().map_or(0, |t| t.row_bytes());
-        total += w.output_norm_b.as_ref().map_or(0, |t| t.size_bytes);
-        for l in &w.layers {
-            let ts = [
-                Some(&l.attn_norm), l.attn_norm_b.as_ref(), l.wq.as_ref(), l.wk.as_ref(), l.wv.as_ref(),
-                l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref(), l.wqkv.as_ref(), l.bqkv.as_ref(), Some(&l.wo),
-                l.bo.as_ref(), Some(&l.ffn_norm), l.ffn_norm_b.as_ref(), l.ffn_gate.as_ref(), Some(&l.ffn_up),
-                l.ffn_up_b.as_ref(), Some(&l.ffn_down), l.ffn_down_b.as_ref(),
-            ];
-            total += ts.iter().flatten().map(|t| t.size_bytes).sum::<usize>();
-        }
-        total
+        self.model.weight_bytes_per_token()
     }
 }
 

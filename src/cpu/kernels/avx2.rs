@@ -83,6 +83,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             let mut mins = 0f32;
             let mask = _mm256_set1_epi8(0x0f);
             for (b, a) in row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)) {
+                prefetch_block(b.as_ptr(), 144);
                 let (d, dmin) = (f16c(b, 0), f16c(b, 2));
                 let scales = &b[4..16];
                 for chunk in 0..4 {
@@ -107,6 +108,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             let m2 = _mm256_set1_epi8(3);
             let m32 = _mm256_set1_epi8(32);
             for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
+                prefetch_block(b.as_ptr(), 210);
                 let d = f16c(b, 208);
                 for half in 0..2 {
                     let p = b.as_ptr();
@@ -150,7 +152,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
 }
 
 /// How far ahead of the current block the tile kernel prefetches each weight row, in bytes.
@@ -161,6 +163,9 @@ const PREFETCH_BYTES: usize = 3072;
 /// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+    if ty == GgmlType::Q4_K {
+        return q4_k_tile(rows, acts);
+    }
     let nb = acts[0].len();
     let bb = ty.block_bytes();
     for r in rows {
@@ -182,7 +187,7 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
             let p = rows[r].as_ptr().add(i * bb);
-            _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
             dw[r] = _mm256_set1_ps(f16c_ptr(p));
             w[r] = if q4 {
                 // Low nibbles are elements 0..16, high nibbles 16..32; values 0..15 (offset 8).
@@ -211,6 +216,81 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
         }
     }
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
+}
+
+/// The Q4_K tile: per super-block of 256 and row, 8 sub-blocks of 32 with 6-bit scales and mins.
+/// `sum_j d sc_j da_j dot(q_j, x_j) - dmin sum_j m_j da_j sum(x_j)`: the first term accumulates
+/// per super-block (then times d), the second is one 8-wide multiply-add per row and vector.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+    const SUB: usize = QK_K / QK8;
+    let nsb = acts[0].len() / SUB;
+    for r in rows {
+        assert!(r.len() >= nsb * 144);
+    }
+    for a in acts {
+        assert_eq!(a.len(), nsb * SUB);
+    }
+    let mask = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut mins = [[_mm256_setzero_ps(); T]; R];
+    for sb in 0..nsb {
+        // Per vector: its 8 block scales, and scale x sum (for the mins).
+        let mut da = [[0f32; SUB]; T];
+        let mut dasum = [_mm256_setzero_ps(); T];
+        for t in 0..T {
+            let a = &acts[t][sb * SUB..(sb + 1) * SUB];
+            let mut ds = [0f32; SUB];
+            for j in 0..SUB {
+                da[t][j] = a[j].d;
+                ds[j] = a[j].d * a[j].sum as f32;
+            }
+            dasum[t] = _mm256_loadu_ps(ds.as_ptr());
+        }
+        for r in 0..R {
+            let b = &rows[r][sb * 144..(sb + 1) * 144];
+            prefetch_block(b.as_ptr(), 144);
+            let (d, dmin) = (f16c(b, 0), f16c(b, 2));
+            let scales = &b[4..16];
+            let mut sc = [0f32; SUB];
+            let mut m = [0f32; SUB];
+            for j in 0..SUB {
+                let (s, mm) = q4_k_scale_min(j, scales);
+                sc[j] = s as f32;
+                m[j] = dmin * mm as f32;
+            }
+            let mv = _mm256_loadu_ps(m.as_ptr());
+            let mut sb_acc = [_mm256_setzero_ps(); T];
+            for chunk in 0..4 {
+                let bytes = _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
+                let lo = _mm256_and_si256(bytes, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+                for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                    for t in 0..T {
+                        let x = _mm256_loadu_si256(acts[t].get_unchecked(sb * SUB + j).qs.as_ptr() as *const __m256i);
+                        let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+                        sb_acc[t] = _mm256_fmadd_ps(dot, _mm256_set1_ps(sc[j] * da[t][j]), sb_acc[t]);
+                    }
+                }
+            }
+            let dv = _mm256_set1_ps(d);
+            for t in 0..T {
+                acc[r][t] = _mm256_fmadd_ps(sb_acc[t], dv, acc[r][t]);
+                mins[r][t] = _mm256_fmadd_ps(mv, dasum[t], mins[r][t]);
+            }
+        }
+    }
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t]) - hsum_ps(mins[r][t])))
+}
+
+/// Prefetch the cache lines `PREFETCH_BYTES` ahead of a super-block of `len` bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn prefetch_block(p: *const u8, len: usize) {
+    for off in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + off) as *const i8);
+    }
 }
 
 /// The f16 at `p`, by F16C.
@@ -273,4 +353,66 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         _mm256_storeu_ps(yp.add(i), _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i))));
     }
     scalar::axpy(a, &x[main..n], &mut y[main..n]);
+}
+
+/// Eight cached floats at element `i` of `rows`: loaded, or converted from f16 by F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8(rows: KvRows, i: usize) -> __m256 {
+    match rows {
+        KvRows::F32(r) => _mm256_loadu_ps(r.as_ptr().add(i)),
+        KvRows::F16(r) => _mm256_cvtph_ps(_mm_loadu_si128(r.as_ptr().add(i) as *const __m128i)),
+    }
+}
+
+/// Four keys at a time: four dot products accumulate side by side, then one reduction gives all
+/// four (a call and a horizontal sum per key were most of the time at long contexts).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
+    let d = q.len();
+    let qp = q.as_ptr();
+    let n = out.len();
+    let mut p = 0;
+    while p + 4 <= n {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..d).step_by(8) {
+            let qv = _mm256_loadu_ps(qp.add(i));
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(qv, load8(keys, (p + j) * stride + i), *a);
+            }
+        }
+        // [s0 s1 s2 s3] from four vectors of eight partial sums.
+        let t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        let s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        _mm_storeu_ps(out.as_mut_ptr().add(p), _mm_mul_ps(s, _mm_set1_ps(scale)));
+        p += 4;
+    }
+    for p in p..n {
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..d).step_by(8) {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(keys, p * stride + i), acc);
+        }
+        out[p] = hsum_ps(acc) * scale;
+    }
+}
+
+/// The output stays in registers (32 floats at a time) while the values stream past.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mut [f32]) {
+    let d = out.len();
+    let mut c = 0;
+    while c < d {
+        let width = (d - c).min(32) / 8;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (p, &w) in weights.iter().enumerate() {
+            let wv = _mm256_set1_ps(w);
+            for (k, a) in acc.iter_mut().enumerate().take(width) {
+                *a = _mm256_fmadd_ps(wv, load8(values, p * stride + c + 8 * k), *a);
+            }
+        }
+        for (k, a) in acc.iter().enumerate().take(width) {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * k), *a);
+        }
+        c += 8 * width;
+    }
 }

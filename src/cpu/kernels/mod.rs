@@ -180,6 +180,61 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Cached keys or values: f32, or f16 (half the bytes to stream per token at long contexts).
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl KvRows<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            KvRows::F32(r) => r.len(),
+            KvRows::F16(r) => r.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rows from element `at` on.
+    pub fn skip(self, at: usize) -> Self {
+        match self {
+            KvRows::F32(r) => KvRows::F32(&r[at..]),
+            KvRows::F16(r) => KvRows::F16(&r[at..]),
+        }
+    }
+}
+
+/// One query head's attention scores against `out.len()` cached keys:
+/// `out[p] = scale * dot(q, keys[p * stride..][..q.len()])` (keys of one head, `stride` apart).
+pub fn attention_scores(isa: Isa, q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(last * stride + q.len() <= keys.len(), "attention_scores: keys too short");
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above; the bounds were checked.
+        Isa::Avx2 if q.len() % 8 == 0 => unsafe { avx2::attention_scores(q, keys, stride, scale, out) },
+        _ => scalar::attention_scores(q, keys, stride, scale, out),
+    }
+}
+
+/// One head's attention output: `out = sum_p weights[p] * values[p * stride..][..out.len()]`.
+pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize, out: &mut [f32]) {
+    if let Some(last) = weights.len().checked_sub(1) {
+        assert!(last * stride + out.len() <= values.len(), "attention_values: values too short");
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above; the bounds were checked.
+        Isa::Avx2 if out.len() % 8 == 0 => unsafe { avx2::attention_values(weights, values, stride, out) },
+        _ => scalar::attention_values(weights, values, stride, out),
+    }
+}
+
 /// The portable kernels: the oracle for the SIMD ones.
 pub mod scalar;
 

@@ -90,3 +90,22 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         *yi += a * xi;
     }
 }
+
+pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
+    for (p, s) in out.iter_mut().enumerate() {
+        *s = match keys {
+            KvRows::F32(k) => dot_f32(q, &k[p * stride..][..q.len()]),
+            KvRows::F16(k) => q.iter().zip(&k[p * stride..][..q.len()]).map(|(a, b)| a * b.to_f32()).sum(),
+        } * scale;
+    }
+}
+
+pub fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for (p, &w) in weights.iter().enumerate() {
+        match values {
+            KvRows::F32(v) => axpy(w, &v[p * stride..][..out.len()], out),
+            KvRows::F16(v) => out.iter_mut().zip(&v[p * stride..]).for_each(|(o, x)| *o += w * x.to_f32()),
+        }
+    }
+}

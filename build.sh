@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Build the browser app: the crate for wasm32 (release, SIMD) + wasm-bindgen into www/pkg/,
-# then wasm-opt when npm's binaryen is installed.
+# then wasm-opt when npm's binaryen is installed; and the threads build into www/pkg-threads/
+# (nightly Rust, +atomics, std rebuilt: shared memory, rayon on Web Workers), which pages that are
+# cross-origin isolated load instead (www/wasm.js picks).
 #
-#   ./build.sh          build www/pkg/
+#   ./build.sh          build www/pkg/ and www/pkg-threads/
 #   ./build.sh serve    build, then serve www/ on http://127.0.0.1:8080 (PORT=... to change)
 #   ./build.sh test     build, then run the browser tests (tests/browser/run.mjs)
 #
 # Installs what is missing: the wasm32 rustup target, wasm-bindgen-cli at exactly the version
 # of the wasm-bindgen crate in Cargo.lock, and the npm packages under tests/browser/
-# (playwright-core, binaryen). NO_WASM_OPT=1 skips wasm-opt.
+# (playwright-core, binaryen); for the threads build, the nightly toolchain with rust-src.
+# NO_WASM_OPT=1 skips wasm-opt; NO_THREADS=1 skips the threads build (www/pkg-threads/ is removed,
+# and pages run one thread).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -42,28 +46,50 @@ if [ ! -d tests/browser/node_modules ] && command -v npm >/dev/null; then
 fi
 
 # -- build -------------------------------------------------------------------------------------
+WASM_OPT=tests/browser/node_modules/.bin/wasm-opt
+
+# wasm-bindgen then wasm-opt: `bindgen WASM OUT [extra wasm-opt flags]`.
+bindgen() {
+  mkdir -p "$2"
+  log "wasm-bindgen --target web -> $2/"
+  wasm-bindgen --target web --no-typescript --out-dir "$2" "$1"
+  if [ -z "${NO_WASM_OPT:-}" ] && [ -x "$WASM_OPT" ]; then
+    log "wasm-opt -O3 (npm binaryen) $2/"
+    "$WASM_OPT" -O3 --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
+      --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue "${@:3}" \
+      "$2/nexttoken_bg.wasm" -o "$2/nexttoken_bg.opt.wasm"
+    mv "$2/nexttoken_bg.opt.wasm" "$2/nexttoken_bg.wasm"
+  else
+    log "wasm-opt skipped (npm binaryen not installed or NO_WASM_OPT set)"
+  fi
+}
+
 log "cargo build --release --target $TARGET (simd128)"
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
   cargo build --release --lib --target "$TARGET"
+bindgen "$CARGO_TARGET_DIR/$TARGET/release/nexttoken.wasm" "$OUT"
 
-WASM="$CARGO_TARGET_DIR/$TARGET/release/nexttoken.wasm"
-mkdir -p "$OUT"
-log "wasm-bindgen --target web -> $OUT/"
-wasm-bindgen --target web --no-typescript --out-dir "$OUT" "$WASM"
-
-WASM_OPT=tests/browser/node_modules/.bin/wasm-opt
-if [ -z "${NO_WASM_OPT:-}" ] && [ -x "$WASM_OPT" ]; then
-  log "wasm-opt -O3 (npm binaryen)"
-  "$WASM_OPT" -O3 --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
-    --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
-    "$OUT/nexttoken_bg.wasm" -o "$OUT/nexttoken_bg.opt.wasm"
-  mv "$OUT/nexttoken_bg.opt.wasm" "$OUT/nexttoken_bg.wasm"
+# The threads build: std must be rebuilt with atomics (nightly -Z build-std); the memory is
+# imported and shared (so Web Workers can run on it), up to wasm32's 4 GiB.
+THREADS_OUT=www/pkg-threads
+if [ -n "${NO_THREADS:-}" ]; then
+  rm -rf "$THREADS_OUT"
 else
-  log "wasm-opt skipped (npm binaryen not installed or NO_WASM_OPT set)"
+  if ! rustup run nightly rustc --version >/dev/null 2>&1 || ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+    log "installing the nightly toolchain with rust-src (for the wasm threads build)"
+    rustup toolchain install nightly --profile minimal --component rust-src --target "$TARGET"
+  fi
+  log "cargo +nightly build --release --target $TARGET (simd128, atomics: the threads build)"
+  RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128 -C link-arg=--shared-memory \
+-C link-arg=--max-memory=4294967296 -C link-arg=--import-memory -C link-arg=--export=__wasm_init_tls \
+-C link-arg=--export=__tls_size -C link-arg=--export=__tls_align -C link-arg=--export=__tls_base" \
+  CARGO_TARGET_DIR="$CARGO_TARGET_DIR-threads" \
+    cargo +nightly build --release --lib --target "$TARGET" -Z build-std=panic_abort,std
+  bindgen "$CARGO_TARGET_DIR-threads/$TARGET/release/nexttoken.wasm" "$THREADS_OUT" --enable-threads
 fi
 
 # A build id for the service worker's cache name: a new build replaces the cached app shell.
-BUILD_ID=$(cat "$OUT/nexttoken_bg.wasm" "$OUT/nexttoken.js" www/*.js www/*.html www/*.css 2>/dev/null | sha256sum | cut -c1-12)
+BUILD_ID=$({ cat "$OUT/nexttoken_bg.wasm" "$OUT/nexttoken.js" www/*.js www/*.html www/*.css; cat "$THREADS_OUT"/*.wasm 2>/dev/null || true; } | sha256sum | cut -c1-12)
 printf 'self.NEXTTOKEN_BUILD = "%s";\n' "$BUILD_ID" > "$OUT/build-id.js"
 log "done: $(du -h "$OUT/nexttoken_bg.wasm" | cut -f1) $OUT/nexttoken_bg.wasm (build $BUILD_ID)"
 

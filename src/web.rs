@@ -22,7 +22,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
-use crate::cpu::CpuModel;
+use crate::cpu::{kernels::Isa, CpuModel, Precision};
 use crate::generate::{self, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason, TokenEvent};
 use crate::gpu::{GpuContext, GpuModel};
 use crate::model::Model;
@@ -70,6 +70,47 @@ pub fn version() -> String {
 pub fn kernel_self_test() -> Result<String, JsError> {
     let isa = crate::cpu::kernels::Isa::detect();
     crate::cpu::kernels::check_isa_against_scalar(isa, 1).map_err(|e| JsError::new(&e))
+}
+
+/// Whether this is the threads build (nightly, +atomics: its memory is a SharedArrayBuffer, so
+/// it only loads on a cross-origin isolated page), which can run the CPU path on several cores.
+#[wasm_bindgen(js_name = threadsBuild)]
+pub fn threads_build() -> bool {
+    cfg!(target_feature = "atomics")
+}
+
+/// Threads build: start `n` Web Workers sharing this module's memory, as the CPU path's thread
+/// pool. Call once, before loading a model. Resolves to the pool's size.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = initThreads)]
+pub async fn init_threads(n: usize) -> Result<usize, JsValue> {
+    let n = n.max(1);
+    wasm_bindgen_futures::JsFuture::from(wasm_bindgen_rayon::init_thread_pool(n)).await?;
+    crate::cpu::BROWSER_THREADS.store(n, std::sync::atomic::Ordering::Relaxed);
+    Ok(n)
+}
+
+/// Bytes per second of a `mib` MiB copy inside wasm memory (bytes read plus bytes written), best
+/// of 5: the browser bench's reference for the bandwidth a decode step reaches.
+#[wasm_bindgen(js_name = memcpyBandwidth)]
+pub fn memcpy_bandwidth(mib: usize) -> f64 {
+    let n = mib.max(1) << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = clock();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        best = best.min((clock() - t) / 1000.0);
+    }
+    2.0 * n as f64 / best.max(1e-9)
+}
+
+/// Bytes of wasm memory (it only grows: this is the peak the module has used).
+#[wasm_bindgen(js_name = wasmMemoryBytes)]
+pub fn wasm_memory_bytes() -> f64 {
+    (core::arch::wasm32::memory_size(0) * 65536) as f64
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -130,6 +171,11 @@ struct LoadOptions {
     backend: Option<String>,
     /// Cap on the sequence length (models advertise far more than a page needs).
     max_seq: Option<usize>,
+    /// CPU path: true for the exact reference (f32 activations) instead of the fast one (int8
+    /// dot products, simd128). For comparing against the oracle; slower.
+    exact: bool,
+    /// CPU threads (threads build, after `initThreads`): default and cap, the pool's size.
+    threads: Option<usize>,
 }
 
 #[derive(Deserialize, Default)]
@@ -271,6 +317,8 @@ struct InfoOut {
     n_embd: usize,
     parameters: usize,
     bytes: usize,
+    /// Weight bytes one decode step reads (for the bench's bandwidth figure).
+    weight_bytes_per_token: usize,
     /// Table models: their words, in id order.
     words: Vec<String>,
 }
@@ -315,7 +363,17 @@ fn gguf_info(model: &Model, backend: &'static str, detail: String) -> InfoOut {
         n_embd: c.n_embd,
         parameters: model.parameter_count(),
         bytes: model.storage.len(),
+        weight_bytes_per_token: model.weight_bytes_per_token(),
         words: Vec::new(),
+    }
+}
+
+/// What the CPU path computes with, for the backend description.
+fn cpu_kernels(precision: Precision, threads: usize) -> String {
+    let threads = if threads == 1 { "1 thread".to_string() } else { format!("{threads} threads") };
+    match precision {
+        Precision::Exact => format!("exact reference kernels, {threads}"),
+        Precision::Fast => format!("{} int8 kernels, {threads}", Isa::detect().name()),
     }
 }
 
@@ -356,13 +414,15 @@ impl Engine {
             n_embd: 0,
             parameters: table.vocab_size() * table.vocab_size(),
             bytes: json.len(),
+            weight_bytes_per_token: 0,
             words: table.words().to_vec(),
         };
         Ok(Engine { loaded: Loaded::Table(Rc::new(table)), info })
     }
 
     /// A GGUF model (its bytes, collected in `sink`, which this consumes) and its
-    /// `tokenizer.json`. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`.
+    /// `tokenizer.json`. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path:
+    /// the reference kernels instead of the fast ones).
     #[wasm_bindgen(js_name = loadGguf)]
     pub async fn load_gguf(sink: ByteSink, tokenizer: Vec<u8>, options: JsValue) -> Result<Engine, JsError> {
         let opts = load_options(options)?;
@@ -378,7 +438,10 @@ impl Engine {
         }
         let max_seq = opts.max_seq.unwrap_or(2048).max(1);
         let backend = opts.backend.as_deref().unwrap_or("auto");
-        let mut fallback_reason = String::from("CPU backend chosen");
+        let precision = if opts.exact { Precision::Exact } else { Precision::Fast };
+        let threads = opts.threads.unwrap_or(usize::MAX).clamp(1, crate::cpu::browser_threads());
+        let cpu_model = |m: Model| CpuModel::new(m).with_precision(precision).with_threads(threads).with_max_seq(max_seq);
+        let mut fallback_reason = format!("CPU backend chosen ({})", cpu_kernels(precision, threads));
         if backend != "cpu" {
             match webgpu().await {
                 Ok(ctx) => {
@@ -392,23 +455,23 @@ impl Engine {
                         Ok(gpu) => {
                             let gpu = gpu.with_max_seq(max_seq);
                             let info = gguf_info(&gpu.model, "webgpu", name);
-                            let cpu = CpuModel::new(cpu_view).with_max_seq(max_seq);
+                            let cpu = cpu_model(cpu_view);
                             return Ok(Engine { loaded: Loaded::Gpu(Rc::new(gpu), Rc::new(cpu), tokenizer), info });
                         }
                         Err(e) if backend == "gpu" => return Err(js_err(e)),
                         Err(e) => {
-                            fallback_reason = format!("WebGPU failed ({e}); running on the CPU");
-                            let cpu = CpuModel::new(cpu_view).with_max_seq(max_seq);
+                            fallback_reason = format!("WebGPU failed ({e}); running on the CPU ({})", cpu_kernels(precision, threads));
+                            let cpu = cpu_model(cpu_view);
                             let info = gguf_info(&cpu.model, "cpu", fallback_reason);
                             return Ok(Engine { loaded: Loaded::Cpu(Rc::new(cpu), tokenizer), info });
                         }
                     }
                 }
                 Err(e) if backend == "gpu" => return Err(JsError::new(&e)),
-                Err(e) => fallback_reason = format!("{e}; running on the CPU (WebAssembly)"),
+                Err(e) => fallback_reason = format!("{e}; running on the CPU (WebAssembly, {})", cpu_kernels(precision, threads)),
             }
         }
-        let cpu = CpuModel::new(model).with_max_seq(max_seq);
+        let cpu = cpu_model(model);
         let info = gguf_info(&cpu.model, "cpu", fallback_reason);
         Ok(Engine { loaded: Loaded::Cpu(Rc::new(cpu), tokenizer), info })
     }

@@ -1,8 +1,12 @@
 // Benchmark of the wasm engine, run directly on the page (no worker): load time, prefill tok/s
-// for 16- and 128-token prompts, decode tok/s over 32 greedy tokens. Result: a JSON object in
-// <pre id="result"> and window.benchResult (window.benchError on failure).
-//   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5
-import init, { ByteSink, Engine, version } from "./pkg/nexttoken.js";
+// for 16- and 128-token prompts, decode tok/s over 32 greedy tokens after a 16-token prompt and
+// after a long one (1024 tokens, or what the model's context leaves room for), the effective
+// bandwidth of decode (weight bytes per token x tok/s) against a memcpy in wasm memory, and the
+// wasm memory used. Result: a JSON object in <pre id="result"> and window.benchResult
+// (window.benchError on failure).
+//   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
+// threads > 1 needs a cross-origin isolated page (the threads build, see wasm.js).
+import { loadWasm } from "./wasm.js";
 
 const q = new URLSearchParams(location.search);
 const modelUrl = q.get("model") || "models/default.gguf";
@@ -57,13 +61,14 @@ async function run(engine, prompt, maxTokens) {
 
 async function main() {
   const t0 = performance.now();
-  await init({ module_or_path: new URL("./pkg/nexttoken_bg.wasm", import.meta.url) });
+  const threadsWanted = Number(q.get("threads") || 1);
+  const { ByteSink, Engine, version, threads, memcpyBandwidth, wasmMemoryBytes } = await loadWasm({ threads: threadsWanted });
   const tInit = performance.now();
   const [modelBytes, tokBytes] = await Promise.all([fetchBytes(modelUrl), fetchBytes(tokUrl)]);
   const tFetch = performance.now();
   const sink = new ByteSink(modelBytes.length);
   sink.push(modelBytes);
-  const engine = await Engine.loadGguf(sink, tokBytes, { backend, maxSeq: 2048 });
+  const engine = await Engine.loadGguf(sink, tokBytes, { backend, maxSeq: 2048, threads });
   const tLoad = performance.now();
   const info = engine.info();
 
@@ -85,13 +90,31 @@ async function main() {
     prefill[n] = { promptTokens: runs[0].promptTokens, ms, tokS: (runs[0].promptTokens * 1000) / ms };
   }
 
-  status("decode…");
-  const dprompt = promptOf(engine, 16, bos);
-  const druns = [];
-  for (let i = 0; i < reps; i++) druns.push(await run(engine, dprompt, DECODE + 1));
-  // decodeMs covers the tokens after the first (the first comes from prefill).
-  const dms = druns.map((r) => r.decodeMs / Math.max(1, r.generatedTokens - 1));
-  const perTok = median(dms);
+  // Decode after a short prompt and after a long one: the second also streams the KV cache.
+  const maxCtx = Math.min(2048, info.nCtx);
+  const longCtx = Math.min(1024, maxCtx - DECODE - 2);
+  const decode = {};
+  for (const n of [16, longCtx]) {
+    status(`decode after ${n} tokens…`);
+    const dprompt = promptOf(engine, n, bos);
+    const druns = [];
+    for (let i = 0; i < reps; i++) druns.push(await run(engine, dprompt, DECODE + 1));
+    // decodeMs covers the tokens after the first (the first comes from prefill).
+    const perTok = median(druns.map((r) => r.decodeMs / Math.max(1, r.generatedTokens - 1)));
+    const tokS = 1000 / perTok;
+    decode[n] = {
+      promptTokens: druns[0].promptTokens,
+      generatedTokens: druns[0].generatedTokens,
+      stopReason: druns[0].stopReason,
+      msPerToken: perTok,
+      tokS,
+      weightGBs: (info.weightBytesPerToken * tokS) / 1e9,
+      sampleText: druns[0].text,
+    };
+  }
+  const memoryBytes = wasmMemoryBytes(); // before the memcpy test grows it
+  status("memcpy…");
+  const memcpyGBs = memcpyBandwidth(64) / 1e9;
 
   const result = {
     engine: "nexttoken",
@@ -104,21 +127,20 @@ async function main() {
     arch: info.arch,
     parameters: info.parameters,
     modelBytes: modelBytes.length,
-    threads: 1,
+    threads,
     reps,
     wasmInitMs: tInit - t0,
     fetchMs: tFetch - tInit,
     loadMs: tLoad - tFetch,
     prefill16: prefill[16],
     prefill128: prefill[128],
-    decode: {
-      promptTokens: druns[0].promptTokens,
-      generatedTokens: druns[0].generatedTokens,
-      stopReason: druns[0].stopReason,
-      msPerToken: perTok,
-      tokS: 1000 / perTok,
-    },
-    sampleText: druns[0].text,
+    weightBytesPerToken: info.weightBytesPerToken,
+    memcpyGBs,
+    wasmMemoryBytes: memoryBytes,
+    decode16: decode[16],
+    decodeLong: decode[longCtx],
+    // The short decode again under its old name (bench.mjs's tables).
+    decode: decode[16],
   };
   engine.free();
   window.benchResult = result;

@@ -15,6 +15,7 @@ const SHELL = [
   "next-token.js",
   "model-cache.js",
   "worker.js",
+  "wasm.js",
   "pkg/nexttoken.js",
   "pkg/nexttoken_bg.wasm",
   "pkg/build-id.js",
@@ -22,11 +23,18 @@ const SHELL = [
   "models/lesson-beam.json",
 ];
 
+// The wasm threads build (only used by cross-origin isolated pages; absent with NO_THREADS=1):
+// cached when present, and everything under pkg-threads/ (its worker helper) as it is fetched.
+const OPTIONAL = ["pkg-threads/nexttoken.js", "pkg-threads/nexttoken_bg.wasm"];
+
 self.addEventListener("install", (event) => {
   event.waitUntil(
     caches
       .open(SHELL_CACHE)
-      .then((cache) => cache.addAll(SHELL.map((p) => new Request(p, { cache: "no-cache" }))))
+      .then(async (cache) => {
+        await cache.addAll(SHELL.map((p) => new Request(p, { cache: "no-cache" })));
+        await Promise.all(OPTIONAL.map((p) => cache.add(new Request(p, { cache: "no-cache" })).catch(() => {})));
+      })
       .then(() => self.skipWaiting()),
   );
 });
@@ -45,7 +53,7 @@ function isShell(url) {
   const scope = new URL(self.registration.scope);
   if (!url.pathname.startsWith(scope.pathname)) return false;
   const rel = url.pathname.slice(scope.pathname.length);
-  return rel === "" || SHELL.includes(rel);
+  return rel === "" || SHELL.includes(rel) || rel.startsWith("pkg-threads/");
 }
 
 self.addEventListener("fetch", (event) => {

@@ -9,7 +9,7 @@
 //               {type:"done", id, summary} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
-import init, { ByteSink, Engine, version } from "./pkg/nexttoken.js";
+import { loadWasm } from "./wasm.js";
 import { fetchModelFile, dropOldCaches, deleteCached } from "./model-cache.js";
 
 let ready = null;
@@ -19,8 +19,14 @@ let sessionId = null;
 const aborted = new Set();
 const loadAborts = new Map();
 
+// The wasm module's exports (ByteSink, Engine, version, threads), once loaded.
+let wasm = null;
+
 function wasmReady() {
-  ready ??= init({ module_or_path: new URL("./pkg/nexttoken_bg.wasm", import.meta.url) }).then(() => dropOldCaches().catch(() => {}));
+  ready ??= loadWasm().then((m) => {
+    wasm = m;
+    dropOldCaches().catch(() => {});
+  });
   return ready;
 }
 
@@ -72,7 +78,7 @@ async function load({ id, spec, options = {} }) {
       // lesson tables for offline use).
       const bytes = await fetchText(spec.url, id, "model", signal, false);
       const t1 = performance.now();
-      engine = Engine.loadTable(new TextDecoder().decode(bytes));
+      engine = wasm.Engine.loadTable(new TextDecoder().decode(bytes));
       timings = { downloadMs: t1 - t0, initMs: performance.now() - t1 };
     } else {
       // The tokenizer first (small), then the model straight into wasm memory.
@@ -85,7 +91,7 @@ async function load({ id, spec, options = {} }) {
         // One allocation of the announced size; the chunks are copied straight into it.
         onStart: ({ total }) => {
           sink?.free();
-          sink = new ByteSink(total || spec.size || 0);
+          sink = new wasm.ByteSink(total || spec.size || 0);
         },
         onChunk: (chunk) => sink.push(chunk),
         onProgress: (p) => post({ type: "progress", id, file: "model", ...p }),
@@ -97,7 +103,7 @@ async function load({ id, spec, options = {} }) {
       if (!sink) throw new Error("the model file is empty");
       const t1 = performance.now();
       try {
-        engine = await Engine.loadGguf(sink, tokenizer, { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048 });
+        engine = await wasm.Engine.loadGguf(sink, tokenizer, { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads });
       } catch (e) {
         // The file downloaded completely but is not a usable model: do not keep it.
         await deleteCached(new URL(spec.url, self.location.href).href).catch(() => {});
@@ -106,7 +112,7 @@ async function load({ id, spec, options = {} }) {
       }
       timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache: got.fromCache };
     }
-    post({ type: "loaded", id, info: { ...engine.info(), version: version() }, timings });
+    post({ type: "loaded", id, info: { ...engine.info(), version: wasm.version(), threads: wasm.threads }, timings });
   } catch (e) {
     engine = null;
     const cancelled = signal.aborted;

@@ -6,8 +6,13 @@
 //
 //   node tests/browser/bench.mjs      (after ./build.sh)
 //
+// Each engine runs with 1 thread on a page that is not cross-origin isolated, and with THREADS
+// (default 2) on an isolated one (nexttoken's wasm threads build; wllama's pthreads).
+//
 // Environment: CHROMIUM (default /usr/bin/chromium), MODEL / TOKENIZER (URLs under www/, default
-// models/default.gguf, models/default-tokenizer.json), REPS (default 5), NO_WLLAMA=1.
+// models/default.gguf, models/default-tokenizer.json; or MODEL_FILE / TOKENIZER_FILE: paths of
+// files anywhere, served from their folders), REPS (default 5), THREADS (default 2; 1 skips the
+// threaded runs), NO_WLLAMA=1.
 // Closing line: "N passed, N failed" (a run passes when it produced numbers).
 
 import fs from "node:fs";
@@ -21,9 +26,20 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, "../..");
 const www = path.join(repo, "www");
 const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
-const MODEL = process.env.MODEL || "models/default.gguf";
-const TOKENIZER = process.env.TOKENIZER || "models/default-tokenizer.json";
 const REPS = process.env.REPS || "5";
+const THREADS = Number(process.env.THREADS || 2);
+// Files outside www/ are served from /bench-model/ and /bench-tokenizer/.
+const mounts = {};
+let MODEL = process.env.MODEL || "models/default.gguf";
+let TOKENIZER = process.env.TOKENIZER || "models/default-tokenizer.json";
+if (process.env.MODEL_FILE) {
+  mounts["/bench-model/"] = path.dirname(path.resolve(process.env.MODEL_FILE));
+  MODEL = "bench-model/" + path.basename(process.env.MODEL_FILE);
+}
+if (process.env.TOKENIZER_FILE) {
+  mounts["/bench-tokenizer/"] = path.dirname(path.resolve(process.env.TOKENIZER_FILE));
+  TOKENIZER = "bench-tokenizer/" + path.basename(process.env.TOKENIZER_FILE);
+}
 
 let passed = 0;
 let failed = 0;
@@ -48,7 +64,8 @@ try {
   const blob = await (await fetch(q.get("model"), { cache: "no-store" })).blob();
   const tFetch = performance.now();
   const w = new Wllama({ default: new URL("./esm/wasm/wllama.wasm", location.href).href }, { suppressNativeLog: true });
-  await w.loadModel([blob], { n_threads: 1, n_gpu_layers: 0, n_ctx: 1024 });
+  const nThreads = Number(q.get("threads") || 1);
+  await w.loadModel([blob], { n_threads: nThreads, n_gpu_layers: 0, n_ctx: 2048 });
   const tLoad = performance.now();
   // The prompts as text, cut so that nexttoken's tokenizer (a CPU engine on the same file) gives
   // n tokens with BOS; llama.cpp's own count (prompt_n) is what is reported.
@@ -69,12 +86,17 @@ try {
     const ms = median(ts.map((t) => t.prompt_ms));
     prefill[n] = { promptTokens: ts[0].prompt_n, ms, tokS: ts[0].prompt_n * 1000 / ms };
   }
-  const ds = []; for (let i = 0; i < reps; i++) ds.push(await run(promptText(16), 33));
-  const per = median(ds.map((t) => t.predicted_ms / t.predicted_n));
+  const decode = {};
+  const longCtx = Math.min(1024, Math.min(2048, eng.info().nCtx) - 34);
+  for (const n of [16, longCtx]) {
+    const ds = []; for (let i = 0; i < reps; i++) ds.push(await run(promptText(n), 33));
+    const per = median(ds.map((t) => t.predicted_ms / t.predicted_n));
+    decode[n] = { promptTokens: ds[0].prompt_n, generatedTokens: ds[0].predicted_n, msPerToken: per, tokS: 1000 / per };
+  }
   eng.free();
   const r = { engine: "wllama", backend: "wasm cpu", threads: w.getNumThreads(), multithread: w.isMultithread(), reps,
     fetchMs: tFetch - t0, loadMs: tLoad - tFetch, prefill16: prefill[16], prefill128: prefill[128],
-    decode: { promptTokens: ds[0].prompt_n, generatedTokens: ds[0].predicted_n, msPerToken: per, tokS: 1000 / per } };
+    decode16: decode[16], decodeLong: decode[longCtx], decode: decode[16] };
   window.benchResult = r;
   document.getElementById("result").textContent = JSON.stringify(r, null, 2);
 } catch (e) {
@@ -84,7 +106,6 @@ try {
 </script>`;
 
 // wllama's files, served from a temporary folder (never copied into www/).
-const mounts = {};
 const wllamaDir = path.join(here, "node_modules", "@wllama", "wllama");
 const haveWllama = !process.env.NO_WLLAMA && fs.existsSync(wllamaDir);
 let tmp = null;
@@ -114,7 +135,9 @@ async function runPage(name, url, { webgpu = false } = {}) {
     if (r.error) throw new Error(r.error);
     results[name] = r;
     passed++;
-    const { userAgent, sampleText, ...shown } = r;
+    const { userAgent, ...shown } = r;
+    for (const d of [shown.decode16, shown.decodeLong]) if (d) delete d.sampleText;
+    delete shown.decode;
     console.log(`ok    ${name}\n${JSON.stringify(shown, null, 2)}`);
   } catch (e) {
     failed++;
@@ -125,15 +148,19 @@ async function runPage(name, url, { webgpu = false } = {}) {
   }
 }
 
-const q = (backend) => `?model=${encodeURIComponent(MODEL)}&tokenizer=${encodeURIComponent(TOKENIZER)}&backend=${backend}&reps=${REPS}`;
+const q = (backend, threads = 1) =>
+  `?model=${encodeURIComponent(MODEL)}&tokenizer=${encodeURIComponent(TOKENIZER)}&backend=${backend}&reps=${REPS}&threads=${threads}` +
+  (threads > 1 ? "" : "&isolate=0");
+const wq = (threads) => `/wllama/index.html?model=${encodeURIComponent("/" + MODEL)}&tokenizer=${encodeURIComponent("/" + TOKENIZER)}&reps=${REPS}&threads=${threads}` + (threads > 1 ? "" : "&isolate=0");
 try {
-  await runPage("nexttoken cpu (no WebGPU flag)", `/bench.html${q("cpu")}`);
-  await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto")}`, { webgpu: true });
-  if (haveWllama) {
-    await runPage("wllama 1 thread", `/wllama/index.html?model=${encodeURIComponent("/" + MODEL)}&tokenizer=${encodeURIComponent("/" + TOKENIZER)}&reps=${REPS}`);
-  } else {
-    console.log("SKIP  wllama (npm install @wllama/wllama in tests/browser to compare)");
+  await runPage("nexttoken cpu 1 thread", `/bench.html${q("cpu")}`);
+  if (haveWllama) await runPage("wllama 1 thread", wq(1));
+  else console.log("SKIP  wllama (npm install @wllama/wllama in tests/browser to compare)");
+  if (THREADS > 1) {
+    await runPage(`nexttoken cpu ${THREADS} threads`, `/bench.html${q("cpu", THREADS)}`);
+    if (haveWllama) await runPage(`wllama ${THREADS} threads`, wq(THREADS));
   }
+  await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto")}`, { webgpu: true });
 } finally {
   server.closeAllConnections?.();
   await new Promise((r) => server.close(r));
@@ -142,17 +169,21 @@ try {
 
 // Summary table.
 const fmt = (x) => (typeof x === "number" && isFinite(x) ? x.toFixed(1) : "-");
-const row = (r) => [(r.wasmInitMs || 0) + r.loadMs, r.prefill16?.tokS, r.prefill128?.tokS, r.decode?.tokS];
-console.log("\n" + ["run", "backend", "init+load ms", "prefill16 tok/s", "prefill128 tok/s", "decode tok/s"].join(" | "));
+const row = (r) => [(r.wasmInitMs || 0) + r.loadMs, r.prefill16?.tokS, r.prefill128?.tokS, r.decode16?.tokS, r.decodeLong?.tokS];
+const longTokens = Object.values(results).find((r) => r.decodeLong)?.decodeLong.promptTokens;
+console.log("\n" + ["run", "backend", "init+load ms", "prefill16 tok/s", "prefill128 tok/s", "decode@16 tok/s", `decode@${longTokens} tok/s`].join(" | "));
 for (const [name, r] of Object.entries(results)) console.log([name, r.backend, ...row(r).map(fmt)].join(" | "));
-const w = results["wllama 1 thread"];
-if (w) {
-  console.log("\nratio nexttoken/wllama (higher = nexttoken faster; load: lower = nexttoken faster)");
-  for (const [name, r] of Object.entries(results)) {
-    if (r === w) continue;
-    const a = row(r), b = row(w);
-    console.log([name, ...a.map((x, i) => (x && b[i] ? (x / b[i]).toFixed(2) : "-"))].join(" | "));
-  }
+const cpu1 = results["nexttoken cpu 1 thread"];
+if (cpu1) {
+  console.log(`wasm memory ${(cpu1.wasmMemoryBytes / 2 ** 20).toFixed(1)} MiB; decode bandwidth ${fmt(cpu1.decode16?.weightGBs)} GB/s of weights vs memcpy ${fmt(cpu1.memcpyGBs)} GB/s (1 thread)`);
+}
+console.log("\nratio nexttoken/wllama, same thread count (higher = nexttoken faster; load: lower = nexttoken faster)");
+for (const t of [1, THREADS]) {
+  const a = results[`nexttoken cpu ${t} thread${t > 1 ? "s" : ""}`], b = results[`wllama ${t} thread${t > 1 ? "s" : ""}`];
+  if (!a || !b || (t > 1 && t === 1)) continue;
+  const ra = row(a), rb = row(b);
+  console.log([`${t} thread${t > 1 ? "s" : ""}`, ...ra.map((x, i) => (x && rb[i] ? (x / rb[i]).toFixed(2) : "-"))].join(" | "));
+  if (THREADS === 1) break;
 }
 console.log(`\n${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

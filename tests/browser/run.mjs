@@ -111,6 +111,13 @@ fs.writeFileSync(
   }),
 );
 
+// The wasm threads build (./build.sh; NO_THREADS=1 skips it): required unless skipped on purpose.
+const haveThreadsBuild = fs.existsSync(path.join(www, "pkg-threads", "nexttoken_bg.wasm"));
+if (!haveThreadsBuild && !process.env.NO_THREADS) {
+  console.log("www/pkg-threads/ is missing: run ./build.sh (or set NO_THREADS=1 to test without the threads build)\n0 passed, 1 failed");
+  process.exit(1);
+}
+
 const PROMPT = "Once upon a time";
 const N_TOKENS = 32;
 let expected = null;
@@ -261,12 +268,34 @@ async function runConfig(mode) {
           if (process.env.NEXTTOKEN_REQUIRE_WEBGPU) assert(/WebGPU/.test(stats.backend), `expected WebGPU, got ${stats.backend}`);
         } else {
           assert(/CPU/.test(stats.backend), `expected the CPU fallback, got ${stats.backend}`);
+          // The page is cross-origin isolated (serve.mjs): the threads build, one thread a core.
+          const env = await page.evaluate(() => ({ isolated: crossOriginIsolated, cores: navigator.hardwareConcurrency }));
+          assert(env.isolated, "the page is not cross-origin isolated");
+          const threads = Number((/(\d+) threads?/.exec(stats.backend) || [])[1]);
+          if (haveThreadsBuild && env.cores > 1) assertEq(threads, env.cores, `CPU threads (${stats.backend})`);
+          else console.log(`      (one thread: ${haveThreadsBuild ? `${env.cores} core` : "no www/pkg-threads build"})`);
         }
         await generateAndCheck(page, mode, { screenshot: path.join(outDir, `mid-generation-${mode}.png`) });
         const s = await statsOf(page);
         for (const key of ["time to first token", "prefill", "decode", "backend", "load time"]) assert(s[key], `stat ${key} missing: ${JSON.stringify(s)}`);
         console.log(`      TTFT ${s["time to first token"]}, prefill ${s.prefill}, decode ${s.decode}`);
       });
+
+      if (!webgpu) {
+        await test(`[${mode}] a page that is not cross-origin isolated runs one thread (pkg/), same greedy text`, async () => {
+          const plain = await browser.newPage();
+          try {
+            await plain.goto(base + modelUrl + "&isolate=0");
+            await waitLoaded(plain);
+            assertEq(await plain.evaluate(() => crossOriginIsolated), false, "crossOriginIsolated");
+            const stats = await statsOf(plain);
+            assert(/, 1 thread\b/.test(stats.backend), `expected one thread: ${stats.backend}`);
+            await generateAndCheck(plain, `${mode} not isolated`);
+          } finally {
+            await plain.close();
+          }
+        });
+      }
 
       await test(`[${mode}] per-token inspection shows probability, alternatives, log P and perplexity`, async () => {
         await page.click('#output-tokens .tok[data-i="3"]');
@@ -373,11 +402,16 @@ async function runConfig(mode) {
         return "skip";
       }
       const bin = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean).find((p) => fs.existsSync(p));
-      const r = spawnSync(bin, ["generate", "--model", path.join(www, "models/default.gguf"), "--tokenizer", path.join(www, "models/default-tokenizer.json"), "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "24", "--backend", "cpu", "--exact"], { encoding: "utf8" });
-      assert(r.status === 0, `the CLI failed on the default model: ${r.stderr}`);
-      const want = r.stdout.slice("In the beginning".length).replace(/\n$/, "");
+      // The reference: WebGPU computes in f32 like the exact CPU path; the wasm CPU path is the
+      // fast one (Q8 activations), which natively with the scalar kernels differs from simd128
+      // only in summation order.
       await page.goto(`${base}/`);
       await waitLoaded(page);
+      const gpu = !/^CPU/.test((await statsOf(page)).backend);
+      const how = gpu ? ["--exact"] : ["--isa", "scalar", "--threads", "1"];
+      const r = spawnSync(bin, ["generate", "--model", path.join(www, "models/default.gguf"), "--tokenizer", path.join(www, "models/default-tokenizer.json"), "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "24", "--backend", "cpu", ...how], { encoding: "utf8" });
+      assert(r.status === 0, `the CLI failed on the default model: ${r.stderr}`);
+      const want = r.stdout.slice("In the beginning".length).replace(/\n$/, "");
       assertEq(await page.inputValue("#model-select"), "default", "model picked on a first visit");
       assertEq(await page.inputValue("#prompt"), "In the beginning", "prompt");
       await setSettings(page, { maxTokens: 24 });

@@ -3,6 +3,9 @@
 // or import { serve } and pass extra routes: serve(root, port, { "/prefix/": otherDir }).
 // Correct MIME types (application/wasm for streaming compilation), no-cache so edits show up
 // (the service worker does the caching), and nothing outside the served folders.
+// Pages are cross-origin isolated (COOP same-origin + COEP require-corp), so they may use
+// SharedArrayBuffer and load the wasm threads build; a page requested with `?isolate=0` is not
+// (how the tests check the one-thread fallback); `isolate: false` turns it off for everything.
 import http from "node:http";
 import fs from "node:fs";
 import path from "node:path";
@@ -25,7 +28,7 @@ const TYPES = {
 
 /** Start serving. `mounts` maps URL prefixes ("/shared/") to extra folders; `handler(req, res)`
  * may answer a request itself (returning true). Resolves to the server. */
-export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet = true, handler = null } = {}) {
+export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet = true, handler = null, isolate = true } = {}) {
   root = path.resolve(root);
   const server = http.createServer((req, res) => {
     if (handler && handler(req, res)) return;
@@ -71,6 +74,10 @@ export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet =
         "cache-control": "no-cache",
         "access-control-allow-origin": "*",
       };
+      if (isolate && url.searchParams.get("isolate") !== "0") {
+        headers["cross-origin-opener-policy"] = "same-origin";
+        headers["cross-origin-embedder-policy"] = "require-corp";
+      }
       if (req.method === "HEAD") {
         res.writeHead(200, headers).end();
         return;
@@ -89,7 +96,7 @@ export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet =
 if (process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.argv[1])) {
   const root = process.argv[2] || "www";
   const port = Number(process.argv[3] || process.env.PORT || 8080);
-  const server = await serve(root, port, {}, { quiet: false });
+  const server = await serve(root, port, {}, { quiet: false, isolate: process.env.ISOLATE !== "0" });
   const { port: p } = server.address();
   console.log(`serving ${path.resolve(root)} on http://127.0.0.1:${p}/`);
 }

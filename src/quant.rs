@@ -112,7 +112,7 @@ impl GgmlType {
     /// Bytes for `n` elements in rows of `row_len`; None if a row is not whole blocks or on overflow.
     pub fn bytes_for(self, n: u64, row_len: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if row_len % bs != 0 {
+        if !row_len.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.block_bytes() as u64)
@@ -233,7 +233,7 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
 /// ggml's `quantize_row_q8_0_ref`: per block of 32, d = max|x| / 127 (stored as f16) and
 /// q = round(x / d). `values.len()` must be a multiple of 32.
 pub fn quantize_row_q8_0(values: &[f32], out: &mut Vec<u8>) {
-    assert!(values.len() % 32 == 0, "Q8_0 needs whole blocks of 32, got {}", values.len());
+    assert!(values.len().is_multiple_of(32), "Q8_0 needs whole blocks of 32, got {}", values.len());
     for block in values.chunks_exact(32) {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -248,7 +248,7 @@ pub fn quantize_row_q8_0(values: &[f32], out: &mut Vec<u8>) {
 /// ggml's `quantize_row_q4_0_ref`: per block of 32, the value of largest magnitude `max` (with its
 /// sign) gives d = max / -8, so it maps to -8 exactly; q = min(15, (int)(x / d + 8.5)).
 pub fn quantize_row_q4_0(values: &[f32], out: &mut Vec<u8>) {
-    assert!(values.len() % 32 == 0, "Q4_0 needs whole blocks of 32, got {}", values.len());
+    assert!(values.len().is_multiple_of(32), "Q4_0 needs whole blocks of 32, got {}", values.len());
     for block in values.chunks_exact(32) {
         let (mut amax, mut max) = (0f32, 0f32);
         for &v in block {

@@ -196,42 +196,33 @@ fn f32_dot_and_axpy_match_scalar() {
     }
 }
 
+/// The scalar attention kernels (the oracle `check_isa_against_scalar` holds the SIMD ones to)
+/// against their definition in f64, on f32 and f16 caches.
 #[test]
-fn attention_kernels_match_scalar() {
+fn scalar_attention_kernels_match_their_definition() {
     let mut rng = SplitMix64(8);
-    for (head_dim, stride) in [(64, 192), (128, 128), (40, 80), (8, 24)] {
-        for seen in [1, 3, 4, 5, 17, 64] {
+    for (head_dim, stride) in [(64, 192), (40, 80)] {
+        for seen in [1, 5, 17] {
             let q = activations(&mut rng, head_dim);
             let cache = activations(&mut rng, seen * stride);
             let cache16: Vec<f16> = cache.iter().map(|&v| f16::from_f32(v)).collect();
             let weights: Vec<f32> = (0..seen).map(|_| rng.next_f32()).collect();
             for rows in [KvRows::F32(&cache), KvRows::F16(&cache16)] {
                 let at = |i: usize| match rows {
-                    KvRows::F32(r) => r[i],
-                    KvRows::F16(r) => r[i].to_f32(),
+                    KvRows::F32(r) => r[i] as f64,
+                    KvRows::F16(r) => r[i].to_f64(),
                 };
-                let mut want = vec![0f32; seen];
-                kernels::scalar::attention_scores(&q, rows, stride, 0.125, &mut want);
-                let mut want_out = vec![0f32; head_dim];
-                kernels::scalar::attention_values(&weights, rows, stride, &mut want_out);
-                for p in 0..seen {
-                    // The oracle itself against the definition, in f64.
-                    let dot: f64 = (0..head_dim).map(|i| q[i] as f64 * at(p * stride + i) as f64).sum::<f64>() * 0.125;
-                    assert!((want[p] as f64 - dot).abs() <= 1e-4 * (1.0 + dot.abs()), "scalar scores {rows:?}");
+                let mut scores = vec![0f32; seen];
+                kernels::scalar::attention_scores(&q, rows, stride, 0.125, &mut scores);
+                for (p, &s) in scores.iter().enumerate() {
+                    let want: f64 = (0..head_dim).map(|i| q[i] as f64 * at(p * stride + i)).sum::<f64>() * 0.125;
+                    assert!((s as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "scores {rows:?} p {p}: {s} vs {want}");
                 }
-                for isa in Isa::available() {
-                    let mut got = vec![0f32; seen];
-                    kernels::attention_scores(isa, &q, rows, stride, 0.125, &mut got);
-                    for (p, (g, w)) in got.iter().zip(&want).enumerate() {
-                        let mag: f32 = (0..head_dim).map(|i| (q[i] * at(p * stride + i)).abs()).sum::<f32>() * 0.125;
-                        assert!((g - w).abs() <= 1e-5 * mag + 1e-6, "scores d {head_dim} seen {seen} {} p {p}: {g} vs {w}", isa.name());
-                    }
-                    let mut out = vec![f32::NAN; head_dim]; // the kernel must overwrite, not accumulate
-                    kernels::attention_values(isa, &weights, rows, stride, &mut out);
-                    for (i, (g, w)) in out.iter().zip(&want_out).enumerate() {
-                        let mag: f32 = (0..seen).map(|p| (weights[p] * at(p * stride + i)).abs()).sum();
-                        assert!((g - w).abs() <= 1e-5 * mag + 1e-6, "values d {head_dim} seen {seen} {} i {i}: {g} vs {w}", isa.name());
-                    }
+                let mut out = vec![f32::NAN; head_dim]; // overwritten, not accumulated into
+                kernels::scalar::attention_values(&weights, rows, stride, &mut out);
+                for (i, &o) in out.iter().enumerate() {
+                    let want: f64 = (0..seen).map(|p| weights[p] as f64 * at(p * stride + i)).sum();
+                    assert!((o as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "values {rows:?} i {i}: {o} vs {want}");
                 }
             }
         }

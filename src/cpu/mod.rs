@@ -278,7 +278,7 @@ impl CpuModel {
 
     /// Quantise the rows of `x` for a matmul with `w` when the fast path wants Q8 activations.
     fn quantize_input<'a>(&self, w: &Tensor, x: &[f32], act: &'a mut [BlockQ8]) -> Option<&'a [BlockQ8]> {
-        if self.precision != Precision::Fast || !kernels::uses_q8_activations(w.ty) || w.cols % QK8 != 0 {
+        if self.precision != Precision::Fast || !kernels::uses_q8_activations(w.ty) || !w.cols.is_multiple_of(QK8) {
             return None;
         }
         let blocks = x.len() / QK8;
@@ -298,6 +298,8 @@ impl CpuModel {
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let bias_bytes = bias.map(|b| self.model.bytes(b));
         let store = |t: usize, r: usize, v: f32| {
+            // Capture the whole SyncPtr (Sync), not its raw-pointer field (closures capture fields).
+            #[allow(clippy::redundant_locals)]
             let out_ptr = out_ptr;
             let v = v + bias_bytes.map_or(0.0, |b| f32_at(b, r));
             // SAFETY: t * rows + r < out.len(), and each r belongs to one task.

@@ -83,7 +83,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             let mut mins = 0f32;
             let mask = _mm256_set1_epi8(0x0f);
             for (b, a) in row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)) {
-                prefetch_block(b.as_ptr(), 144);
+                prefetch_block(b.as_ptr(), 144, PREFETCH_BYTES);
                 let (d, dmin) = (f16c(b, 0), f16c(b, 2));
                 let scales = &b[4..16];
                 for chunk in 0..4 {
@@ -108,7 +108,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             let m2 = _mm256_set1_epi8(3);
             let m32 = _mm256_set1_epi8(32);
             for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
-                prefetch_block(b.as_ptr(), 210);
+                prefetch_block(b.as_ptr(), 210, PREFETCH_BYTES);
                 let d = f16c(b, 208);
                 for half in 0..2 {
                     let p = b.as_ptr();
@@ -155,9 +155,9 @@ pub fn has_tile(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
 }
 
-/// How far ahead of the current block the tile kernel prefetches each weight row, in bytes.
-/// Rows are contiguous, so this reaches into the next tile's rows; the hardware prefetcher alone
-/// leaves a single core well short of memory bandwidth on the small rows of small models.
+/// How far ahead of the current block the kernels prefetch each weight row, at least, in bytes:
+/// the hardware prefetcher alone left a single core at a third of memory bandwidth on the short
+/// rows of small models.
 const PREFETCH_BYTES: usize = 3072;
 
 /// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
@@ -181,13 +181,14 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
     };
     let ones = _mm256_set1_epi16(1);
     let mask = _mm256_set1_epi8(0x0f);
+    let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
             let p = rows[r].as_ptr().add(i * bb);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             dw[r] = _mm256_set1_ps(f16c_ptr(p));
             w[r] = if q4 {
                 // Low nibbles are elements 0..16, high nibbles 16..32; values 0..15 (offset 8).
@@ -233,6 +234,7 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[B
     }
     let mask = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
+    let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut mins = [[_mm256_setzero_ps(); T]; R];
     for sb in 0..nsb {
@@ -250,17 +252,15 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[B
         }
         for r in 0..R {
             let b = &rows[r][sb * 144..(sb + 1) * 144];
-            prefetch_block(b.as_ptr(), 144);
+            prefetch_block(b.as_ptr(), 144, ahead);
             let (d, dmin) = (f16c(b, 0), f16c(b, 2));
-            let scales = &b[4..16];
-            let mut sc = [0f32; SUB];
-            let mut m = [0f32; SUB];
-            for j in 0..SUB {
-                let (s, mm) = q4_k_scale_min(j, scales);
-                sc[j] = s as f32;
-                m[j] = dmin * mm as f32;
+            let (sc, m) = q4_k_scales_mins(&b[4..16]);
+            let mv = _mm256_mul_ps(m, _mm256_set1_ps(dmin));
+            // Sub-block scale times activation scale, per vector: broadcast from memory below.
+            let mut scale = [[0f32; SUB]; T];
+            for t in 0..T {
+                _mm256_storeu_ps(scale[t].as_mut_ptr(), _mm256_mul_ps(sc, _mm256_loadu_ps(da[t].as_ptr())));
             }
-            let mv = _mm256_loadu_ps(m.as_ptr());
             let mut sb_acc = [_mm256_setzero_ps(); T];
             for chunk in 0..4 {
                 let bytes = _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
@@ -270,7 +270,7 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[B
                     for t in 0..T {
                         let x = _mm256_loadu_si256(acts[t].get_unchecked(sb * SUB + j).qs.as_ptr() as *const __m256i);
                         let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-                        sb_acc[t] = _mm256_fmadd_ps(dot, _mm256_set1_ps(sc[j] * da[t][j]), sb_acc[t]);
+                        sb_acc[t] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&scale[t][j]), sb_acc[t]);
                     }
                 }
             }
@@ -284,13 +284,37 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[B
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t]) - hsum_ps(mins[r][t])))
 }
 
-/// Prefetch the cache lines `PREFETCH_BYTES` ahead of a super-block of `len` bytes at `p`.
+/// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, as two vectors of 8 floats
+/// (the bit shuffle of `quant::q4_k_scale_min`, done on all 8 at once in 32-bit words).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_scales_mins(packed: &[u8]) -> (__m256, __m256) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const HIGH2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    // Scales 0-3: low 6 bits of bytes 0-3; mins 0-3: of bytes 4-7. Scales 4-7: low nibbles of
+    // bytes 8-11 plus the top 2 bits of bytes 0-3; mins 4-7: high nibbles plus bytes 4-7's top bits.
+    let scales = [w0 & LOW6, (w2 & LOW4) | (((w0 >> 6) & HIGH2) << 4)];
+    let mins = [w1 & LOW6, ((w2 >> 4) & LOW4) | (((w1 >> 6) & HIGH2) << 4)];
+    let to_f32 = |v: [u32; 2]| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(0, ((v[1] as u64) << 32 | v[0] as u64) as i64)));
+    (to_f32(scales), to_f32(mins))
+}
+
+/// Prefetch the cache lines `ahead` bytes past a super-block of `len` bytes at `p`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn prefetch_block(p: *const u8, len: usize) {
+unsafe fn prefetch_block(p: *const u8, len: usize, ahead: usize) {
     for off in (0..len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + off) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + off) as *const i8);
     }
+}
+
+/// How far ahead a tile of `R` rows prefetches: the rows are contiguous, so the same place in
+/// the next tile (long rows), or `PREFETCH_BYTES` when that is nearer (short rows).
+fn tile_prefetch<const R: usize>(row_len: usize) -> usize {
+    PREFETCH_BYTES.max(R * row_len)
 }
 
 /// The f16 at `p`, by F16C.
@@ -387,12 +411,12 @@ pub unsafe fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f3
         _mm_storeu_ps(out.as_mut_ptr().add(p), _mm_mul_ps(s, _mm_set1_ps(scale)));
         p += 4;
     }
-    for p in p..n {
+    for (p, o) in out.iter_mut().enumerate().skip(p) {
         let mut acc = _mm256_setzero_ps();
         for i in (0..d).step_by(8) {
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), load8(keys, p * stride + i), acc);
         }
-        out[p] = hsum_ps(acc) * scale;
+        *o = hsum_ps(acc) * scale;
     }
 }
 

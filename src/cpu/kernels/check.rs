@@ -78,7 +78,8 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
 }
 
 /// Checks `isa`'s `dot_q8` (Q8_0, Q4_0, Q4_K, Q6_K), `dot_q8_tile` (4 x 1 and 4 x 2),
-/// `dot_float_row` (F32, F16, BF16), `dot_f32` and `axpy` against the scalar kernels on data
+/// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
+/// rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
 pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     if !Isa::available().contains(&isa) {
@@ -142,8 +143,39 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
         }
     }
 
+    // Attention over a cache of f32 or f16 rows, `stride` apart (several heads interleaved).
+    for (head_dim, stride) in [(64, 192), (128, 128), (40, 80), (8, 24)] {
+        for seen in [1, 3, 4, 5, 17, 64] {
+            let q = activations(head_dim, next);
+            let cache = activations(seen * stride, next);
+            let cache16: Vec<f16> = cache.iter().map(|&v| f16::from_f32(v)).collect();
+            let weights: Vec<f32> = (0..seen).map(|_| (next() >> 8) as f32 / (1u32 << 24) as f32).collect();
+            for rows in [KvRows::F32(&cache), KvRows::F16(&cache16)] {
+                let at = |i: usize| match rows {
+                    KvRows::F32(r) => r[i],
+                    KvRows::F16(r) => r[i].to_f32(),
+                };
+                let kind = if matches!(rows, KvRows::F32(_)) { "f32" } else { "f16" };
+                let (mut want, mut got) = (vec![0f32; seen], vec![0f32; seen]);
+                scalar::attention_scores(&q, rows, stride, 0.125, &mut want);
+                attention_scores(isa, &q, rows, stride, 0.125, &mut got);
+                for p in 0..seen {
+                    let mag = (0..head_dim).map(|i| (q[i] * at(p * stride + i)).abs() as f64).sum::<f64>() * 0.125;
+                    c.check(|| format!("attention_scores {kind} d {head_dim} seen {seen} key {p}"), got[p], want[p], mag)?;
+                }
+                let (mut want, mut got) = (vec![0f32; head_dim], vec![f32::NAN; head_dim]);
+                scalar::attention_values(&weights, rows, stride, &mut want);
+                attention_values(isa, &weights, rows, stride, &mut got);
+                for i in 0..head_dim {
+                    let mag = (0..seen).map(|p| (weights[p] * at(p * stride + i)).abs() as f64).sum::<f64>();
+                    c.check(|| format!("attention_values {kind} d {head_dim} seen {seen} element {i}"), got[i], want[i], mag)?;
+                }
+            }
+        }
+    }
+
     Ok(format!(
-        "{}: {} results match scalar (dot_q8 and 4x1, 4x2 tiles on Q8_0 Q4_0 Q4_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy), seed {seed}",
+        "{}: {} results match scalar (dot_q8 and 4x1, 4x2 tiles on Q8_0 Q4_0 Q4_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
         isa.name(),
         c.checks
     ))

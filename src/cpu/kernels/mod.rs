@@ -131,6 +131,8 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(isa: Isa, ty: GgmlType, rows:
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
         Isa::Avx2 if avx2::has_tile(ty) => unsafe { avx2::dot_q8_tile(ty, rows, acts) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 if simd128::has_tile(ty) => simd128::dot_q8_tile(ty, rows, acts),
         _ => std::array::from_fn(|r| std::array::from_fn(|t| dot_q8(isa, ty, rows[r], acts[t]))),
     }
 }
@@ -217,7 +219,9 @@ pub fn attention_scores(isa: Isa, q: &[f32], keys: KvRows, stride: usize, scale:
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; the bounds were checked.
-        Isa::Avx2 if q.len() % 8 == 0 => unsafe { avx2::attention_scores(q, keys, stride, scale, out) },
+        Isa::Avx2 if q.len().is_multiple_of(8) => unsafe { avx2::attention_scores(q, keys, stride, scale, out) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 if q.len().is_multiple_of(4) => simd128::attention_scores(q, keys, stride, scale, out),
         _ => scalar::attention_scores(q, keys, stride, scale, out),
     }
 }
@@ -230,7 +234,9 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; the bounds were checked.
-        Isa::Avx2 if out.len() % 8 == 0 => unsafe { avx2::attention_values(weights, values, stride, out) },
+        Isa::Avx2 if out.len().is_multiple_of(8) => unsafe { avx2::attention_values(weights, values, stride, out) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 if out.len().is_multiple_of(4) => simd128::attention_values(weights, values, stride, out),
         _ => scalar::attention_values(weights, values, stride, out),
     }
 }

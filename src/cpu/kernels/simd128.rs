@@ -154,3 +154,73 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     let main = x.len().min(y.len()) / 4 * 4;
     scalar::axpy(a, &x[main..], &mut y[main..]);
 }
+
+/// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
+pub fn has_tile(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+}
+
+/// See `kernels::dot_q8_tile`: each weight block is unpacked once for the `T` vectors and each
+/// activation block used for `R` rows. Q8_0 and Q4_0 (`has_tile`).
+pub fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+    let nb = acts[0].len();
+    let bb = ty.block_bytes();
+    assert!(has_tile(ty), "dot_q8_tile: no simd128 tile for {}", ty.name());
+    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
+    let mut acc = [[f32x4_splat(0.0); T]; R];
+    for i in 0..nb {
+        let w: [(f32, v128, v128); R] = std::array::from_fn(|r| {
+            let b = &rows[r][i * bb..(i + 1) * bb];
+            if ty == GgmlType::Q8_0 {
+                (f16_at(b, 0), load(b, 2), load(b, 18))
+            } else {
+                let bytes = load(b, 2);
+                let eight = i8x16_splat(8);
+                (f16_at(b, 0), i8x16_sub(v128_and(bytes, i8x16_splat(0x0f)), eight), i8x16_sub(u8x16_shr(bytes, 4), eight))
+            }
+        });
+        for t in 0..T {
+            let a = &acts[t][i];
+            for r in 0..R {
+                let s = f32x4_convert_i32x4(dot32(w[r].1, w[r].2, a));
+                acc[r][t] = f32x4_add(acc[r][t], f32x4_mul(s, f32x4_splat(w[r].0 * a.d)));
+            }
+        }
+    }
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum_f32(acc[r][t])))
+}
+
+/// f32 keys (the wasm build's cache; f16 goes to scalar), `q.len()` a multiple of 4.
+pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
+    let KvRows::F32(k) = keys else { return scalar::attention_scores(q, keys, stride, scale, out) };
+    let d = q.len();
+    for (p, s) in out.iter_mut().enumerate() {
+        let kr = &k[p * stride..][..d];
+        let mut acc = f32x4_splat(0.0);
+        for i in (0..d).step_by(4) {
+            acc = f32x4_add(acc, f32x4_mul(load_f32x4_f(&q[i..i + 4]), load_f32x4_f(&kr[i..i + 4])));
+        }
+        *s = hsum_f32(acc) * scale;
+    }
+}
+
+/// f32 values, `out.len()` a multiple of 4: the output stays in registers (16 floats at a time)
+/// while the values stream past.
+pub fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mut [f32]) {
+    let KvRows::F32(v) = values else { return scalar::attention_values(weights, values, stride, out) };
+    for (c, oc) in out.chunks_mut(16).enumerate() {
+        let mut acc = [f32x4_splat(0.0); 4];
+        let width = oc.len() / 4;
+        for (p, &w) in weights.iter().enumerate() {
+            let row = &v[p * stride + c * 16..][..oc.len()];
+            let wv = f32x4_splat(w);
+            for (k, a) in acc.iter_mut().enumerate().take(width) {
+                *a = f32x4_add(*a, f32x4_mul(wv, load_f32x4_f(&row[4 * k..4 * k + 4])));
+            }
+        }
+        for (k, a) in acc.iter().enumerate().take(width) {
+            // SAFETY: 4 floats inside oc; v128_store is unaligned.
+            unsafe { v128_store(oc[4 * k..4 * k + 4].as_mut_ptr() as *mut v128, *a) };
+        }
+    }
+}

@@ -135,6 +135,10 @@ impl KvStore {
     }
 }
 
+/// log2 of the least work (multiply-adds) worth a task of its own: waking a thread costs a few
+/// microseconds natively, and tens in a browser (a Web Worker waiting on `Atomics.wait`).
+const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
+
 /// Reserve the KV cache up to the context when that is at most this many bytes (natively,
 /// untouched pages cost no memory); larger contexts grow on demand.
 const KV_RESERVE_LIMIT: usize = 1 << 30;
@@ -250,7 +254,7 @@ impl CpuModel {
         #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
         if self.threads > 1 {
             let total = n.saturating_mul(cost);
-            let chunks = (self.threads * 4).min(n).min(total >> 14);
+            let chunks = (self.threads * 4).min(n).min(total >> MIN_TASK_LOG2);
             if chunks > 1 {
                 use rayon::prelude::*;
                 let run = || (0..chunks).into_par_iter().for_each(|c| f(c * n / chunks..(c + 1) * n / chunks));

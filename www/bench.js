@@ -2,8 +2,9 @@
 // for 16- and 128-token prompts, decode tok/s over 32 greedy tokens after a 16-token prompt and
 // after a long one (1024 tokens, or what the model's context leaves room for), the effective
 // bandwidth of decode (weight bytes per token x tok/s) against a memcpy in wasm memory, and the
-// wasm memory used. Result: a JSON object in <pre id="result"> and window.benchResult
-// (window.benchError on failure).
+// wasm memory used. The engine runs in a module Worker (this same file), as the app's does: a
+// page's main thread may not block, so the threads build would spin there. Result: a JSON object
+// in <pre id="result"> and window.benchResult (window.benchError on failure).
 //   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
 // threads > 1 needs a cross-origin isolated page (the threads build, see wasm.js).
 import { loadWasm } from "./wasm.js";
@@ -18,7 +19,8 @@ const TEXT =
   "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends. " +
   "One day she saw a big red ball under a tree and ran to get it. ";
 
-const status = (s) => (document.getElementById("status").textContent = s);
+const inWorker = typeof document === "undefined";
+const status = (s) => self.postMessage({ status: s });
 const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
@@ -143,13 +145,27 @@ async function main() {
     decode: decode[16],
   };
   engine.free();
-  window.benchResult = result;
-  document.getElementById("result").textContent = JSON.stringify(result, null, 2);
+  self.postMessage({ result });
   status("done");
 }
 
-main().catch((e) => {
-  window.benchError = String((e && e.stack) || e);
-  status("error: " + ((e && e.message) || e));
-  document.getElementById("result").textContent = window.benchError;
-});
+if (inWorker) {
+  main().catch((e) => self.postMessage({ error: String((e && e.stack) || e) }));
+} else {
+  const show = (id, text) => (document.getElementById(id).textContent = text);
+  const fail = (e) => {
+    window.benchError = e;
+    show("status", "error: " + e.split("\n")[0]);
+    show("result", e);
+  };
+  const worker = new Worker(new URL("bench.js" + location.search, import.meta.url), { type: "module" });
+  worker.onmessage = ({ data }) => {
+    if (data.status) show("status", data.status);
+    if (data.error) fail(data.error);
+    if (data.result) {
+      window.benchResult = data.result;
+      show("result", JSON.stringify(data.result, null, 2));
+    }
+  };
+  worker.onerror = (e) => fail(`worker: ${e.message || e}`);
+}

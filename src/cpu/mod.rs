@@ -272,10 +272,19 @@ impl CpuModel {
 
     /// Run `f` inside the pool, so the forward pass's many parallel loops start from a worker
     /// thread (cheap) instead of each being injected from outside (a wake-up each).
+    /// In the browser the caller is a JS thread outside the pool (the page's worker): each
+    /// parallel loop injected from it would wake a Web Worker (tens of microseconds), so the whole
+    /// pass runs as one job on the pool instead.
     fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+        #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = &self.pool {
             return pool.install(f);
+        }
+        #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+        if self.threads > 1 && rayon::current_thread_index().is_none() {
+            let mut out = None;
+            rayon::scope(|s| s.spawn(|_| out = Some(f())));
+            return out.expect("the pool ran the job");
         }
         f()
     }

@@ -64,6 +64,7 @@ from gguf.quants import dequantize  # noqa: E402
 import tokenizers  # noqa: E402
 from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders, processors, normalizers, Regex  # noqa: E402
 import transformers  # noqa: E402
+import llama_tokenizer  # noqa: E402  (tools/llama_tokenizer.py, beside this script)
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,  # noqa: E402
                           GPT2Config, GPT2LMHeadModel)
 
@@ -131,36 +132,9 @@ def corpus() -> list[str]:
 
 
 def make_llama_tokenizer(vocab_size: int) -> Tokenizer:
-    """sentencepiece-like BPE: <unk>,<s>,</s> = 0,1,2; <0x00>..<0xFF> = 3..258; byte fallback;
-    same pipeline as the Llama-2 / stories260K tokenizer.json (Metaspace, prepend_scheme first)."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 256, special_tokens=["<unk>", "<s>", "</s>"],
-                                  limit_alphabet=45, show_progress=False)
-    tok.train_from_iterator(corpus(), trainer)
-    j = json.loads(tok.to_str())
-    old_vocab = j["model"]["vocab"]
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for t, _ in sorted(old_vocab.items(), key=lambda kv: kv[1]):
-        if t not in vocab:
-            vocab[t] = len(vocab)
-    j["model"].update(vocab=vocab, byte_fallback=True, fuse_unk=True, unk_token="<unk>")
-    j["added_tokens"] = [dict(id=i, content=c, single_word=False, lstrip=False, rstrip=False, normalized=False,
-                              special=True) for i, c in enumerate(["<unk>", "<s>", "</s>"])]
-    j["normalizer"] = None
-    j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
-    j["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
-    j["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
-        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-    return Tokenizer.from_str(json.dumps(j, ensure_ascii=False))
+    """A sentencepiece-like BPE with byte fallback on the fixture corpus (tools/llama_tokenizer.py):
+    the same pipeline as the Llama-2 / stories260K tokenizer.json (Metaspace, prepend_scheme first)."""
+    return llama_tokenizer.make_llama_tokenizer(corpus(), vocab_size, limit_alphabet=45)
 
 
 def make_gpt2_tokenizer(vocab_size: int) -> Tokenizer:

@@ -65,7 +65,8 @@ import gguf  # noqa: E402
 from gguf import GGUFReader  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 import tokenizers  # noqa: E402
-from tokenizers import Tokenizer, models, trainers, pre_tokenizers  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+from llama_tokenizer import make_llama_tokenizer  # noqa: E402  (tools/llama_tokenizer.py, beside this script)
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -122,39 +123,12 @@ def get_corpus() -> list[tuple[str, list[str]]]:
 
 
 # ----------------------------------------------------------------------------------------------
-# tokenizer: same sentencepiece-like BPE layout as tools/make_fixtures.py (make_llama_tokenizer)
+# tokenizer: the sentencepiece-like BPE layout of tools/llama_tokenizer.py (as the fixtures use)
 # ----------------------------------------------------------------------------------------------
 
 def make_tokenizer(lines: list[str], vocab_size: int) -> Tokenizer:
     """<unk>,<s>,</s> = 0,1,2; <0x00>..<0xFF> = 3..258; byte fallback; Metaspace (prepend_scheme first)."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 256, special_tokens=["<unk>", "<s>", "</s>"],
-                                  show_progress=False)
-    tok.train_from_iterator(lines, trainer)
-    j = json.loads(tok.to_str())
-    old_vocab = j["model"]["vocab"]
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for t, _ in sorted(old_vocab.items(), key=lambda kv: kv[1]):
-        if t not in vocab:
-            vocab[t] = len(vocab)
-    j["model"].update(vocab=vocab, byte_fallback=True, fuse_unk=True, unk_token="<unk>")
-    j["added_tokens"] = [dict(id=i, content=c, single_word=False, lstrip=False, rstrip=False, normalized=False,
-                              special=True) for i, c in enumerate(["<unk>", "<s>", "</s>"])]
-    j["normalizer"] = None
-    j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
-    j["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
-    j["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
-        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-    return Tokenizer.from_str(json.dumps(j, ensure_ascii=False))
+    return make_llama_tokenizer(lines, vocab_size)
 
 
 TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True, "add_eos_token": False,

@@ -4,11 +4,13 @@
 //!   each weight row decoded by `quant::dequantize_row` and multiplied in f32. It is the oracle
 //!   every GPU and SIMD kernel is checked against, and matches transformers' logits to 1e-4.
 //!   Its results do not depend on the thread count.
-//! - [`Precision::Fast`] (`CpuModel::fast`, the CLI's default): the dot products of [`kernels`]
-//!   that never expand weights to f32 (activations quantised to Q8 blocks for quantised weights,
-//!   as llama.cpp does), SIMD where the machine has it, threads over output rows natively, and no
-//!   allocation per token besides the logits the `LanguageModel` API returns (the KV cache is
-//!   reserved up to the context length; the scratch buffers live in the state).
+//! - [`Precision::Fast`] (`CpuModel::fast`, the CLI's and the browser's default): the kernels of
+//!   [`kernels`], which never expand weights to f32 (activations quantised to Q8 blocks for
+//!   quantised weights, as llama.cpp does), in tiles of 4 rows, SIMD where the machine has it, an
+//!   f16 KV cache where it converts f16 in hardware (quantised models), threads over output rows
+//!   and heads (natively, and in the browser's threads build), and no allocation per token besides
+//!   the logits the `LanguageModel` API returns (the KV cache is reserved up to the context
+//!   length; the scratch buffers live in the state).
 //!
 //! One pass handles a batch of tokens (the whole prompt at prefill, one token per decode step):
 //! each weight row is read once and multiplied with every token of the batch.

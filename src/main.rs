@@ -104,7 +104,7 @@ struct ModelArgs {
     /// CPU backend: threads (0 = every core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// CPU backend, fast path: the kernels' instruction set (scalar, avx2, neon; default: the best
+    /// CPU backend, fast path: the kernels' instruction set (scalar, avx2, avx512vnni, neon; default: the best
     /// this machine has). `--isa scalar` computes what the wasm build does, up to summation order.
     #[arg(long)]
     isa: Option<String>,

@@ -239,7 +239,7 @@ impl CpuModel {
     /// Whether the KV cache holds f16 (see `KvStore`): fast path, quantised weights, F16C.
     fn kv_f16(&self) -> bool {
         let quantised = kernels::uses_q8_activations(self.model.weights.layers.first().map_or(GgmlType::F32, |l| l.wo.ty));
-        self.precision == Precision::Fast && self.isa == Isa::Avx2 && quantised
+        self.precision == Precision::Fast && matches!(self.isa, Isa::Avx2 | Isa::Avx512Vnni) && quantised
     }
 
     /// The kernels' instruction set: scalar (the reference expressions) in exact mode.
@@ -336,8 +336,8 @@ impl CpuModel {
                 self.par_ranges(rows, w.cols * n, &work);
             }
             (Precision::Fast, Some(xq)) => {
-                // Tiles of TILE_ROWS rows x 2 tokens (prefill) or x 1 token (decode, and the odd
-                // token); rows past the last whole tile go one at a time.
+                // Tiles of TILE_ROWS rows x 4 or 2 tokens (prefill) or x 1 token (decode, and the
+                // odd token); rows past the last whole tile go one at a time.
                 const R: usize = kernels::TILE_ROWS;
                 let blocks = w.cols / QK8;
                 let act = |t: usize| &xq[t * blocks..(t + 1) * blocks];
@@ -347,20 +347,25 @@ impl CpuModel {
                     while r + R <= r1 {
                         let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));
                         let mut t = 0;
-                        while t + 2 <= n {
-                            let o = kernels::dot_q8_tile(isa, w.ty, tile, [act(t), act(t + 1)]);
-                            for (k, o) in o.iter().enumerate() {
-                                store(t, r + k, o[0]);
-                                store(t + 1, r + k, o[1]);
-                            }
-                            t += 2;
+                        // T tokens at a time while T of them are left.
+                        macro_rules! tiles {
+                            ($t:literal) => {
+                                while t + $t <= n {
+                                    let o = kernels::dot_q8_tile::<R, $t>(isa, w.ty, tile, std::array::from_fn(|j| act(t + j)));
+                                    for (k, o) in o.iter().enumerate() {
+                                        for (j, &v) in o.iter().enumerate() {
+                                            store(t + j, r + k, v);
+                                        }
+                                    }
+                                    t += $t;
+                                }
+                            };
                         }
-                        if t < n {
-                            let o = kernels::dot_q8_tile(isa, w.ty, tile, [act(t)]);
-                            for (k, o) in o.iter().enumerate() {
-                                store(t, r + k, o[0]);
-                            }
+                        if kernels::wide_tiles(isa) {
+                            tiles!(4);
                         }
+                        tiles!(2);
+                        tiles!(1);
                         r += R;
                     }
                     for r in r..r1 {

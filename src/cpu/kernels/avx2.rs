@@ -14,7 +14,7 @@ fn f16c(b: &[u8], i: usize) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -313,14 +313,14 @@ unsafe fn prefetch_block(p: *const u8, len: usize, ahead: usize) {
 
 /// How far ahead a tile of `R` rows prefetches: the rows are contiguous, so the same place in
 /// the next tile (long rows), or `PREFETCH_BYTES` when that is nearer (short rows).
-fn tile_prefetch<const R: usize>(row_len: usize) -> usize {
+pub(super) fn tile_prefetch<const R: usize>(row_len: usize) -> usize {
     PREFETCH_BYTES.max(R * row_len)
 }
 
 /// The f16 at `p`, by F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16c_ptr(p: *const u8) -> f32 {
+pub(super) unsafe fn f16c_ptr(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }

@@ -77,7 +77,7 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
 }
 
-/// Checks `isa`'s `dot_q8` (Q8_0, Q4_0, Q4_K, Q6_K), `dot_q8_tile` (4 x 1 and 4 x 2),
+/// Checks `isa`'s `dot_q8` (Q8_0, Q4_0, Q4_K, Q6_K), `dot_q8_tile` (4 x 1, 4 x 2, 4 x 4),
 /// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
 /// rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
@@ -93,7 +93,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
         let sizes: &[usize] = if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 96, 224, 1056] };
         for &cols in sizes {
             let rows: Vec<Vec<u8>> = (0..TILE_ROWS).map(|_| random_row(ty, cols, next)).collect();
-            let acts: Vec<Vec<BlockQ8>> = (0..2)
+            let acts: Vec<Vec<BlockQ8>> = (0..4)
                 .map(|_| {
                     let mut q = vec![BlockQ8::default(); cols / QK8];
                     quantize_activations(&activations(cols, next), &mut q);
@@ -103,6 +103,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
             let tile: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
             let one = dot_q8_tile(isa, ty, tile, [acts[0].as_slice()]);
             let two = dot_q8_tile(isa, ty, tile, [acts[0].as_slice(), acts[1].as_slice()]);
+            let four = dot_q8_tile(isa, ty, tile, std::array::from_fn::<_, 4, _>(|t| acts[t].as_slice()));
             for (t, act) in acts.iter().enumerate() {
                 // The activations the integer kernels actually see, for the magnitude.
                 let x: Vec<f32> = act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
@@ -111,7 +112,10 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                     let mag = magnitude(ty, row, &x);
                     let what = |kernel: &'static str| move || format!("{kernel} {} cols {cols} row {r} vector {t}", ty.name());
                     c.check(what("dot_q8"), dot_q8(isa, ty, row, act), want, mag)?;
-                    c.check(what("dot_q8_tile<4, 2>"), two[r][t], want, mag)?;
+                    c.check(what("dot_q8_tile<4, 4>"), four[r][t], want, mag)?;
+                    if t < 2 {
+                        c.check(what("dot_q8_tile<4, 2>"), two[r][t], want, mag)?;
+                    }
                     if t == 0 {
                         c.check(what("dot_q8_tile<4, 1>"), one[r][0], want, mag)?;
                     }
@@ -175,7 +179,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     }
 
     Ok(format!(
-        "{}: {} results match scalar (dot_q8 and 4x1, 4x2 tiles on Q8_0 Q4_0 Q4_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
+        "{}: {} results match scalar (dot_q8 and 4x1, 4x2, 4x4 tiles on Q8_0 Q4_0 Q4_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
         isa.name(),
         c.checks
     ))

@@ -38,6 +38,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX2 plus AVX-512 VNNI (with BW and VL): int8 tiles with `vpdpbusd`; the rest is AVX2.
+    Avx512Vnni,
     /// aarch64 NEON.
     Neon,
     /// wasm32 simd128.
@@ -57,6 +59,13 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             v.push(Isa::Avx2);
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                v.push(Isa::Avx512Vnni);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
@@ -71,6 +80,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
             Isa::Neon => "neon",
             Isa::Simd128 => "simd128",
         }
@@ -108,8 +118,9 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only produced by `available()` after detecting avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::dot_q8(ty, row, act) },
+        // SAFETY: Isa::Avx2 (and Avx512Vnni, which implies it) is only produced by `available()`
+        // after detecting avx2, fma and f16c (and the AVX-512 features).
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::dot_q8(ty, row, act) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: Isa::Neon is only produced by `available()` after detecting neon.
         Isa::Neon => unsafe { neon::dot_q8(ty, row, act) },
@@ -122,6 +133,12 @@ pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 /// Weight rows one tile multiplies at once (see [`dot_q8_tile`]).
 pub const TILE_ROWS: usize = 4;
 
+/// Whether `isa` has the registers for tiles of 4 rows x 4 tokens (AVX-512: 32 vector registers;
+/// with AVX2's 16 the 16 sums would spill, so prefill tiles take 2 tokens).
+pub fn wide_tiles(isa: Isa) -> bool {
+    isa == Isa::Avx512Vnni
+}
+
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:
 /// each weight block is loaded (and unpacked) once for all `T` vectors, each activation block
 /// once for all `R` rows, and the `R * T` sums stay in registers. Decode uses `T = 1` (one token,
@@ -130,7 +147,10 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(isa: Isa, ty: GgmlType, rows:
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
-        Isa::Avx2 if avx2::has_tile(ty) => unsafe { avx2::dot_q8_tile(ty, rows, acts) },
+        Isa::Avx512Vnni if avx512vnni::has_tile(ty) => unsafe { avx512vnni::dot_q8_tile(ty, rows, acts) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 | Isa::Avx512Vnni if avx2::has_tile(ty) => unsafe { avx2::dot_q8_tile(ty, rows, acts) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 if simd128::has_tile(ty) => simd128::dot_q8_tile(ty, rows, acts),
         _ => std::array::from_fn(|r| std::array::from_fn(|t| dot_q8(isa, ty, rows[r], acts[t]))),
@@ -142,7 +162,7 @@ pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::dot_float_row(ty, row, x) },
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::dot_float_row(ty, row, x) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::dot_float_row(ty, row, x) },
@@ -157,7 +177,7 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::dot_f32(a, b) },
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::dot_f32(a, b) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::dot_f32(a, b) },
@@ -172,7 +192,7 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::axpy(a, x, y) },
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::axpy(a, x, y) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::axpy(a, x, y) },
@@ -219,7 +239,7 @@ pub fn attention_scores(isa: Isa, q: &[f32], keys: KvRows, stride: usize, scale:
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; the bounds were checked.
-        Isa::Avx2 if q.len().is_multiple_of(8) => unsafe { avx2::attention_scores(q, keys, stride, scale, out) },
+        Isa::Avx2 | Isa::Avx512Vnni if q.len().is_multiple_of(8) => unsafe { avx2::attention_scores(q, keys, stride, scale, out) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 if q.len().is_multiple_of(4) => simd128::attention_scores(q, keys, stride, scale, out),
         _ => scalar::attention_scores(q, keys, stride, scale, out),
@@ -234,7 +254,7 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; the bounds were checked.
-        Isa::Avx2 if out.len().is_multiple_of(8) => unsafe { avx2::attention_values(weights, values, stride, out) },
+        Isa::Avx2 | Isa::Avx512Vnni if out.len().is_multiple_of(8) => unsafe { avx2::attention_values(weights, values, stride, out) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 if out.len().is_multiple_of(4) => simd128::attention_values(weights, values, stride, out),
         _ => scalar::attention_values(weights, values, stride, out),
@@ -246,6 +266,9 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512vnni;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -1,0 +1,57 @@
+//! x86-64 AVX-512 VNNI, on 256-bit vectors (AVX-512VL): the int8 tiles with `vpdpbusd`, which
+//! multiplies unsigned by signed bytes and adds each group of four into an i32 in one instruction
+//! where AVX2 needs three (`maddubs`, `madd`, add), and 32 vector registers instead of 16, so a
+//! prefill tile holds 4 rows x 4 tokens of sums. Everything else runs the AVX2 kernels.
+
+use super::avx2::{f16c_ptr, hsum_ps, tile_prefetch};
+use super::*;
+use std::arch::x86_64::*;
+
+/// Whether [`dot_q8_tile`] has a VNNI kernel for `ty` (the others take the AVX2 path).
+pub fn has_tile(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+}
+
+/// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+    let nb = acts[0].len();
+    let bb = ty.block_bytes();
+    assert!(has_tile(ty), "dot_q8_tile: no VNNI tile for {}", ty.name());
+    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
+    let q4 = ty == GgmlType::Q4_0;
+    let mask = _mm256_set1_epi8(0x0f);
+    let ahead = tile_prefetch::<R>(rows[0].len());
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for i in 0..nb {
+        let mut w = [_mm256_setzero_si256(); R];
+        let mut dw = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            let p = rows[r].as_ptr().add(i * bb);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+            dw[r] = _mm256_set1_ps(f16c_ptr(p));
+            w[r] = if q4 {
+                // Low nibbles are elements 0..16, high nibbles 16..32; values 0..15 (offset 8).
+                let bytes = _mm_loadu_si128(p.add(2) as *const __m128i);
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), mask)
+            } else {
+                _mm256_loadu_si256(p.add(2) as *const __m256i)
+            };
+        }
+        // The unsigned operand: Q4_0's nibbles as they are; Q8_0's |w|, its sign moved onto x.
+        let unsigned_w: [__m256i; R] = std::array::from_fn(|r| if q4 { w[r] } else { _mm256_abs_epi8(w[r]) });
+        for t in 0..T {
+            let a = acts[t].get_unchecked(i);
+            let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            let da = _mm256_set1_ps(a.d);
+            // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x); the correction starts lane 0's sum.
+            let start = if q4 { _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * a.sum)) } else { _mm256_setzero_si256() };
+            for r in 0..R {
+                let signed_x = if q4 { x } else { _mm256_sign_epi8(x, w[r]) };
+                let sums = _mm256_dpbusd_epi32(start, unsigned_w[r], signed_x);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
+            }
+        }
+    }
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
+}

@@ -350,6 +350,7 @@ impl CpuModel {
                         // T tokens at a time while T of them are left.
                         macro_rules! tiles {
                             ($t:literal) => {
+                                #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
                                 while t + $t <= n {
                                     let o = kernels::dot_q8_tile::<R, $t>(isa, w.ty, tile, std::array::from_fn(|j| act(t + j)));
                                     for (k, o) in o.iter().enumerate() {

@@ -180,23 +180,13 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
         other => panic!("dot_q8_tile: no AVX2 tile for {}", other.name()),
     };
     let ones = _mm256_set1_epi16(1);
-    let mask = _mm256_set1_epi8(0x0f);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            let p = rows[r].as_ptr().add(i * bb);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-            dw[r] = _mm256_set1_ps(f16c_ptr(p));
-            w[r] = if q4 {
-                // Low nibbles are elements 0..16, high nibbles 16..32; values 0..15 (offset 8).
-                let bytes = _mm_loadu_si128(p.add(2) as *const __m128i);
-                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), mask)
-            } else {
-                _mm256_loadu_si256(p.add(2) as *const __m256i)
-            };
+            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), q4, ahead);
         }
         // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
         let abs_w: [__m256i; R] = std::array::from_fn(|r| if q4 { w[r] } else { _mm256_sign_epi8(w[r], w[r]) });
@@ -217,6 +207,22 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
         }
     }
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
+}
+
+/// One Q8_0 or Q4_0 block at `p` for the tiles (after prefetching `ahead` bytes on): its scale
+/// broadcast, and its 32 weights as bytes (Q4_0: the nibbles 0..15, offset 8 not yet applied).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn load_block(p: *const u8, q4: bool, ahead: usize) -> (__m256, __m256i) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+    let w = if q4 {
+        // Low nibbles are elements 0..16, high nibbles 16..32.
+        let bytes = _mm_loadu_si128(p.add(2) as *const __m128i);
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f))
+    } else {
+        _mm256_loadu_si256(p.add(2) as *const __m256i)
+    };
+    (_mm256_set1_ps(f16c_ptr(p)), w)
 }
 
 /// The Q4_K tile: per super-block of 256 and row, 8 sub-blocks of 32 with 6-bit scales and mins.
@@ -320,7 +326,7 @@ pub(super) fn tile_prefetch<const R: usize>(row_len: usize) -> usize {
 /// The f16 at `p`, by F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16c_ptr(p: *const u8) -> f32 {
+unsafe fn f16c_ptr(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }

@@ -3,7 +3,7 @@
 //! where AVX2 needs three (`maddubs`, `madd`, add), and 32 vector registers instead of 16, so a
 //! prefill tile holds 4 rows x 4 tokens of sums. Everything else runs the AVX2 kernels.
 
-use super::avx2::{f16c_ptr, hsum_ps, tile_prefetch};
+use super::avx2::{hsum_ps, load_block, tile_prefetch};
 use super::*;
 use std::arch::x86_64::*;
 
@@ -20,23 +20,13 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
     assert!(has_tile(ty), "dot_q8_tile: no VNNI tile for {}", ty.name());
     assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
     let q4 = ty == GgmlType::Q4_0;
-    let mask = _mm256_set1_epi8(0x0f);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            let p = rows[r].as_ptr().add(i * bb);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-            dw[r] = _mm256_set1_ps(f16c_ptr(p));
-            w[r] = if q4 {
-                // Low nibbles are elements 0..16, high nibbles 16..32; values 0..15 (offset 8).
-                let bytes = _mm_loadu_si128(p.add(2) as *const __m128i);
-                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), mask)
-            } else {
-                _mm256_loadu_si256(p.add(2) as *const __m256i)
-            };
+            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), q4, ahead);
         }
         // The unsigned operand: Q4_0's nibbles as they are; Q8_0's |w|, its sign moved onto x.
         let unsigned_w: [__m256i; R] = std::array::from_fn(|r| if q4 { w[r] } else { _mm256_abs_epi8(w[r]) });

@@ -66,6 +66,7 @@ from gguf import GGUFReader  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 import tokenizers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
+import lcpp_convert  # noqa: E402  (tools/lcpp_convert.py, beside this script)
 from llama_tokenizer import make_llama_tokenizer  # noqa: E402  (tools/llama_tokenizer.py, beside this script)
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -290,32 +291,9 @@ def epoch_row(model, held_w, epoch, step, losses, log) -> dict:
 # export (llama.cpp converter, as tools/make_fixtures.py) and GGUF -> HF inverse mapping
 # ----------------------------------------------------------------------------------------------
 
-CONVERT_WRAPPER = r'''
-import os, sys, runpy
-lcpp = os.environ["LCPP_DIR"]
-sys.path.insert(0, lcpp); sys.path.insert(0, os.path.join(lcpp, "gguf-py"))
-import conversion.base as base
-_orig = base.TextModel.get_vocab_base_pre
-def _patched(self, tokenizer):
-    # our freshly trained tokenizer is unknown to llama.cpp's hash table: name the pre-tokenizer explicitly
-    try:
-        return _orig(self, tokenizer)
-    except NotImplementedError:
-        return os.environ["FIXTURE_TOKPRE"]
-base.TextModel.get_vocab_base_pre = _patched
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
-runpy.run_path(os.path.join(lcpp, "convert_hf_to_gguf.py"), run_name="__main__")
-'''
-
-
 def convert(hf_dir: Path, out: Path, outtype: str):
-    env = dict(os.environ, LCPP_DIR=str(LCPP), FIXTURE_TOKPRE="default", NO_LOCAL_GGUF="1",
-               PYTHONPATH=str(LCPP / "gguf-py"))
-    r = subprocess.run([sys.executable, "-c", CONVERT_WRAPPER, str(hf_dir), "--outfile", str(out),
-                        "--outtype", outtype], env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        print(r.stdout[-3000:], r.stderr[-6000:])
-        raise SystemExit(f"convert failed for {out}")
+    """llama.cpp's converter (tools/lcpp_convert.py) with this script's llama.cpp tree."""
+    lcpp_convert.convert(LCPP, hf_dir, out, outtype)
 
 
 def lcpp_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -139,6 +139,7 @@ impl KvStore {
 
 /// log2 of the least work (multiply-adds) worth a task of its own: waking a thread costs a few
 /// microseconds natively, and tens in a browser (a Web Worker waiting on `Atomics.wait`).
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
 const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
 
 /// Reserve the KV cache up to the context when that is at most this many bytes (natively,
@@ -362,7 +363,7 @@ impl CpuModel {
                                 }
                             };
                         }
-                        if kernels::wide_tiles(isa) {
+                        if kernels::wide_tiles(isa, w.ty) {
                             tiles!(4);
                         }
                         tiles!(2);

@@ -133,10 +133,16 @@ pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 /// Weight rows one tile multiplies at once (see [`dot_q8_tile`]).
 pub const TILE_ROWS: usize = 4;
 
-/// Whether `isa` has the registers for tiles of 4 rows x 4 tokens (AVX-512: 32 vector registers;
-/// with AVX2's 16 the 16 sums would spill, so prefill tiles take 2 tokens).
-pub fn wide_tiles(isa: Isa) -> bool {
-    isa == Isa::Avx512Vnni
+/// Whether `isa`'s tile for `ty` has the registers for 4 rows x 4 tokens (the AVX-512 VNNI tiles:
+/// 32 vector registers; with AVX2's 16 the 16 sums would spill, so those take 2 tokens).
+pub fn wide_tiles(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512Vnni && avx512vnni::has_tile(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        false
+    }
 }
 
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:

@@ -41,7 +41,9 @@ pub fn bench_token(i: usize, n_vocab: usize) -> u32 {
 /// Time prefill and decode on any model.
 fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
     let vocab = m.vocab_size();
-    let toks = |from: usize, n: usize| -> Vec<u32> { (from..from + n).map(|i| bench_token(i, vocab)).collect() };
+    let toks = |from: usize, n: usize| -> Vec<u32> {
+        (from..from + n).map(|i| bench_token(i, vocab)).collect()
+    };
     // Warm-up: page the weights in and let the threads start.
     let mut s = m.new_state();
     m.forward(&mut s, &toks(0, 4), false)?;
@@ -144,9 +146,16 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["note"] = json!("readback is the full logits row (the LanguageModel API); forward_greedy reads 4 bytes, forward_topk 8k+8");
             r
         } else {
-            let threads = if o.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { o.threads };
+            let threads = if o.threads == 0 {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                o.threads
+            };
             let precision = if o.exact { Precision::Exact } else { Precision::Fast };
-            let cm = CpuModel::new(model).with_precision(precision).with_threads(threads).with_max_seq(max_ctx);
+            let cm = CpuModel::new(model)
+                .with_precision(precision)
+                .with_threads(threads)
+                .with_max_seq(max_ctx);
             let load_s = t.elapsed().as_secs_f64();
             per_token = cm.weight_bytes_per_token();
             let mut r = measure(&cm, o)?;
@@ -161,7 +170,11 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         r["backend"] = json!(backend);
         let eff: serde_json::Map<String, Value> = r["decode_tok_s"]
             .as_object()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), json!(v.as_f64().unwrap_or(0.0) * per_token as f64))).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), json!(v.as_f64().unwrap_or(0.0) * per_token as f64)))
+                    .collect()
+            })
             .unwrap_or_default();
         r["weight_bandwidth_bytes_s"] = Value::Object(eff);
         results.push(r);

@@ -162,13 +162,16 @@ where
 {
     /// Like [`Generation::new`], with the model and vocabulary held through `R` and `V` (for
     /// example `Rc<M>` and `Rc<dyn Vocab>`) instead of borrowed.
-    pub fn with_handles(model: R, vocab: V, prompt_ids: &[u32], opts: GenerateOptions) -> Result<Self> {
+    pub fn with_handles(
+        model: R,
+        vocab: V,
+        prompt_ids: &[u32],
+        opts: GenerateOptions,
+    ) -> Result<Self> {
         let m: &M = Borrow::<M>::borrow(&model);
         check_prompt(m, prompt_ids)?;
         if opts.stop_strings.iter().any(String::is_empty) {
-            return Err(Error::Input(
-                "a stop string is empty (it would match at once)".into(),
-            ));
+            return Err(Error::Input("a stop string is empty (it would match at once)".into()));
         }
         let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
         let state = m.new_state();
@@ -291,7 +294,8 @@ where
     fn accept(&mut self, pick: Pick) -> TokenEvent {
         let position = self.tokens.len();
         self.tokens.push(pick.id);
-        if self.opts.stop_at_eos && Borrow::<M>::borrow(&self.model).eos_tokens().contains(&pick.id) {
+        if self.opts.stop_at_eos && Borrow::<M>::borrow(&self.model).eos_tokens().contains(&pick.id)
+        {
             self.stop = Some(StopReason::Eos);
         } else {
             self.decode_ids.push(pick.id);
@@ -305,12 +309,8 @@ where
         }
 
         let full = self.generated_text();
-        let (end, hit_stop_string) = visible_end(
-            &full,
-            self.text.len(),
-            &self.opts.stop_strings,
-            self.stop.is_some(),
-        );
+        let (end, hit_stop_string) =
+            visible_end(&full, self.text.len(), &self.opts.stop_strings, self.stop.is_some());
         if hit_stop_string {
             self.stop = Some(StopReason::StopString);
             self.pending = None;
@@ -337,7 +337,8 @@ where
         match full.strip_prefix(self.anchor_text.as_str()) {
             Some(generated) => generated.to_string(),
             // The prompt's last tokens merged with the first generated ones: decode them alone.
-            None => Borrow::<dyn Vocab + 'm>::borrow(&self.vocab).decode(&self.decode_ids[self.anchor_len..]),
+            None => Borrow::<dyn Vocab + 'm>::borrow(&self.vocab)
+                .decode(&self.decode_ids[self.anchor_len..]),
         }
     }
 
@@ -418,15 +419,8 @@ fn check_prompt<M: LanguageModel>(model: &M, prompt_ids: &[u32]) -> Result<()> {
 fn visible_end(full: &str, shown: usize, stop_strings: &[String], last: bool) -> (usize, bool) {
     // A stop string cannot start in text already shown (that text was held back while it could
     // be the start of one), so search the new part only.
-    let from = if full.is_char_boundary(shown) {
-        shown
-    } else {
-        0
-    };
-    let first_stop = stop_strings
-        .iter()
-        .filter_map(|s| full[from..].find(s.as_str()))
-        .min();
+    let from = if full.is_char_boundary(shown) { shown } else { 0 };
+    let first_stop = stop_strings.iter().filter_map(|s| full[from..].find(s.as_str())).min();
     if let Some(at) = first_stop {
         return (from + at, true);
     }
@@ -438,11 +432,7 @@ fn visible_end(full: &str, shown: usize, stop_strings: &[String], last: bool) ->
     let new = full.get(from..).unwrap_or("");
     let new = new.trim_end_matches('\u{FFFD}');
     // Text that might be the beginning of a stop string waits until we know.
-    let hold = stop_strings
-        .iter()
-        .map(|s| stop_prefix_len(new, s))
-        .max()
-        .unwrap_or(0);
+    let hold = stop_strings.iter().map(|s| stop_prefix_len(new, s)).max().unwrap_or(0);
     (from + new.len() - hold, false)
 }
 
@@ -477,9 +467,7 @@ pub fn generate<M: LanguageModel>(
             generation.abort();
         }
     }
-    Ok(generation
-        .summary()
-        .expect("the loop ends only once generation has stopped"))
+    Ok(generation.summary().expect("the loop ends only once generation has stopped"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -551,12 +539,7 @@ pub fn beam_search<M: LanguageModel>(
 
     let mut state = model.new_state();
     let logits = model.forward(&mut state, prompt_ids, false)?;
-    let mut live = vec![Hypothesis {
-        ids: Vec::new(),
-        logprob: 0.0,
-        state,
-        logits,
-    }];
+    let mut live = vec![Hypothesis { ids: Vec::new(), logprob: 0.0, state, logits }];
     let mut done: Vec<Beam> = Vec::new();
 
     for step in 0..opts.max_tokens {
@@ -592,22 +575,12 @@ pub fn beam_search<M: LanguageModel>(
                 model.position(&parent.state) + 1 >= context || step + 1 == opts.max_tokens;
             if out_of_room {
                 // Nothing more will be generated: skip the forward pass that would predict it.
-                done.push(Beam {
-                    score: score(logprob, ids.len()),
-                    ids,
-                    logprob,
-                    finished: false,
-                });
+                done.push(Beam { score: score(logprob, ids.len()), ids, logprob, finished: false });
                 continue;
             }
             let mut state = parent.state.clone(); // fork: the parent may have other children
             let logits = model.forward(&mut state, &[id], false)?;
-            next.push(Hypothesis {
-                ids,
-                logprob,
-                state,
-                logits,
-            });
+            next.push(Hypothesis { ids, logprob, state, logits });
         }
         live = next;
 
@@ -666,17 +639,8 @@ impl Score {
     pub fn from_logprobs(token_logprobs: Vec<f64>) -> Score {
         let total_logprob: f64 = token_logprobs.iter().sum();
         let n = token_logprobs.len();
-        let avg_nll = if n == 0 {
-            0.0
-        } else {
-            -total_logprob / n as f64
-        };
-        Score {
-            token_logprobs,
-            total_logprob,
-            avg_nll,
-            perplexity: avg_nll.exp(),
-        }
+        let avg_nll = if n == 0 { 0.0 } else { -total_logprob / n as f64 };
+        Score { token_logprobs, total_logprob, avg_nll, perplexity: avg_nll.exp() }
     }
 
     /// From per-token probabilities (each is logged; they are never multiplied).

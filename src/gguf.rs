@@ -152,7 +152,9 @@ impl Gguf {
             let name = r.string("tensor name")?;
             let n_dims = r.u32("tensor dimension count")? as usize;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return gguf_err!("tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS} allowed)");
+                return gguf_err!(
+                    "tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS} allowed)"
+                );
             }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -329,7 +331,9 @@ impl<'a> Reader<'a> {
                     4..=6 => 4,
                     8 | 10..=12 => 8,
                     9 => 12,
-                    _ => return gguf_err!("metadata {key:?}: unknown array element type {elem_ty}"),
+                    _ => {
+                        return gguf_err!("metadata {key:?}: unknown array element type {elem_ty}")
+                    }
                 };
                 self.check_count(len, min_size, &format!("metadata {key:?} array length"))?;
                 self.array_elements = self.array_elements.saturating_add(len);

@@ -3,17 +3,17 @@
 //! description: config + weights), `cpu` (the forward pass), `sampling`, `generate` (the loop,
 //! beam search, scoring), `table` (the lesson models), `tokenizer`.
 
-pub mod error;
-pub mod lm;
-pub mod gguf;
-pub mod quant;
-pub mod model;
 pub mod cpu;
-pub mod tokenizer;
-pub mod sampling;
+pub mod error;
 pub mod generate;
-pub mod table;
+pub mod gguf;
 pub mod gpu;
+pub mod lm;
+pub mod model;
+pub mod quant;
+pub mod sampling;
+pub mod table;
+pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 

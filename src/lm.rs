@@ -29,7 +29,12 @@ pub trait LanguageModel {
     /// `vocab_size()` (row i predicts the token after `tokens[i]`); otherwise only the last row.
     /// Errors (and leaves `state` unchanged) when the tokens would not fit in the context or an
     /// id is outside the vocabulary.
-    fn forward(&self, state: &mut Self::State, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>>;
+    fn forward(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>>;
 }
 
 /// Turns text into token ids and back. Tokenizer-backed for transformers, word lists for tables.

@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
 use nexttoken::cpu::{kernels::Isa, CpuModel, Precision};
-use nexttoken::gpu::{GpuContext, GpuModel};
 use nexttoken::generate::{self, BeamOptions, GenerateOptions, Generation};
+use nexttoken::gpu::{GpuContext, GpuModel};
 use nexttoken::model::{Model, Storage};
 use nexttoken::sampling::SamplerConfig;
 use nexttoken::table::TableModel;
@@ -164,7 +164,16 @@ fn main() -> ExitCode {
         Command::Info { model } => run_info(model.as_deref()),
         Command::Synth { config, ty, out, seed } => synth::run(&config, &ty, &out, seed),
         Command::Bench { model, backend, threads, prefill, contexts, steps, exact, json } => {
-            bench::run(&bench::BenchOptions { model, backend, threads, prefill, contexts, steps, exact, json })
+            bench::run(&bench::BenchOptions {
+                model,
+                backend,
+                threads,
+                prefill,
+                contexts,
+                steps,
+                exact,
+                json,
+            })
         }
     };
     match result {
@@ -177,7 +186,10 @@ fn main() -> ExitCode {
 }
 
 /// Load the model named by `args` on the chosen backend and hand it to `f`.
-fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>) -> Result<()> {
+fn with_model(
+    args: &ModelArgs,
+    f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>,
+) -> Result<()> {
     let (model, tokenizer) = match &args.model {
         None => {
             let tokenizer = match &args.tokenizer {
@@ -191,10 +203,8 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
             return f(&table, &table);
         }
         Some(path) => {
-            let tokenizer_path = args
-                .tokenizer
-                .clone()
-                .unwrap_or_else(|| path.with_file_name("tokenizer.json"));
+            let tokenizer_path =
+                args.tokenizer.clone().unwrap_or_else(|| path.with_file_name("tokenizer.json"));
             if !tokenizer_path.exists() {
                 return Err(Error::Tokenizer(format!(
                     "no tokenizer: {} does not exist (pass --tokenizer PATH)",
@@ -210,7 +220,10 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
         _ => match GpuContext::new() {
             // A software rasteriser (lavapipe, SwiftShader) is slower than the CPU path.
             Ok(ctx) if ctx.info.device_type == wgpu::DeviceType::Cpu => {
-                eprintln!("backend: cpu (the only adapter is software: {}; --backend gpu forces it)", ctx.describe());
+                eprintln!(
+                    "backend: cpu (the only adapter is software: {}; --backend gpu forces it)",
+                    ctx.describe()
+                );
                 None
             }
             Ok(ctx) => Some(ctx),
@@ -223,7 +236,8 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
     match gpu {
         Some(ctx) => {
             eprintln!("backend: gpu, {}", ctx.describe());
-            let model = pollster::block_on(GpuModel::with_context(ctx, model))?.with_max_seq(args.context);
+            let model =
+                pollster::block_on(GpuModel::with_context(ctx, model))?.with_max_seq(args.context);
             f(&model, &tokenizer)
         }
         None => {
@@ -237,14 +251,22 @@ fn with_model(args: &ModelArgs, f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Res
                     0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
                     n => n,
                 };
-                let fast = CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
+                let fast =
+                    CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
                 match &args.isa {
                     None => fast,
                     Some(name) => {
-                        let isa = Isa::available().into_iter().find(|i| i.name() == name).ok_or_else(|| {
-                            let names: Vec<_> = Isa::available().iter().map(|i| i.name()).collect();
-                            nexttoken::Error::Input(format!("--isa {name}: this machine has {}", names.join(", ")))
-                        })?;
+                        let isa = Isa::available()
+                            .into_iter()
+                            .find(|i| i.name() == name)
+                            .ok_or_else(|| {
+                                let names: Vec<_> =
+                                    Isa::available().iter().map(|i| i.name()).collect();
+                                nexttoken::Error::Input(format!(
+                                    "--isa {name}: this machine has {}",
+                                    names.join(", ")
+                                ))
+                            })?;
                         fast.with_isa(isa)
                     }
                 }
@@ -293,18 +315,22 @@ fn prompt_ids<M: LanguageModel>(model: &M, vocab: &dyn Vocab, text: &str) -> Res
     let mut ids: Vec<u32> = model.bos_token().into_iter().collect();
     ids.extend(vocab.encode(text)?);
     if ids.is_empty() {
-        return Err(Error::Input("the prompt is empty and the model has no BOS token to start from".into()));
+        return Err(Error::Input(
+            "the prompt is empty and the model has no BOS token to start from".into(),
+        ));
     }
     Ok(ids)
 }
 
 fn top_json(vocab: &dyn Vocab, top: &[(u32, f32)]) -> serde_json::Value {
-    top.iter()
-        .map(|&(id, p)| json!({"id": id, "token": vocab.token_text(id), "prob": p}))
-        .collect()
+    top.iter().map(|&(id, p)| json!({"id": id, "token": vocab.token_text(id), "prob": p})).collect()
 }
 
-fn generate_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()> {
+fn generate_with<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    args: &GenerateArgs,
+) -> Result<()> {
     let ids = prompt_ids(model, vocab, &args.prompt)?;
     let mut out = std::io::stdout().lock();
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
@@ -321,10 +347,12 @@ fn generate_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &Generate
                 .iter()
                 .map(|b| json!({"ids": b.ids, "text": vocab.decode(&b.ids), "logprob": b.logprob, "score": b.score, "finished": b.finished}))
                 .collect();
-            writeln!(out, "{}", json!({"prompt_tokens": ids.len(), "beams": list})).map_err(write_err)?;
+            writeln!(out, "{}", json!({"prompt_tokens": ids.len(), "beams": list}))
+                .map_err(write_err)?;
         } else {
             let best = &beams[0];
-            writeln!(out, "{}{}", args.prompt, continuation(vocab, &ids, &best.ids)).map_err(write_err)?;
+            writeln!(out, "{}{}", args.prompt, continuation(vocab, &ids, &best.ids))
+                .map_err(write_err)?;
             eprintln!("beam log P = {:.4}, P = {:.4}", best.logprob, best.logprob.exp());
         }
         return Ok(());
@@ -402,7 +430,9 @@ fn per_second(tokens: usize, ms: f64) -> f64 {
 fn score_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
     let ids = prompt_ids(model, vocab, &args.text)?;
     if ids.len() < 2 {
-        return Err(Error::Input("the text needs at least one token after the first to score".into()));
+        return Err(Error::Input(
+            "the text needs at least one token after the first to score".into(),
+        ));
     }
     let score = generate::score(model, &ids)?;
     let tokens: Vec<_> = ids[1..]
@@ -445,7 +475,10 @@ fn run_info(path: Option<&Path>) -> Result<()> {
     println!("vocab          {}", c.n_vocab);
     println!("embedding      {}", c.n_embd);
     println!("layers         {}", c.n_layer);
-    println!("heads          {} (key/value heads {}, head size {})", c.n_head, c.n_head_kv, c.head_dim);
+    println!(
+        "heads          {} (key/value heads {}, head size {})",
+        c.n_head, c.n_head_kv, c.head_dim
+    );
     println!("feed-forward   {}", c.n_ff);
     println!("context        {}", c.n_ctx);
     println!("rope           {:?}, theta {}, {} dims", c.rope, c.rope_theta, c.rope_dims);
@@ -471,5 +504,6 @@ fn run_info(path: Option<&Path>) -> Result<()> {
 }
 
 fn read_to_string(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
+    std::fs::read_to_string(path)
+        .map_err(|source| Error::Io { path: path.display().to_string(), source })
 }

@@ -97,7 +97,10 @@ impl Config {
             )));
         }
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-            return Err(Error::Input(format!("token id {bad} is outside the vocabulary of {}", self.n_vocab)));
+            return Err(Error::Input(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.n_vocab
+            )));
         }
         Ok(())
     }
@@ -225,10 +228,25 @@ impl Model {
         total += w.output_norm_b.as_ref().map_or(0, |t| t.size_bytes);
         for l in &w.layers {
             let ts = [
-                Some(&l.attn_norm), l.attn_norm_b.as_ref(), l.wq.as_ref(), l.wk.as_ref(), l.wv.as_ref(),
-                l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref(), l.wqkv.as_ref(), l.bqkv.as_ref(), Some(&l.wo),
-                l.bo.as_ref(), Some(&l.ffn_norm), l.ffn_norm_b.as_ref(), l.ffn_gate.as_ref(), Some(&l.ffn_up),
-                l.ffn_up_b.as_ref(), Some(&l.ffn_down), l.ffn_down_b.as_ref(),
+                Some(&l.attn_norm),
+                l.attn_norm_b.as_ref(),
+                l.wq.as_ref(),
+                l.wk.as_ref(),
+                l.wv.as_ref(),
+                l.bq.as_ref(),
+                l.bk.as_ref(),
+                l.bv.as_ref(),
+                l.wqkv.as_ref(),
+                l.bqkv.as_ref(),
+                Some(&l.wo),
+                l.bo.as_ref(),
+                Some(&l.ffn_norm),
+                l.ffn_norm_b.as_ref(),
+                l.ffn_gate.as_ref(),
+                Some(&l.ffn_up),
+                l.ffn_up_b.as_ref(),
+                Some(&l.ffn_down),
+                l.ffn_down_b.as_ref(),
             ];
             total += ts.iter().flatten().map(|t| t.size_bytes).sum::<usize>();
         }
@@ -285,7 +303,9 @@ fn read_config(g: &Gguf) -> Result<Config> {
         Some(_) => req("attention.head_count_kv")?,
     };
     if n_embd % n_head != 0 && g.get(&key("attention.key_length")).is_none() {
-        return Err(Error::Model(format!("embedding length {n_embd} is not a multiple of {n_head} heads")));
+        return Err(Error::Model(format!(
+            "embedding length {n_embd} is not a multiple of {n_head} heads"
+        )));
     }
     let head_dim = match g.get(&key("attention.key_length")) {
         None => n_embd / n_head,
@@ -306,17 +326,17 @@ fn read_config(g: &Gguf) -> Result<Config> {
         Some(_) => req("rope.dimension_count")?,
     };
     if rope != RopeStyle::None && (rope_dims > head_dim || rope_dims % 2 != 0) {
-        return Err(Error::Model(format!("rope dimension count {rope_dims} does not fit head size {head_dim}")));
+        return Err(Error::Model(format!(
+            "rope dimension count {rope_dims} does not fit head size {head_dim}"
+        )));
     }
     let token_id = |k: &str| -> Option<u32> {
         g.get(k).and_then(Value::as_u64).filter(|&v| (v as usize) < n_vocab).map(|v| v as u32)
     };
     let bos_token = token_id("tokenizer.ggml.bos_token_id");
-    let add_bos = g
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(Value::as_bool)
-        .unwrap_or(add_bos_default)
-        && bos_token.is_some();
+    let add_bos =
+        g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(add_bos_default)
+            && bos_token.is_some();
     let mut eos_tokens: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
         .iter()
         .filter_map(|k| token_id(k))
@@ -410,7 +430,8 @@ fn read_weights(g: &Gguf, c: &Config) -> Result<Weights> {
                 "layer {i} has neither attn_q/attn_k/attn_v nor a fused attn_qkv weight"
             )));
         }
-        if c.arch == Arch::Qwen2 && (layer.bq.is_none() || layer.bk.is_none() || layer.bv.is_none()) {
+        if c.arch == Arch::Qwen2 && (layer.bq.is_none() || layer.bk.is_none() || layer.bv.is_none())
+        {
             return Err(Error::Model(format!("qwen2 layer {i} is missing its q/k/v biases")));
         }
         layers.push(layer);

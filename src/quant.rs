@@ -64,11 +64,46 @@ impl GgmlType {
     /// Name of a ggml type id for error messages, including the ones we do not support.
     pub fn describe_id(id: u32) -> String {
         const NAMES: [&str; 40] = [
-            "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-            "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
-            "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M",
-            "BF16", "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4",
-            "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+            "F32",
+            "F16",
+            "Q4_0",
+            "Q4_1",
+            "Q4_2",
+            "Q4_3",
+            "Q5_0",
+            "Q5_1",
+            "Q8_0",
+            "Q8_1",
+            "Q2_K",
+            "Q3_K",
+            "Q4_K",
+            "Q5_K",
+            "Q6_K",
+            "Q8_K",
+            "IQ2_XXS",
+            "IQ2_XS",
+            "IQ3_XXS",
+            "IQ1_S",
+            "IQ4_NL",
+            "IQ3_S",
+            "IQ2_S",
+            "IQ4_XS",
+            "I8",
+            "I16",
+            "I32",
+            "I64",
+            "F64",
+            "IQ1_M",
+            "BF16",
+            "Q4_0_4_4",
+            "Q4_0_4_8",
+            "Q4_0_8_8",
+            "TQ1_0",
+            "TQ2_0",
+            "IQ4_NL_4_4",
+            "IQ4_NL_4_8",
+            "IQ4_NL_8_8",
+            "MXFP4",
         ];
         match NAMES.get(id as usize) {
             Some(n) => format!("{n} (id {id})"),
@@ -275,8 +310,12 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(values.len() / ty.block_size() * ty.block_bytes());
     match ty {
         GgmlType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        GgmlType::F16 => values.iter().for_each(|&v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes())),
-        GgmlType::BF16 => values.iter().for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes())),
+        GgmlType::F16 => {
+            values.iter().for_each(|&v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes()))
+        }
+        GgmlType::BF16 => {
+            values.iter().for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()))
+        }
         GgmlType::Q8_0 => quantize_row_q8_0(values, &mut out),
         GgmlType::Q4_0 => quantize_row_q4_0(values, &mut out),
         GgmlType::Q4_K | GgmlType::Q6_K => return None,

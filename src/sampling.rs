@@ -57,10 +57,7 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Always the most probable token (after the repetition penalty, which is off here too).
     pub fn greedy() -> Self {
-        SamplerConfig {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        SamplerConfig { temperature: 0.0, ..Self::default() }
     }
 
     /// Temperature 0 is the limit where all probability goes to the argmax. A NaN temperature
@@ -128,13 +125,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = Rng::new(cfg.seed);
-        Sampler {
-            cfg,
-            rng,
-            adjusted: Vec::new(),
-            candidates: Vec::new(),
-            recent: Vec::new(),
-        }
+        Sampler { cfg, rng, adjusted: Vec::new(), candidates: Vec::new(), recent: Vec::new() }
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -153,11 +144,7 @@ impl Sampler {
         adjusted.clear();
         adjusted.extend_from_slice(logits);
         self.penalise_repeats(&mut adjusted, history);
-        let id = if self.cfg.is_greedy() {
-            argmax(&adjusted)
-        } else {
-            self.draw(&adjusted)
-        };
+        let id = if self.cfg.is_greedy() { argmax(&adjusted) } else { self.draw(&adjusted) };
         self.adjusted = adjusted;
         id
     }
@@ -176,11 +163,7 @@ impl Sampler {
         self.recent.dedup();
         for &id in &self.recent {
             if let Some(logit) = logits.get_mut(id as usize) {
-                *logit = if *logit > 0.0 {
-                    *logit / penalty
-                } else {
-                    *logit * penalty
-                };
+                *logit = if *logit > 0.0 { *logit / penalty } else { *logit * penalty };
             }
         }
     }
@@ -285,19 +268,12 @@ fn describe(logits: &[f32], id: u32) -> Pick {
             logit as f64 - lse
         }
     };
-    let logprob = logits
-        .get(id as usize)
-        .map_or(f64::NEG_INFINITY, |&l| logprob_of(l));
+    let logprob = logits.get(id as usize).map_or(f64::NEG_INFINITY, |&l| logprob_of(l));
     let top = top_n(logits, TOP_SHOWN)
         .into_iter()
         .map(|(i, logit)| (i, logprob_of(logit).exp() as f32))
         .collect();
-    Pick {
-        id,
-        prob: logprob.exp() as f32,
-        logprob: logprob as f32,
-        top,
-    }
+    Pick { id, prob: logprob.exp() as f32, logprob: logprob as f32, top }
 }
 
 /// Index of the largest logit; ties (and an all `-inf` or NaN vector) go to the lowest id.
@@ -335,11 +311,7 @@ pub fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
 
 /// Largest logit above `-inf`, if any (NaN ignored).
 fn max_finite(logits: &[f32]) -> Option<f32> {
-    logits
-        .iter()
-        .copied()
-        .filter(|&l| l > f32::NEG_INFINITY)
-        .reduce(f32::max)
+    logits.iter().copied().filter(|&l| l > f32::NEG_INFINITY).reduce(f32::max)
 }
 
 /// ln Σ exp(logits), computed as max + ln Σ exp(l - max) in f64 so nothing overflows or
@@ -349,11 +321,8 @@ pub fn logsumexp(logits: &[f32]) -> f64 {
         return f64::NEG_INFINITY;
     };
     let max = max as f64;
-    let sum: f64 = logits
-        .iter()
-        .filter(|&&l| l > f32::NEG_INFINITY)
-        .map(|&l| (l as f64 - max).exp())
-        .sum();
+    let sum: f64 =
+        logits.iter().filter(|&&l| l > f32::NEG_INFINITY).map(|&l| (l as f64 - max).exp()).sum();
     max + sum.ln()
 }
 
@@ -364,10 +333,7 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
     if lse == f64::NEG_INFINITY {
         return vec![0.0; logits.len()];
     }
-    logits
-        .iter()
-        .map(|&l| (l as f64 - lse).exp() as f32)
-        .collect()
+    logits.iter().map(|&l| (l as f64 - lse).exp() as f32).collect()
 }
 
 /// ln P(id) under the softmax of `logits`: the logit minus logsumexp, never ln of a rounded

@@ -44,9 +44,12 @@ fn bad(msg: String) -> Error {
 
 impl SynthConfig {
     pub fn from_hf_json(text: &str) -> Result<SynthConfig> {
-        let j: Json = serde_json::from_str(text).map_err(|e| bad(format!("config is not JSON: {e}")))?;
+        let j: Json =
+            serde_json::from_str(text).map_err(|e| bad(format!("config is not JSON: {e}")))?;
         let model_type = j["model_type"].as_str().unwrap_or("");
-        let archs: Vec<&str> = j["architectures"].as_array().map_or(vec![], |a| a.iter().filter_map(|v| v.as_str()).collect());
+        let archs: Vec<&str> = j["architectures"]
+            .as_array()
+            .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str()).collect());
         let has = |s: &str| archs.iter().any(|a| a.starts_with(s));
         let arch = if model_type == "qwen2" || has("Qwen2") {
             "qwen2"
@@ -150,7 +153,9 @@ fn matrix(seed: u64, cols: usize, rows: usize, ty: GgmlType) -> (GgmlType, Vec<u
         for (i, o) in out.chunks_exact_mut(row_bytes).enumerate() {
             let r = chunk * 64 + i;
             normalish(seed ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03), cols, 0.02, &mut vals);
-            o.copy_from_slice(&quantize(ty, &vals).expect("synth writes only F32, F16, Q8_0, Q4_0"));
+            o.copy_from_slice(
+                &quantize(ty, &vals).expect("synth writes only F32, F16, Q8_0, Q4_0"),
+            );
         }
     });
     (ty, data)
@@ -176,7 +181,10 @@ fn file_type(ty: GgmlType) -> u32 {
 /// Build the whole GGUF file in memory.
 pub fn synth_gguf(c: &SynthConfig, ty: GgmlType, seed: u64) -> Result<Vec<u8>> {
     if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0) {
-        return Err(Error::Input(format!("synth writes f32, f16, q8_0 or q4_0, not {}", ty.name())));
+        return Err(Error::Input(format!(
+            "synth writes f32, f16, q8_0 or q4_0, not {}",
+            ty.name()
+        )));
     }
     let a = c.arch;
     let key = |k: &str| format!("{a}.{k}");
@@ -228,9 +236,18 @@ pub fn synth_gguf(c: &SynthConfig, ty: GgmlType, seed: u64) -> Result<Vec<u8>> {
         }
     }
     w.metadata("tokenizer.ggml.model", Value::String("llama".into()));
-    w.metadata("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect()));
-    w.metadata("tokenizer.ggml.scores", Value::Array((0..c.n_vocab).map(|i| Value::F32(-(i as f32))).collect()));
-    w.metadata("tokenizer.ggml.token_type", Value::Array(types.into_iter().map(Value::I32).collect()));
+    w.metadata(
+        "tokenizer.ggml.tokens",
+        Value::Array(tokens.into_iter().map(Value::String).collect()),
+    );
+    w.metadata(
+        "tokenizer.ggml.scores",
+        Value::Array((0..c.n_vocab).map(|i| Value::F32(-(i as f32))).collect()),
+    );
+    w.metadata(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
     w.metadata("tokenizer.ggml.unknown_token_id", Value::U32(0));
     w.metadata("tokenizer.ggml.bos_token_id", Value::U32(bos as u32));
     w.metadata("tokenizer.ggml.eos_token_id", Value::U32(eos as u32));
@@ -313,13 +330,17 @@ pub fn run(config: &Path, ty: &str, out: &Path, seed: u64) -> Result<()> {
         "f16" => GgmlType::F16,
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
-        other => return Err(Error::Input(format!("--type {other}: expected q8_0, q4_0, f16 or f32"))),
+        other => {
+            return Err(Error::Input(format!("--type {other}: expected q8_0, q4_0, f16 or f32")))
+        }
     };
-    let text = std::fs::read_to_string(config).map_err(|source| Error::Io { path: config.display().to_string(), source })?;
+    let text = std::fs::read_to_string(config)
+        .map_err(|source| Error::Io { path: config.display().to_string(), source })?;
     let c = SynthConfig::from_hf_json(&text)?;
     let t0 = std::time::Instant::now();
     let bytes = synth_gguf(&c, ty, seed)?;
-    std::fs::write(out, &bytes).map_err(|source| Error::Io { path: out.display().to_string(), source })?;
+    std::fs::write(out, &bytes)
+        .map_err(|source| Error::Io { path: out.display().to_string(), source })?;
     eprintln!(
         "wrote {} ({} {}, {} layers, n_embd {}, vocab {}, {:.1} MiB) in {:.1} s",
         out.display(),

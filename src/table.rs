@@ -167,9 +167,7 @@ impl TableModel {
 
     /// P(next | prev) straight from the table (0 for an id outside the vocabulary).
     pub fn prob(&self, prev: u32, next: u32) -> f64 {
-        self.row(prev)
-            .and_then(|row| row.get(next as usize))
-            .map_or(0.0, |&l| (l as f64).exp())
+        self.row(prev).and_then(|row| row.get(next as usize)).map_or(0.0, |&l| (l as f64).exp())
     }
 
     fn row(&self, id: u32) -> Option<&[f32]> {
@@ -199,10 +197,7 @@ impl LanguageModel for TableModel {
     }
 
     fn new_state(&self) -> TableState {
-        TableState {
-            position: 0,
-            last: None,
-        }
+        TableState { position: 0, last: None }
     }
 
     fn position(&self, state: &TableState) -> usize {
@@ -235,19 +230,12 @@ impl LanguageModel for TableModel {
         };
 
         // A bigram model needs no work per token: each row is a lookup.
-        let rows = if all_logits {
-            tokens
-        } else {
-            &tokens[tokens.len() - 1..]
-        };
+        let rows = if all_logits { tokens } else { &tokens[tokens.len() - 1..] };
         let mut out = Vec::with_capacity(rows.len() * self.words.len());
         for &id in rows {
             out.extend_from_slice(self.row(id).expect("id checked above"));
         }
-        *state = TableState {
-            position: end,
-            last: Some(last),
-        };
+        *state = TableState { position: end, last: Some(last) };
         Ok(out)
     }
 }
@@ -289,9 +277,6 @@ impl Vocab for TableModel {
     }
 
     fn token_text(&self, id: u32) -> String {
-        self.words
-            .get(id as usize)
-            .cloned()
-            .unwrap_or_else(|| format!("<{id}?>"))
+        self.words.get(id as usize).cloned().unwrap_or_else(|| format!("<{id}?>"))
     }
 }

@@ -17,10 +17,8 @@ impl HfTokenizer {
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_file(path: &std::path::Path) -> Result<HfTokenizer> {
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let bytes = std::fs::read(path)
+            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
         HfTokenizer::from_bytes(&bytes)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
     }

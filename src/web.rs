@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
-use crate::generate::{self, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason, TokenEvent};
+use crate::generate::{
+    self, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason, TokenEvent,
+};
 use crate::gpu::{GpuContext, GpuModel};
 use crate::model::Model;
 use crate::sampling::{log_softmax_at, logsumexp, top_n, SamplerConfig};
@@ -206,7 +208,8 @@ impl GenOptions {
         if options.is_undefined() || options.is_null() {
             return Ok(GenOptions::default());
         }
-        serde_wasm_bindgen::from_value(options).map_err(|e| JsError::new(&format!("bad generation options: {e}")))
+        serde_wasm_bindgen::from_value(options)
+            .map_err(|e| JsError::new(&format!("bad generation options: {e}")))
     }
 
     fn generate_options(&self) -> GenerateOptions {
@@ -258,7 +261,11 @@ fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
         text: ev.text,
         prob: ev.prob,
         logprob: ev.logprob,
-        top: ev.top.iter().map(|&(id, prob)| TopOut { id, token: vocab.token_text(id), prob }).collect(),
+        top: ev
+            .top
+            .iter()
+            .map(|&(id, prob)| TopOut { id, token: vocab.token_text(id), prob })
+            .collect(),
         position: ev.position,
     }
 }
@@ -345,7 +352,8 @@ fn load_options(options: JsValue) -> Result<LoadOptions, JsError> {
     if options.is_undefined() || options.is_null() {
         return Ok(LoadOptions::default());
     }
-    serde_wasm_bindgen::from_value(options).map_err(|e| JsError::new(&format!("bad load options: {e}")))
+    serde_wasm_bindgen::from_value(options)
+        .map_err(|e| JsError::new(&format!("bad load options: {e}")))
 }
 
 fn gguf_info(model: &Model, backend: &'static str, detail: String) -> InfoOut {
@@ -424,7 +432,11 @@ impl Engine {
     /// `tokenizer.json`. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path:
     /// the reference kernels instead of the fast ones).
     #[wasm_bindgen(js_name = loadGguf)]
-    pub async fn load_gguf(sink: ByteSink, tokenizer: Vec<u8>, options: JsValue) -> Result<Engine, JsError> {
+    pub async fn load_gguf(
+        sink: ByteSink,
+        tokenizer: Vec<u8>,
+        options: JsValue,
+    ) -> Result<Engine, JsError> {
         let opts = load_options(options)?;
         let tokenizer = Rc::new(HfTokenizer::from_bytes(&tokenizer).map_err(js_err)?);
         let model = Model::from_bytes(sink.buf).map_err(js_err)?;
@@ -440,15 +452,20 @@ impl Engine {
         let backend = opts.backend.as_deref().unwrap_or("auto");
         let precision = if opts.exact { Precision::Exact } else { Precision::Fast };
         let threads = opts.threads.unwrap_or(usize::MAX).clamp(1, crate::cpu::browser_threads());
-        let cpu_model = |m: Model| CpuModel::new(m).with_precision(precision).with_threads(threads).with_max_seq(max_seq);
-        let mut fallback_reason = format!("CPU backend chosen ({})", cpu_kernels(precision, threads));
+        let cpu_model = |m: Model| {
+            CpuModel::new(m).with_precision(precision).with_threads(threads).with_max_seq(max_seq)
+        };
+        let mut fallback_reason =
+            format!("CPU backend chosen ({})", cpu_kernels(precision, threads));
         if backend != "cpu" {
             match webgpu().await {
                 Ok(ctx) => {
                     // Browsers often hide the adapter's name.
                     let name = match (ctx.info.name.trim(), ctx.shader_f16) {
                         ("", f16) => format!("WebGPU{}", if f16 { " (shader-f16)" } else { "" }),
-                        (n, f16) => format!("WebGPU: {n}{}", if f16 { " (shader-f16)" } else { "" }),
+                        (n, f16) => {
+                            format!("WebGPU: {n}{}", if f16 { " (shader-f16)" } else { "" })
+                        }
                     };
                     let cpu_view = share(&model);
                     match GpuModel::with_context(ctx, model).await {
@@ -456,19 +473,33 @@ impl Engine {
                             let gpu = gpu.with_max_seq(max_seq);
                             let info = gguf_info(&gpu.model, "webgpu", name);
                             let cpu = cpu_model(cpu_view);
-                            return Ok(Engine { loaded: Loaded::Gpu(Rc::new(gpu), Rc::new(cpu), tokenizer), info });
+                            return Ok(Engine {
+                                loaded: Loaded::Gpu(Rc::new(gpu), Rc::new(cpu), tokenizer),
+                                info,
+                            });
                         }
                         Err(e) if backend == "gpu" => return Err(js_err(e)),
                         Err(e) => {
-                            fallback_reason = format!("WebGPU failed ({e}); running on the CPU ({})", cpu_kernels(precision, threads));
+                            fallback_reason = format!(
+                                "WebGPU failed ({e}); running on the CPU ({})",
+                                cpu_kernels(precision, threads)
+                            );
                             let cpu = cpu_model(cpu_view);
                             let info = gguf_info(&cpu.model, "cpu", fallback_reason);
-                            return Ok(Engine { loaded: Loaded::Cpu(Rc::new(cpu), tokenizer), info });
+                            return Ok(Engine {
+                                loaded: Loaded::Cpu(Rc::new(cpu), tokenizer),
+                                info,
+                            });
                         }
                     }
                 }
                 Err(e) if backend == "gpu" => return Err(JsError::new(&e)),
-                Err(e) => fallback_reason = format!("{e}; running on the CPU (WebAssembly, {})", cpu_kernels(precision, threads)),
+                Err(e) => {
+                    fallback_reason = format!(
+                        "{e}; running on the CPU (WebAssembly, {})",
+                        cpu_kernels(precision, threads)
+                    )
+                }
             }
         }
         let cpu = cpu_model(model);
@@ -501,7 +532,9 @@ impl Engine {
         let mut ids: Vec<u32> = self.bos().into_iter().collect();
         ids.extend(self.vocab().encode(text).map_err(js_err)?);
         if ids.is_empty() {
-            return Err(JsError::new("the prompt is empty and the model has no BOS token to start from"));
+            return Err(JsError::new(
+                "the prompt is empty and the model has no BOS token to start from",
+            ));
         }
         Ok(ids)
     }
@@ -528,21 +561,33 @@ impl Engine {
         let beams = opts.beams.unwrap_or(1);
         let gen_opts = opts.generate_options();
         let gen = if beams > 1 {
-            let beam_opts = BeamOptions { beams, max_tokens: gen_opts.max_tokens, length_normalise: opts.length_normalise };
+            let beam_opts = BeamOptions {
+                beams,
+                max_tokens: gen_opts.max_tokens,
+                length_normalise: opts.length_normalise,
+            };
             match &self.loaded {
                 Loaded::Table(m) => Gen::Forced(replay_beam(&**m, &*vocab, &ids, beam_opts)?),
-                Loaded::Cpu(m, _) | Loaded::Gpu(_, m, _) => Gen::Forced(replay_beam(&**m, &*vocab, &ids, beam_opts)?),
+                Loaded::Cpu(m, _) | Loaded::Gpu(_, m, _) => {
+                    Gen::Forced(replay_beam(&**m, &*vocab, &ids, beam_opts)?)
+                }
             }
         } else {
             match &self.loaded {
                 Loaded::Table(m) => Gen::Table(
-                    Generation::with_handles(m.clone(), vocab.clone(), &ids, gen_opts).map_err(js_err)?.with_clock(clock),
+                    Generation::with_handles(m.clone(), vocab.clone(), &ids, gen_opts)
+                        .map_err(js_err)?
+                        .with_clock(clock),
                 ),
                 Loaded::Cpu(m, _) => Gen::Cpu(
-                    Generation::with_handles(m.clone(), vocab.clone(), &ids, gen_opts).map_err(js_err)?.with_clock(clock),
+                    Generation::with_handles(m.clone(), vocab.clone(), &ids, gen_opts)
+                        .map_err(js_err)?
+                        .with_clock(clock),
                 ),
                 Loaded::Gpu(m, _, _) => Gen::Gpu(
-                    Generation::with_handles(m.clone(), vocab.clone(), &ids, gen_opts).map_err(js_err)?.with_clock(clock),
+                    Generation::with_handles(m.clone(), vocab.clone(), &ids, gen_opts)
+                        .map_err(js_err)?
+                        .with_clock(clock),
                     m.clone(),
                 ),
             }
@@ -584,7 +629,12 @@ impl Engine {
         let tokens = ids[1..]
             .iter()
             .zip(&score.token_logprobs)
-            .map(|(&id, &lp)| Scored { id, token: vocab.token_text(id), prob: lp.exp(), logprob: lp })
+            .map(|(&id, &lp)| Scored {
+                id,
+                token: vocab.token_text(id),
+                prob: lp.exp(),
+                logprob: lp,
+            })
             .collect();
         to_js(&ScoreOut {
             tokens,
@@ -618,7 +668,12 @@ struct Forced {
 
 /// Beam search, then the best beam as token events: each token's probability and alternatives
 /// come from one forward pass over prompt + beam with logits at every position.
-fn replay_beam<M: LanguageModel>(model: &M, vocab: &dyn Vocab, ids: &[u32], opts: BeamOptions) -> Result<Forced, JsError> {
+fn replay_beam<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    ids: &[u32],
+    opts: BeamOptions,
+) -> Result<Forced, JsError> {
     let t0 = clock();
     let beams = generate::beam_search(model, ids, opts).map_err(js_err)?;
     let best = beams.into_iter().next().ok_or_else(|| JsError::new("beam search found nothing"))?;
@@ -628,7 +683,8 @@ fn replay_beam<M: LanguageModel>(model: &M, vocab: &dyn Vocab, ids: &[u32], opts
     // The logits after the last generated token predict the end token, when the beam has one.
     let scored_len = if eos.is_some() { all.len() } else { all.len() - 1 };
     let mut state = model.new_state();
-    let logits = model.forward(&mut state, &all[..scored_len.max(ids.len())], true).map_err(js_err)?;
+    let logits =
+        model.forward(&mut state, &all[..scored_len.max(ids.len())], true).map_err(js_err)?;
     let n = model.vocab_size();
     let mut generated: Vec<u32> = best.ids.clone();
     if let Some(e) = eos {
@@ -640,7 +696,9 @@ fn replay_beam<M: LanguageModel>(model: &M, vocab: &dyn Vocab, ids: &[u32], opts
         let mut seq = anchor.to_vec();
         seq.extend(&best.ids[..k.min(best.ids.len())]);
         let full = vocab.decode(&seq);
-        full.strip_prefix(anchor_text.as_str()).map(str::to_owned).unwrap_or_else(|| vocab.decode(&best.ids[..k.min(best.ids.len())]))
+        full.strip_prefix(anchor_text.as_str())
+            .map(str::to_owned)
+            .unwrap_or_else(|| vocab.decode(&best.ids[..k.min(best.ids.len())]))
     };
     let mut events = VecDeque::new();
     let mut shown = String::new();
@@ -649,11 +707,21 @@ fn replay_beam<M: LanguageModel>(model: &M, vocab: &dyn Vocab, ids: &[u32], opts
         let l = &logits[row * n..(row + 1) * n];
         let lse = logsumexp(l);
         let logprob = log_softmax_at(l, id);
-        let top = top_n(l, 5).into_iter().map(|(t, logit)| (t, ((logit as f64) - lse).exp() as f32)).collect();
+        let top = top_n(l, 5)
+            .into_iter()
+            .map(|(t, logit)| (t, ((logit as f64) - lse).exp() as f32))
+            .collect();
         let full = text_of(k + 1);
         let text = full.strip_prefix(shown.as_str()).map(str::to_owned).unwrap_or_default();
         shown = full;
-        events.push_back(TokenEvent { id, text, prob: logprob.exp() as f32, logprob: logprob as f32, top, position: ids.len() + k });
+        events.push_back(TokenEvent {
+            id,
+            text,
+            prob: logprob.exp() as f32,
+            logprob: logprob as f32,
+            top,
+            position: ids.len() + k,
+        });
     }
     let ms = clock() - t0;
     let summary = GenerationSummary {
@@ -676,7 +744,8 @@ pub struct Session {
     prompt_tokens: usize,
 }
 
-const BUSY: &str = "this generation is already computing a token (await each next() before the next)";
+const BUSY: &str =
+    "this generation is already computing a token (await each next() before the next)";
 
 async fn step(cell: Rc<RefCell<Option<Gen>>>) -> crate::Result<Option<TokenEvent>> {
     let taken = cell.borrow_mut().take();
@@ -725,7 +794,9 @@ impl Session {
         let ev = match gen {
             Gen::Table(g) => g.step(),
             Gen::Cpu(g) => g.step(),
-            Gen::Gpu(..) => return Err(JsError::new("a WebGPU generation steps asynchronously: use next()")),
+            Gen::Gpu(..) => {
+                return Err(JsError::new("a WebGPU generation steps asynchronously: use next()"))
+            }
             Gen::Forced(f) => Ok(if f.aborted { None } else { f.events.pop_front() }),
         }
         .map_err(js_err)?;

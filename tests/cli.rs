@@ -19,7 +19,8 @@ fn stdout(o: &Output) -> String {
 
 fn fixture(dir: &str) -> (String, Value) {
     let d = common::fixtures().join(dir);
-    let reference = serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
+    let reference =
+        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
     (d.display().to_string(), reference)
 }
 
@@ -34,7 +35,18 @@ fn greedy_json_matches_transformers() {
     let prompt = reference["prompt"].as_str().unwrap();
     let want = ids(&reference["variants"]["f32"]["greedy_ids"]);
     let n = want.len().to_string();
-    let out = stdout(&nexttoken(&["generate", "--model", &model, "--prompt", prompt, "--temperature", "0", "--max-tokens", &n, "--json"]));
+    let out = stdout(&nexttoken(&[
+        "generate",
+        "--model",
+        &model,
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        &n,
+        "--json",
+    ]));
     let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let (summary, tokens) = lines.split_last().unwrap();
     // EOS may come early for a random model; compare the prefix that was generated.
@@ -49,7 +61,9 @@ fn greedy_json_matches_transformers() {
         let p = t["prob"].as_f64().unwrap();
         assert!((t["logprob"].as_f64().unwrap() - p.ln()).abs() < 1e-5);
     }
-    for key in ["prompt_tokens", "generated_tokens", "prefill_tok_s", "decode_tok_s", "ttft_ms", "text"] {
+    for key in
+        ["prompt_tokens", "generated_tokens", "prefill_tok_s", "decode_tok_s", "ttft_ms", "text"]
+    {
         assert!(summary.get(key).is_some(), "summary lacks {key}: {summary}");
     }
     assert_eq!(summary["generated_tokens"].as_u64().unwrap() as usize, got.len());
@@ -59,7 +73,17 @@ fn greedy_json_matches_transformers() {
 fn text_output_starts_with_the_prompt() {
     let (dir, reference) = fixture("llama");
     let prompt = reference["prompt"].as_str().unwrap();
-    let out = stdout(&nexttoken(&["generate", "--model", &format!("{dir}/llama-q4_k.gguf"), "--prompt", prompt, "--max-tokens", "8", "--seed", "7"]));
+    let out = stdout(&nexttoken(&[
+        "generate",
+        "--model",
+        &format!("{dir}/llama-q4_k.gguf"),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "8",
+        "--seed",
+        "7",
+    ]));
     assert!(out.starts_with(prompt), "{out:?}");
     assert!(out.len() > prompt.len());
 }
@@ -69,9 +93,24 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let (dir, reference) = fixture("gpt2");
     let model = format!("{dir}/gpt2-f32.gguf");
     let prompt = reference["prompt"].as_str().unwrap();
-    let run = |seed: &str| stdout(&nexttoken(&["generate", "--model", &model, "--prompt", prompt, "--max-tokens", "24", "--temperature", "1.5", "--seed", seed]));
+    let run = |seed: &str| {
+        stdout(&nexttoken(&[
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "1.5",
+            "--seed",
+            seed,
+        ]))
+    };
     assert_eq!(run("1"), run("1"));
-    let distinct: std::collections::HashSet<String> = ["1", "2", "3", "4"].iter().map(|s| run(s)).collect();
+    let distinct: std::collections::HashSet<String> =
+        ["1", "2", "3", "4"].iter().map(|s| run(s)).collect();
     assert!(distinct.len() > 1, "four seeds gave the same text");
 }
 
@@ -94,9 +133,18 @@ fn lesson_models_from_the_cli() {
     let repo = common::repo();
     let toy = repo.join("www/models/lesson-toy.json").display().to_string();
     let beam = repo.join("www/models/lesson-beam.json").display().to_string();
-    assert_eq!(stdout(&nexttoken(&["generate", "--model", &toy, "--temperature", "0"])).trim(), "the cat sat");
-    assert_eq!(stdout(&nexttoken(&["generate", "--model", &beam, "--temperature", "0"])).trim(), "the cat");
-    assert_eq!(stdout(&nexttoken(&["generate", "--model", &beam, "--beams", "2"])).trim(), "a bird");
+    assert_eq!(
+        stdout(&nexttoken(&["generate", "--model", &toy, "--temperature", "0"])).trim(),
+        "the cat sat"
+    );
+    assert_eq!(
+        stdout(&nexttoken(&["generate", "--model", &beam, "--temperature", "0"])).trim(),
+        "the cat"
+    );
+    assert_eq!(
+        stdout(&nexttoken(&["generate", "--model", &beam, "--beams", "2"])).trim(),
+        "a bird"
+    );
 }
 
 #[test]
@@ -126,7 +174,10 @@ fn bad_input_gives_clear_errors() {
     // A model without a tokenizer beside it.
     let lonely = tmp.join("lonely.gguf");
     std::fs::copy(&model, &lonely).unwrap();
-    fails_with(&["generate", "--model", lonely.to_str().unwrap(), "--prompt", "hi"], "no tokenizer");
+    fails_with(
+        &["generate", "--model", lonely.to_str().unwrap(), "--prompt", "hi"],
+        "no tokenizer",
+    );
 
     // A truncated file.
     let bytes = std::fs::read(&model).unwrap();

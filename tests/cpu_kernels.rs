@@ -74,7 +74,8 @@ fn quantised_dot_products_match_scalar_and_reference() {
     let isas = Isa::available();
     eprintln!("instruction sets: {:?}", isas);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        let sizes: &[usize] = if ty.block_size() == 256 { &[256, 512, 1280] } else { &[32, 64, 96, 224, 576, 1056] };
+        let sizes: &[usize] =
+            if ty.block_size() == 256 { &[256, 512, 1280] } else { &[32, 64, 96, 224, 576, 1056] };
         for &cols in sizes {
             for _ in 0..20 {
                 let row = random_row(&mut rng, ty, cols);
@@ -96,7 +97,12 @@ fn quantised_dot_products_match_scalar_and_reference() {
                         ty.name(),
                         isa.name()
                     );
-                    assert!((got as f64 - want).abs() <= bound + sum_tol, "{} {}: vs reference", ty.name(), isa.name());
+                    assert!(
+                        (got as f64 - want).abs() <= bound + sum_tol,
+                        "{} {}: vs reference",
+                        ty.name(),
+                        isa.name()
+                    );
                 }
             }
         }
@@ -108,14 +114,17 @@ fn quantised_dot_products_match_scalar_and_reference() {
 fn tiles_match_single_row_dot_products() {
     let mut rng = SplitMix64(99);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        let sizes: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 576, 1056] };
+        let sizes: &[usize] =
+            if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 576, 1056] };
         for &cols in sizes {
             let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, ty, cols)).collect();
-            let acts: Vec<Vec<BlockQ8>> = (0..3).map(|_| quantized(&activations(&mut rng, cols))).collect();
+            let acts: Vec<Vec<BlockQ8>> =
+                (0..3).map(|_| quantized(&activations(&mut rng, cols))).collect();
             let tile: [&[u8]; 4] = std::array::from_fn(|r| rows[r].as_slice());
             for isa in Isa::available() {
                 let one = kernels::dot_q8_tile(isa, ty, tile, [acts[0].as_slice()]);
-                let two = kernels::dot_q8_tile(isa, ty, tile, [acts[1].as_slice(), acts[2].as_slice()]);
+                let two =
+                    kernels::dot_q8_tile(isa, ty, tile, [acts[1].as_slice(), acts[2].as_slice()]);
                 for r in 0..4 {
                     for (t, got) in [(0, one[r][0]), (1, two[r][0]), (2, two[r][1])] {
                         let want = kernels::scalar::dot_q8(ty, &rows[r], &acts[t]);
@@ -144,11 +153,15 @@ fn tiles_match_single_row_dot_products() {
 fn library_self_check_passes() {
     let isas = Isa::available();
     if let Ok(want) = std::env::var("NEXTTOKEN_REQUIRE_ISA") {
-        assert!(isas.iter().any(|isa| isa.name() == want), "NEXTTOKEN_REQUIRE_ISA={want}, but this machine has {isas:?}");
+        assert!(
+            isas.iter().any(|isa| isa.name() == want),
+            "NEXTTOKEN_REQUIRE_ISA={want}, but this machine has {isas:?}"
+        );
     }
     for isa in isas {
         for seed in 0..3 {
-            let summary = kernels::check_isa_against_scalar(isa, seed).unwrap_or_else(|e| panic!("{e}"));
+            let summary =
+                kernels::check_isa_against_scalar(isa, seed).unwrap_or_else(|e| panic!("{e}"));
             eprintln!("{summary}");
         }
     }
@@ -165,10 +178,19 @@ fn float_row_dot_products_match_scalar_and_reference() {
             let oracle = kernels::scalar::dot_float_row(ty, &row, &x);
             let (want, mag, _) = reference(ty, &row, &x);
             let tol = 1e-5 * mag + 1e-6;
-            assert!((oracle as f64 - want).abs() <= tol, "{} cols {cols}: scalar vs reference", ty.name());
+            assert!(
+                (oracle as f64 - want).abs() <= tol,
+                "{} cols {cols}: scalar vs reference",
+                ty.name()
+            );
             for isa in Isa::available() {
                 let got = kernels::dot_float_row(isa, ty, &row, &x);
-                assert!(((got - oracle) as f64).abs() <= tol, "{} cols {cols} {}: {got} vs {oracle}", ty.name(), isa.name());
+                assert!(
+                    ((got - oracle) as f64).abs() <= tol,
+                    "{} cols {cols} {}: {got} vs {oracle}",
+                    ty.name(),
+                    isa.name()
+                );
             }
         }
     }
@@ -215,14 +237,22 @@ fn scalar_attention_kernels_match_their_definition() {
                 let mut scores = vec![0f32; seen];
                 kernels::scalar::attention_scores(&q, rows, stride, 0.125, &mut scores);
                 for (p, &s) in scores.iter().enumerate() {
-                    let want: f64 = (0..head_dim).map(|i| q[i] as f64 * at(p * stride + i)).sum::<f64>() * 0.125;
-                    assert!((s as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "scores {rows:?} p {p}: {s} vs {want}");
+                    let want: f64 =
+                        (0..head_dim).map(|i| q[i] as f64 * at(p * stride + i)).sum::<f64>()
+                            * 0.125;
+                    assert!(
+                        (s as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "scores {rows:?} p {p}: {s} vs {want}"
+                    );
                 }
                 let mut out = vec![f32::NAN; head_dim]; // overwritten, not accumulated into
                 kernels::scalar::attention_values(&weights, rows, stride, &mut out);
                 for (i, &o) in out.iter().enumerate() {
                     let want: f64 = (0..seen).map(|p| weights[p] as f64 * at(p * stride + i)).sum();
-                    assert!((o as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "values {rows:?} i {i}: {o} vs {want}");
+                    assert!(
+                        (o as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "values {rows:?} i {i}: {o} vs {want}"
+                    );
                 }
             }
         }
@@ -254,12 +284,18 @@ fn synth_quantisers_follow_ggml() {
         let mut back = vec![0f32; vals.len()];
         dequantize_row(ty, &bytes, &mut back);
         for (i, (b, v)) in back.chunks(32).zip(vals.chunks(32)).enumerate() {
-            let d = f16::from_le_bytes([bytes[i * ty.block_bytes()], bytes[i * ty.block_bytes() + 1]]).to_f32();
+            let d =
+                f16::from_le_bytes([bytes[i * ty.block_bytes()], bytes[i * ty.block_bytes() + 1]])
+                    .to_f32();
             for (x, y) in b.iter().zip(v) {
                 // Half a step of rounding, plus the f16 rounding of d (2^-11 relative) times |q| <= 128.
                 // Q4_0 maps the largest magnitude to -8, so the other sign clips at +7: a whole step.
                 let steps = if ty == GgmlType::Q4_0 { 1.0 } else { 0.5 };
-                assert!((x - y).abs() <= d.abs() * (steps + 128.0 / 2048.0) + 1e-6, "{}: {x} vs {y}", ty.name());
+                assert!(
+                    (x - y).abs() <= d.abs() * (steps + 128.0 / 2048.0) + 1e-6,
+                    "{}: {x} vs {y}",
+                    ty.name()
+                );
             }
             if ty == GgmlType::Q4_0 {
                 // ggml: the value of largest magnitude maps to q = 0 (i.e. -8) exactly.
@@ -289,18 +325,36 @@ fn greedy(model: &CpuModel, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>
 fn fast_path_matches_exact_on_stories260k() {
     let Some(shared) = common::shared() else { return };
     let dir = shared.join("models/stories260K");
-    for (file, tol) in [("stories260K-f32.gguf", FAST_LOGIT_TOLERANCE_F32), ("stories260K-q8_0.gguf", FAST_LOGIT_TOLERANCE_Q8)] {
+    for (file, tol) in [
+        ("stories260K-f32.gguf", FAST_LOGIT_TOLERANCE_F32),
+        ("stories260K-q8_0.gguf", FAST_LOGIT_TOLERANCE_Q8),
+    ] {
         let open = || Model::open(&dir.join(file)).unwrap();
         let prompt = [1u32, 403, 407, 261, 378];
         let exact = CpuModel::new(open());
         let (want_ids, want_logits) = greedy(&exact, &prompt, 64);
         for isa in Isa::available() {
             for threads in [1, 2] {
-                let fast = CpuModel::new(open()).with_precision(Precision::Fast).with_isa(isa).with_threads(threads);
+                let fast = CpuModel::new(open())
+                    .with_precision(Precision::Fast)
+                    .with_isa(isa)
+                    .with_threads(threads);
                 let (ids, logits) = greedy(&fast, &prompt, 64);
-                let worst = want_logits.iter().zip(&logits).map(|(a, b)| common::max_abs_diff(a, b)).fold(0f32, f32::max);
-                eprintln!("{file} {} threads {threads}: max abs logit diff vs exact {worst:.2e}", isa.name());
-                assert_eq!(ids, want_ids, "{file} {}: greedy continuation differs from the exact path", isa.name());
+                let worst = want_logits
+                    .iter()
+                    .zip(&logits)
+                    .map(|(a, b)| common::max_abs_diff(a, b))
+                    .fold(0f32, f32::max);
+                eprintln!(
+                    "{file} {} threads {threads}: max abs logit diff vs exact {worst:.2e}",
+                    isa.name()
+                );
+                assert_eq!(
+                    ids,
+                    want_ids,
+                    "{file} {}: greedy continuation differs from the exact path",
+                    isa.name()
+                );
                 assert!(worst <= tol, "{file} {}: {worst} > {tol}", isa.name());
             }
         }
@@ -311,22 +365,39 @@ fn fast_path_matches_exact_on_stories260k() {
 fn fast_path_matches_exact_on_synthetic_models() {
     // Q8_0, Q4_0: Q8 activations (measured up to 0.06 on these random models); F16/F32: f32 activations.
     for arch in ["llama", "qwen2", "gpt2"] {
-        for (ty, tol) in [(GgmlType::Q8_0, 0.15f32), (GgmlType::Q4_0, 0.15), (GgmlType::F16, 1e-4), (GgmlType::F32, 1e-4)] {
+        for (ty, tol) in [
+            (GgmlType::Q8_0, 0.15f32),
+            (GgmlType::Q4_0, 0.15),
+            (GgmlType::F16, 1e-4),
+            (GgmlType::F32, 1e-4),
+        ] {
             let open = || Model::from_bytes(common::synth_model(arch, ty, 1)).unwrap();
             let exact = CpuModel::new(open());
             let prompt = [1u32, 5, 9, 14, 30, 7, 3, 22];
             let mut s = exact.new_state();
             let want = exact.forward(&mut s, &prompt, true).unwrap();
             for isa in Isa::available() {
-                let fast = CpuModel::new(open()).with_precision(Precision::Fast).with_isa(isa).with_threads(2);
+                let fast = CpuModel::new(open())
+                    .with_precision(Precision::Fast)
+                    .with_isa(isa)
+                    .with_threads(2);
                 let mut s = fast.new_state();
                 // Prefill in two chunks, then decode: exercises the cache and the scratch reuse.
                 let mut got = fast.forward(&mut s, &prompt[..5], true).unwrap();
                 got.extend(fast.forward(&mut s, &prompt[5..7], true).unwrap());
                 got.extend(fast.forward(&mut s, &prompt[7..], true).unwrap());
                 let worst = common::max_abs_diff(&want, &got);
-                eprintln!("synthetic {arch} {} {}: max abs logit diff {worst:.2e}", ty.name(), isa.name());
-                assert!(worst <= tol, "synthetic {arch} {} {}: {worst} > {tol}", ty.name(), isa.name());
+                eprintln!(
+                    "synthetic {arch} {} {}: max abs logit diff {worst:.2e}",
+                    ty.name(),
+                    isa.name()
+                );
+                assert!(
+                    worst <= tol,
+                    "synthetic {arch} {} {}: {worst} > {tol}",
+                    ty.name(),
+                    isa.name()
+                );
             }
         }
     }
@@ -339,5 +410,8 @@ fn exact_path_does_not_depend_on_threads() {
     let one = CpuModel::new(open());
     let two = CpuModel::new(open()).with_threads(2);
     let (mut s1, mut s2) = (one.new_state(), two.new_state());
-    assert_eq!(one.forward(&mut s1, &prompt, true).unwrap(), two.forward(&mut s2, &prompt, true).unwrap());
+    assert_eq!(
+        one.forward(&mut s1, &prompt, true).unwrap(),
+        two.forward(&mut s2, &prompt, true).unwrap()
+    );
 }

@@ -101,5 +101,9 @@ fn default_model_on_the_gpu_matches_transformers() {
     eprintln!("default.gguf on the GPU: max abs logit error {worst:.2e}");
     assert!(worst <= 1e-3, "GPU max abs logit error {worst} > 1e-3");
     let want = common::ids(&reference["greedy_ids"]);
-    assert_eq!(common::greedy(&gpu, &prompt, want.len()), want, "GPU greedy continuation differs from transformers");
+    assert_eq!(
+        common::greedy(&gpu, &prompt, want.len()),
+        want,
+        "GPU greedy continuation differs from transformers"
+    );
 }

@@ -34,7 +34,8 @@ fn the_valid_files_load() {
     // The baseline every broken file below is derived from.
     for arch in ["llama", "qwen2", "gpt2"] {
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0] {
-            let m = Model::from_bytes(synth_model(arch, ty, 1)).unwrap_or_else(|e| panic!("{arch} {ty:?}: {e}"));
+            let m = Model::from_bytes(synth_model(arch, ty, 1))
+                .unwrap_or_else(|e| panic!("{arch} {ty:?}: {e}"));
             assert_eq!(m.config.n_vocab, SYNTH_VOCAB);
             assert_eq!(m.config.n_ctx, SYNTH_CTX);
         }
@@ -220,7 +221,12 @@ fn unknown_architecture() {
 
 #[test]
 fn missing_metadata() {
-    for key in ["llama.embedding_length", "llama.block_count", "llama.context_length", "llama.attention.head_count"] {
+    for key in [
+        "llama.embedding_length",
+        "llama.block_count",
+        "llama.context_length",
+        "llama.attention.head_count",
+    ] {
         let mut parts = synth_parts("llama", GgmlType::F32, 7);
         parts.remove_meta(key);
         expect_err(parts.to_bytes(), &["missing", key]);
@@ -397,14 +403,31 @@ fn token_outside_vocabulary() {
 #[derive(Debug, Clone)]
 enum Damage {
     /// Set the byte at (position as a fraction of the file or of the header) to a value.
-    Flip { at: f64, in_header: bool, value: u8 },
+    Flip {
+        at: f64,
+        in_header: bool,
+        value: u8,
+    },
     /// Overwrite 8 bytes with an interesting u64.
-    Word { at: f64, value: u64 },
-    Truncate { at: f64 },
+    Word {
+        at: f64,
+        value: u64,
+    },
+    Truncate {
+        at: f64,
+    },
     /// Copy `len` bytes from one place over another (or insert them there).
-    Splice { from: f64, to: f64, len: usize, insert: bool },
+    Splice {
+        from: f64,
+        to: f64,
+        len: usize,
+        insert: bool,
+    },
     /// Remove a range.
-    Delete { at: f64, len: usize },
+    Delete {
+        at: f64,
+        len: usize,
+    },
 }
 
 fn damage() -> impl Strategy<Value = Damage> {
@@ -516,29 +539,49 @@ fn odd_metadata_values() {
     // RoPE dimensions must be even and fit the head (16 here).
     expect_err(edit("llama", "rope.dimension_count", Value::U32(3)), &["rope dimension count 3"]);
     expect_err(edit("llama", "rope.dimension_count", Value::U32(18)), &["rope dimension count 18"]);
-    expect_err(edit("llama", "rope.dimension_count", Value::U32(0)), &["rope.dimension_count", "out of range"]);
+    expect_err(
+        edit("llama", "rope.dimension_count", Value::U32(0)),
+        &["rope.dimension_count", "out of range"],
+    );
     expect_err(edit("llama", "rope.dimension_count", Value::I32(-2)), &["rope.dimension_count"]);
     // Partial RoPE is legal and runs.
-    let m = CpuModel::new(Model::from_bytes(edit("llama", "rope.dimension_count", Value::U32(8))).unwrap());
+    let m = CpuModel::new(
+        Model::from_bytes(edit("llama", "rope.dimension_count", Value::U32(8))).unwrap(),
+    );
     m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
     // A head size that disagrees with the weights.
     expect_err(edit("llama", "attention.key_length", Value::U32(8)), &["attn_q.weight", "shape"]);
-    expect_err(edit("llama", "attention.key_length", Value::U64(u64::MAX)), &["attention.key_length", "out of range"]);
+    expect_err(
+        edit("llama", "attention.key_length", Value::U64(u64::MAX)),
+        &["attention.key_length", "out of range"],
+    );
     // Huge but in-range values must fail on the weights, not allocate.
     expect_err(edit("llama", "attention.head_count", Value::U32(1 << 24)), &["head"]);
-    expect_err(edit("llama", "feed_forward_length", Value::U32(1 << 24)), &["ffn_gate.weight", "shape"]);
+    expect_err(
+        edit("llama", "feed_forward_length", Value::U32(1 << 24)),
+        &["ffn_gate.weight", "shape"],
+    );
     expect_err(edit("llama", "block_count", Value::U32(1 << 24)), &["block_count", "absurd"]);
     expect_err(edit("llama", "block_count", Value::U32(3)), &["missing tensor blk.2."]);
-    expect_err(edit("gpt2", "context_length", Value::U32(1 << 24)), &["position_embd.weight", "shape"]);
+    expect_err(
+        edit("gpt2", "context_length", Value::U32(1 << 24)),
+        &["position_embd.weight", "shape"],
+    );
     // A long advertised context (llama has no position table) loads; the cache grows on demand.
-    let m = CpuModel::new(Model::from_bytes(edit("llama", "context_length", Value::U32(1 << 24))).unwrap());
+    let m = CpuModel::new(
+        Model::from_bytes(edit("llama", "context_length", Value::U32(1 << 24))).unwrap(),
+    );
     assert_eq!(m.context_length(), 1 << 24);
     m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
     // Nonsense float hyperparameters give numbers (maybe NaN), never a panic.
-    for v in [Value::F32(f32::NAN), Value::F32(-1.0), Value::F64(1e300), Value::String("x".into())] {
-        let m = CpuModel::new(Model::from_bytes(edit("llama", "rope.freq_base", v.clone())).unwrap());
+    for v in [Value::F32(f32::NAN), Value::F32(-1.0), Value::F64(1e300), Value::String("x".into())]
+    {
+        let m =
+            CpuModel::new(Model::from_bytes(edit("llama", "rope.freq_base", v.clone())).unwrap());
         m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
-        let m = CpuModel::new(Model::from_bytes(edit("llama", "attention.layer_norm_rms_epsilon", v)).unwrap());
+        let m = CpuModel::new(
+            Model::from_bytes(edit("llama", "attention.layer_norm_rms_epsilon", v)).unwrap(),
+        );
         m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
     }
     // Special token ids outside the vocabulary are dropped, not trusted.

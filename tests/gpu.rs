@@ -114,8 +114,12 @@ fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: 
     let n = rows * cols;
     match ty {
         GgmlType::F32 => rng.vec(n, scale).iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => rng.vec(n, scale).iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-        GgmlType::BF16 => rng.vec(n, scale).iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        GgmlType::F16 => {
+            rng.vec(n, scale).iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()
+        }
+        GgmlType::BF16 => {
+            rng.vec(n, scale).iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect()
+        }
         _ => {
             let (bb, blocks) = (ty.block_bytes(), n / ty.block_size());
             let mut b: Vec<u8> = (0..bb * blocks).map(|_| rng.next_u64() as u8).collect();
@@ -166,7 +170,13 @@ fn check_abs(what: &str, a: &[f32], b: &[f32], tol: f32) -> f32 {
         }
     }
     let (d, i) = worst;
-    assert!(d <= tol * scale, "{what}: element {i} is {} expected {} (error {d}, tolerance {})", a[i], b[i], tol * scale);
+    assert!(
+        d <= tol * scale,
+        "{what}: element {i} is {} expected {} (error {d}, tolerance {})",
+        a[i],
+        b[i],
+        tol * scale
+    );
     d
 }
 
@@ -199,11 +209,17 @@ fn matmul_every_type_and_shape() {
                 let mut want = vec![0f32; n_tok * rows];
                 for t in 0..n_tok {
                     for r in 0..rows {
-                        want[t * rows + r] = dot(&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols])
-                            + bias.as_ref().map_or(0.0, |b| b[r]);
+                        want[t * rows + r] =
+                            dot(&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols])
+                                + bias.as_ref().map_or(0.0, |b| b[r]);
                     }
                 }
-                check_close(&format!("matmul {} {rows}x{cols} n={n_tok}", ty.name()), &got, &want, 1e-4);
+                check_close(
+                    &format!("matmul {} {rows}x{cols} n={n_tok}", ty.name()),
+                    &got,
+                    &want,
+                    1e-4,
+                );
             }
         }
     }
@@ -227,11 +243,17 @@ fn matmul_tiled_every_type_and_shape() {
             let mut want = vec![0f32; n_tok * rows];
             for t in 0..n_tok {
                 for r in 0..rows {
-                    want[t * rows + r] = dot(&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols])
-                        + bias.as_ref().map_or(0.0, |b| b[r]);
+                    want[t * rows + r] =
+                        dot(&wf[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols])
+                            + bias.as_ref().map_or(0.0, |b| b[r]);
                 }
             }
-            check_close(&format!("tiled matmul {} {rows}x{cols} n={n_tok}", ty.name()), &got, &want, 1e-4);
+            check_close(
+                &format!("tiled matmul {} {rows}x{cols} n={n_tok}", ty.name()),
+                &got,
+                &want,
+                1e-4,
+            );
         }
     }
 }
@@ -262,10 +284,14 @@ fn embedding_every_type() {
         for cols in col_options(ty) {
             let rows = 37;
             let w = random_weights(&mut rng, ty, rows, cols, 1.0);
-            let ids: Vec<u32> = (0..11).map(|_| rng.below(rows) as u32).chain([0, rows as u32 - 1]).collect();
+            let ids: Vec<u32> =
+                (0..11).map(|_| rng.below(rows) as u32).chain([0, rows as u32 - 1]).collect();
             let got = host::embedding(&k, ty, &w, rows, cols, &ids).unwrap();
             let wf = dequant(ty, &w, rows, cols);
-            let want: Vec<f32> = ids.iter().flat_map(|&i| wf[i as usize * cols..(i as usize + 1) * cols].to_vec()).collect();
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| wf[i as usize * cols..(i as usize + 1) * cols].to_vec())
+                .collect();
             // Exact: the same decode, no arithmetic beyond it.
             assert_eq!(got, want, "embedding {} cols {cols}", ty.name());
         }
@@ -323,7 +349,9 @@ fn rope_both_layouts_and_partial() {
         let x = rng.vec(n_tok * n_head * head_dim, 2.0);
         let mut want = x.clone();
         for t in 0..n_tok {
-            for head in want[t * n_head * head_dim..(t + 1) * n_head * head_dim].chunks_exact_mut(head_dim) {
+            for head in
+                want[t * n_head * head_dim..(t + 1) * n_head * head_dim].chunks_exact_mut(head_dim)
+            {
                 for (i, &f) in inv_freq.iter().enumerate() {
                     let (sin, cos) = ((pos0 + t) as f32 * f).sin_cos();
                     let (a, b) = match mode {
@@ -338,7 +366,12 @@ fn rope_both_layouts_and_partial() {
             }
         }
         let got = host::rope(&k, mode, &x, n_head, head_dim, rope_dims, pos0, &inv_freq).unwrap();
-        check_close(&format!("rope {mode:?} {n_head}x{head_dim} dims {rope_dims} pos {pos0}"), &got, &want, 1e-5);
+        check_close(
+            &format!("rope {mode:?} {n_head}x{head_dim} dims {rope_dims} pos {pos0}"),
+            &got,
+            &want,
+            1e-5,
+        );
     }
 }
 
@@ -346,9 +379,14 @@ fn rope_both_layouts_and_partial() {
 fn attention_causal_gqa() {
     let Some(k) = kernels() else { return };
     let mut rng = Rng(6);
-    for (n_head, n_head_kv, head_dim, pos0, n_tok) in
-        [(1, 1, 8, 0, 1), (4, 2, 16, 0, 5), (6, 2, 64, 130, 3), (2, 2, 100, 63, 2), (8, 1, 256, 7, 4), (3, 3, 32, 300, 1)]
-    {
+    for (n_head, n_head_kv, head_dim, pos0, n_tok) in [
+        (1, 1, 8, 0, 1),
+        (4, 2, 16, 0, 5),
+        (6, 2, 64, 130, 3),
+        (2, 2, 100, 63, 2),
+        (8, 1, 256, 7, 4),
+        (3, 3, 32, 300, 1),
+    ] {
         let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
         let seen = pos0 + n_tok;
         // Large scores (scale 4) exercise the max subtraction.
@@ -362,8 +400,9 @@ fn attention_causal_gqa() {
             for h in 0..n_head {
                 let kvh = h / (n_head / n_head_kv);
                 let qh = &q[t * q_dim + h * head_dim..][..head_dim];
-                let mut s: Vec<f32> =
-                    (0..s_len).map(|p| dot(qh, &kc[p * kv_dim + kvh * head_dim..][..head_dim]) * scale).collect();
+                let mut s: Vec<f32> = (0..s_len)
+                    .map(|p| dot(qh, &kc[p * kv_dim + kvh * head_dim..][..head_dim]) * scale)
+                    .collect();
                 softmax_in_place(&mut s);
                 for d in 0..head_dim {
                     want[t * q_dim + h * head_dim + d] =
@@ -372,7 +411,12 @@ fn attention_causal_gqa() {
             }
         }
         let got = host::attention(&k, &q, &kc, &vc, n_head, n_head_kv, head_dim, pos0).unwrap();
-        check_close(&format!("attention {n_head}/{n_head_kv}x{head_dim} pos {pos0} n {n_tok}"), &got, &want, 1e-4);
+        check_close(
+            &format!("attention {n_head}/{n_head_kv}x{head_dim} pos {pos0} n {n_tok}"),
+            &got,
+            &want,
+            1e-4,
+        );
     }
 }
 
@@ -391,8 +435,18 @@ fn elementwise_kernels() {
             .map(|&v| 0.5 * v * (1.0 + (0.797_884_6f32 * (v + 0.044715 * v * v * v)).tanh()))
             .collect();
         check_close("add", &host::elementwise(&k, Elementwise::Add, &x, &y).unwrap(), &add, 1e-6);
-        check_close("silu_mul", &host::elementwise(&k, Elementwise::SiluMul, &x, &y).unwrap(), &silu, 1e-5);
-        check_close("gelu", &host::elementwise(&k, Elementwise::Gelu, &x, &y).unwrap(), &gelu, 1e-5);
+        check_close(
+            "silu_mul",
+            &host::elementwise(&k, Elementwise::SiluMul, &x, &y).unwrap(),
+            &silu,
+            1e-5,
+        );
+        check_close(
+            "gelu",
+            &host::elementwise(&k, Elementwise::Gelu, &x, &y).unwrap(),
+            &gelu,
+            1e-5,
+        );
     }
 }
 
@@ -429,10 +483,11 @@ fn synth_model(arch: Arch, ty: GgmlType, seed: u64, tied: bool) -> Model {
     g.metadata("tokenizer.ggml.eos_token_id", Value::U32(2));
 
     let f32s = |v: Vec<f32>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let mat = |g: &mut GgufWriter, rng: &mut Rng, name: &str, cols: usize, rows: usize, scale: f32| {
-        let data = random_weights(rng, ty, rows, cols, scale);
-        g.tensor(name, ty, &[cols, rows], data);
-    };
+    let mat =
+        |g: &mut GgufWriter, rng: &mut Rng, name: &str, cols: usize, rows: usize, scale: f32| {
+            let data = random_weights(rng, ty, rows, cols, scale);
+            g.tensor(name, ty, &[cols, rows], data);
+        };
     let norm = |rng: &mut Rng, n: usize| f32s((0..n).map(|_| 1.0 + 0.2 * rng.f()).collect());
     let bias = |rng: &mut Rng, n: usize| f32s(rng.vec(n, 0.1));
 
@@ -494,7 +549,14 @@ fn argmax(x: &[f32]) -> u32 {
 
 /// Prefill `prompt` (comparing every row of logits), then `steps` greedy decode steps comparing
 /// the logits and the chosen token at each. Returns the largest logit error.
-fn compare_decode(name: &str, cpu: &CpuModel, gpu: &GpuModel, prompt: &[u32], steps: usize, tol: f32) -> f32 {
+fn compare_decode(
+    name: &str,
+    cpu: &CpuModel,
+    gpu: &GpuModel,
+    prompt: &[u32],
+    steps: usize,
+    tol: f32,
+) -> f32 {
     let (mut cs, mut gs) = (cpu.new_state(), gpu.new_state());
     let vocab = cpu.vocab_size();
     let want = cpu.forward(&mut cs, prompt, true).unwrap();
@@ -542,7 +604,14 @@ fn tiled_prefill_every_type_and_stories() {
         let arch = [Arch::Llama, Arch::Gpt2][i % 2];
         let cpu = CpuModel::new(synth_model(arch, ty, 40 + i as u64, false));
         let gpu = gpu_model(&ctx, synth_model(arch, ty, 40 + i as u64, false), GpuOptions::f32());
-        compare_decode(&format!("tiled prefill {} {}", arch.gguf_name(), ty.name()), &cpu, &gpu, &prompt, 1, 1e-3);
+        compare_decode(
+            &format!("tiled prefill {} {}", arch.gguf_name(), ty.name()),
+            &cpu,
+            &gpu,
+            &prompt,
+            1,
+            1e-3,
+        );
     }
     let Some(path) = stories_path("stories260K-q8_0.gguf") else { return };
     let cpu = CpuModel::new(Model::open(&path).unwrap());
@@ -640,10 +709,14 @@ fn topk_kernel_matches_a_stable_sort() {
             let x: Vec<f32> = (0..n).map(|_| (rng.f() * 40.0).round() / 4.0).collect();
             let (got, lse) = host::topk(&k, &x, top).unwrap();
             let want = sorted_desc(&x);
-            let want: Vec<(u32, f32)> = want.iter().take(top).map(|&i| (i, x[i as usize])).collect();
+            let want: Vec<(u32, f32)> =
+                want.iter().take(top).map(|&i| (i, x[i as usize])).collect();
             assert_eq!(got, want, "top-{top} of {n}");
             let wl = logsumexp(&x);
-            assert!((lse as f64 - wl).abs() <= 1e-5 * wl.abs().max(1.0), "logsumexp of {n}: {lse} vs {wl}");
+            assert!(
+                (lse as f64 - wl).abs() <= 1e-5 * wl.abs().max(1.0),
+                "logsumexp of {n}: {lse} vs {wl}"
+            );
         }
     }
 }
@@ -673,7 +746,11 @@ fn stories260k_picks_on_the_gpu() {
         let want_logits: Vec<f32> = order[..40].iter().map(|&i| logits[i as usize]).collect();
         assert_eq!(top.logits, want_logits, "step {step}: top-k logits");
         let lse = logsumexp(&logits);
-        assert!((top.logsumexp as f64 - lse).abs() < 1e-4, "step {step}: logsumexp {} vs {lse}", top.logsumexp);
+        assert!(
+            (top.logsumexp as f64 - lse).abs() < 1e-4,
+            "step {step}: logsumexp {} vs {lse}",
+            top.logsumexp
+        );
         assert_eq!(greedy, order[0], "step {step}: greedy id");
         // Against the CPU: probabilities of the top-k under the full softmax.
         let mut probs = cpu.forward(&mut cs, &[tok], false).unwrap();
@@ -748,8 +825,14 @@ fn decode_steps_create_no_buffers_or_bind_groups() {
         let after = gpu.stats();
         assert!(tok < 512);
         assert_eq!(after.buffers_created, before.buffers_created, "buffers created during decode");
-        assert_eq!(after.bind_groups_created, before.bind_groups_created, "bind groups created during decode");
-        assert_eq!(after.param_bytes_written, before.param_bytes_written, "parameters re-uploaded during decode");
+        assert_eq!(
+            after.bind_groups_created, before.bind_groups_created,
+            "bind groups created during decode"
+        );
+        assert_eq!(
+            after.param_bytes_written, before.param_bytes_written,
+            "parameters re-uploaded during decode"
+        );
         assert_eq!(after.submissions_last, 1);
         assert_eq!(after.dispatches_last, before.dispatches_last);
         eprintln!(
@@ -799,7 +882,10 @@ fn f16_kv_cache_synthetic_models() {
         let mut st = gpu.new_state();
         gpu.forward(&mut st, &[1, 2, 3], false).unwrap();
         let mut fork = st.clone();
-        assert_eq!(gpu.forward(&mut st, &[7], false).unwrap(), gpu.forward(&mut fork, &[7], false).unwrap());
+        assert_eq!(
+            gpu.forward(&mut st, &[7], false).unwrap(),
+            gpu.forward(&mut fork, &[7], false).unwrap()
+        );
     }
     eprintln!("largest logit error with the f16 KV cache: {}", report.join(", "));
 }
@@ -819,7 +905,9 @@ fn lost_device_gives_a_clear_error_and_the_cpu_continues() {
     for e in [
         gpu.forward(&mut st, &[first], false).unwrap_err(),
         gpu.forward_greedy(&mut st, &[first]).unwrap_err(),
-        pollster::block_on(GpuModel::with_context(ctx.clone(), Model::open(&path).unwrap())).err().unwrap(),
+        pollster::block_on(GpuModel::with_context(ctx.clone(), Model::open(&path).unwrap()))
+            .err()
+            .unwrap(),
     ] {
         assert!(is_device_lost(&e), "not a lost-device error: {e}");
         assert!(e.to_string().contains("GPU device lost"), "{e}");

@@ -22,7 +22,11 @@ fn synth_cases() -> Vec<(String, CpuModel, Vec<u32>)> {
     let mut out = Vec::new();
     for arch in ["llama", "qwen2", "gpt2"] {
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0] {
-            out.push((format!("{arch} {}", ty.name()), synth_cpu(arch, ty), vec![SYNTH_BOS, 7, 19, 33, 4]));
+            out.push((
+                format!("{arch} {}", ty.name()),
+                synth_cpu(arch, ty),
+                vec![SYNTH_BOS, 7, 19, 33, 4],
+            ));
         }
     }
     out
@@ -65,7 +69,11 @@ fn cached_decode_matches_full_recompute() {
         for step in 0..=STEPS {
             let fresh = recompute(&m, &tokens);
             let d = max_abs_diff(&logits, &fresh);
-            assert!(d <= TOL, "{name}: step {step} ({} tokens): cached vs recomputed logits differ by {d}", tokens.len());
+            assert!(
+                d <= TOL,
+                "{name}: step {step} ({} tokens): cached vs recomputed logits differ by {d}",
+                tokens.len()
+            );
             assert!(logits.iter().all(|v| v.is_finite()), "{name}: step {step}: non-finite logits");
             worst = worst.max(d);
             if step == STEPS {
@@ -77,7 +85,10 @@ fn cached_decode_matches_full_recompute() {
             logits = m.forward(&mut state, &[next], false).unwrap();
             assert_eq!(m.position(&state), tokens.len(), "{name}");
         }
-        eprintln!("{name}: {STEPS} cached steps, worst |diff| {worst:e}, {} distinct tokens", distinct.len());
+        eprintln!(
+            "{name}: {STEPS} cached steps, worst |diff| {worst:e}, {} distinct tokens",
+            distinct.len()
+        );
     }
 }
 
@@ -105,10 +116,19 @@ fn prefill_equals_token_by_token_and_all_logits_rows() {
             let step = m.forward(&mut stepwise, &[t], i % 2 == 1).unwrap();
             let row = &all[i * v..(i + 1) * v];
             let d = max_abs_diff(&step, row);
-            assert!(d <= TOL, "{name}: token {i}: step-by-step logits vs all_logits row differ by {d}");
+            assert!(
+                d <= TOL,
+                "{name}: token {i}: step-by-step logits vs all_logits row differ by {d}"
+            );
         }
-        let d = max_abs_diff(&m.forward(&mut stepwise.clone(), &[4], false).unwrap(), &m.forward(&mut one_pass.clone(), &[4], false).unwrap());
-        assert!(d <= TOL, "{name}: caches filled in one pass vs step by step continue differently ({d})");
+        let d = max_abs_diff(
+            &m.forward(&mut stepwise.clone(), &[4], false).unwrap(),
+            &m.forward(&mut one_pass.clone(), &[4], false).unwrap(),
+        );
+        assert!(
+            d <= TOL,
+            "{name}: caches filled in one pass vs step by step continue differently ({d})"
+        );
 
         // Mixed chunking: the prompt in uneven pieces, with all_logits, reproduces every row.
         let mut chunked = m.new_state();
@@ -150,7 +170,10 @@ fn cloned_states_do_not_interfere() {
             let db = max_abs_diff(&lb, &recompute(&m, &seq_b));
             assert!(da <= TOL, "{name}: original after {} diverging steps is off by {da}", i + 1);
             assert!(db <= TOL, "{name}: clone after {} diverging steps is off by {db}", i + 1);
-            assert!(max_abs_diff(&la, &lb) > TOL, "{name}: different inputs gave the same logits (degenerate model?)");
+            assert!(
+                max_abs_diff(&la, &lb) > TOL,
+                "{name}: different inputs gave the same logits (degenerate model?)"
+            );
         }
         assert_eq!(m.position(&original), seq_a.len());
         assert_eq!(m.position(&clone), seq_b.len());

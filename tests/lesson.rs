@@ -29,21 +29,14 @@ fn round(x: f64, decimals: i32) -> f64 {
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {
-    GenerateOptions {
-        max_tokens,
-        sampler: SamplerConfig::greedy(),
-        ..GenerateOptions::default()
-    }
+    GenerateOptions { max_tokens, sampler: SamplerConfig::greedy(), ..GenerateOptions::default() }
 }
 
 /// Sampling at temperature 1 from the model's own distribution.
 fn seeded(seed: u64) -> GenerateOptions {
     GenerateOptions {
         max_tokens: 10,
-        sampler: SamplerConfig {
-            seed,
-            ..SamplerConfig::default()
-        },
+        sampler: SamplerConfig { seed, ..SamplerConfig::default() },
         ..GenerateOptions::default()
     }
 }
@@ -70,11 +63,7 @@ fn the_cat_sat_has_probability_0_42() {
     let toy = load("lesson-toy");
     // P(<s> the cat sat </s>) = P(the|<s>) P(cat|the) P(sat|cat) P(</s>|sat) = 1 x .6 x .7 x 1.
     let with_end = score(&toy, &sentence(&toy, "the cat sat")).unwrap();
-    assert!(
-        (with_end.probability() - 0.42).abs() < 1e-6,
-        "{}",
-        with_end.probability()
-    );
+    assert!((with_end.probability() - 0.42).abs() < 1e-6, "{}", with_end.probability());
     assert_eq!(with_end.token_logprobs.len(), 4);
     // P(</s>|sat) = 1, so leaving the end token out gives the same number.
     let ids = sentence(&toy, "the cat sat");
@@ -152,19 +141,12 @@ fn greedy_says_the_cat_sat_and_stops_at_the_end_token() {
     assert_eq!(reason, StopReason::Eos);
 
     let pieces: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
-    assert_eq!(
-        pieces,
-        ["the", " cat", " sat", ""],
-        "the end token adds no text"
-    );
+    assert_eq!(pieces, ["the", " cat", " sat", ""], "the end token adds no text");
     let probs: Vec<f32> = events.iter().map(|e| e.prob).collect();
     for (got, want) in probs.iter().zip([1.0, 0.6, 0.7, 1.0]) {
         assert!((got - want).abs() < 1e-6, "{probs:?}");
     }
-    assert_eq!(
-        events.iter().map(|e| e.position).collect::<Vec<_>>(),
-        [1, 2, 3, 4]
-    );
+    assert_eq!(events.iter().map(|e| e.position).collect::<Vec<_>>(), [1, 2, 3, 4]);
     // The alternatives the lesson shows at "the": cat 0.6, dog 0.4.
     let cat = toy.id("cat").unwrap();
     let dog = toy.id("dog").unwrap();
@@ -186,11 +168,7 @@ fn greedy_misses_the_most_probable_sentence_and_beam_search_finds_it() {
     let beams = beam_search(
         &model,
         &bos,
-        BeamOptions {
-            beams: 2,
-            max_tokens: 10,
-            length_normalise: false,
-        },
+        BeamOptions { beams: 2, max_tokens: 10, length_normalise: false },
     )
     .unwrap();
     assert_eq!(model.decode(&beams[0].ids), "a bird");
@@ -203,19 +181,12 @@ fn greedy_misses_the_most_probable_sentence_and_beam_search_finds_it() {
     let one = beam_search(
         &model,
         &bos,
-        BeamOptions {
-            beams: 1,
-            max_tokens: 10,
-            length_normalise: false,
-        },
+        BeamOptions { beams: 1, max_tokens: 10, length_normalise: false },
     )
     .unwrap();
     assert_eq!(one.len(), 1);
-    let greedy_ids: Vec<u32> = events
-        .iter()
-        .map(|e| e.id)
-        .filter(|id| !model.eos_tokens().contains(id))
-        .collect();
+    let greedy_ids: Vec<u32> =
+        events.iter().map(|e| e.id).filter(|id| !model.eos_tokens().contains(id)).collect();
     assert_eq!(one[0].ids, greedy_ids);
     assert!((one[0].logprob - p_greedy.ln()).abs() < 1e-6);
 }
@@ -223,30 +194,16 @@ fn greedy_misses_the_most_probable_sentence_and_beam_search_finds_it() {
 #[test]
 fn beam_search_stops_at_max_tokens_with_unfinished_beams() {
     let model = load("lesson-beam");
-    let beams = beam_search(
-        &model,
-        &[0],
-        BeamOptions {
-            beams: 2,
-            max_tokens: 1,
-            length_normalise: false,
-        },
-    )
-    .unwrap();
+    let beams =
+        beam_search(&model, &[0], BeamOptions { beams: 2, max_tokens: 1, length_normalise: false })
+            .unwrap();
     assert_eq!(beams.len(), 2);
     assert!(beams.iter().all(|b| !b.finished && b.ids.len() == 1));
     assert_eq!(model.decode(&beams[0].ids), "the");
     // Length normalisation divides log P by the length (end token counted).
-    let normalised = beam_search(
-        &model,
-        &[0],
-        BeamOptions {
-            beams: 2,
-            max_tokens: 10,
-            length_normalise: true,
-        },
-    )
-    .unwrap();
+    let normalised =
+        beam_search(&model, &[0], BeamOptions { beams: 2, max_tokens: 10, length_normalise: true })
+            .unwrap();
     assert!((normalised[0].score - normalised[0].logprob / 3.0).abs() < 1e-12);
 }
 
@@ -264,17 +221,11 @@ fn sampling_reproduces_the_tables_probabilities() {
         *counts.entry(summary.text).or_default() += 1;
     }
     // A binomial with n = 2000 has a standard deviation of at most 0.011: 0.04 is over 3.5 of them.
-    for (words, p) in [
-        ("the cat sat", 0.42),
-        ("the cat ran", 0.18),
-        ("the dog sat", 0.08),
-        ("the dog ran", 0.32),
-    ] {
+    for (words, p) in
+        [("the cat sat", 0.42), ("the cat ran", 0.18), ("the dog sat", 0.08), ("the dog ran", 0.32)]
+    {
         let freq = counts.get(words).copied().unwrap_or(0) as f64 / runs as f64;
-        assert!(
-            (freq - p).abs() < 0.04,
-            "{words}: sampled {freq}, table says {p} ({counts:?})"
-        );
+        assert!((freq - p).abs() < 0.04, "{words}: sampled {freq}, table says {p} ({counts:?})");
     }
     assert_eq!(counts.len(), 4, "{counts:?}");
 }
@@ -326,14 +277,8 @@ fn text_continues_the_prompt() {
 #[test]
 fn stop_strings_cut_the_text_and_the_stream() {
     let toy = load("lesson-toy");
-    let (events, reason, text) = run(
-        &toy,
-        &[0],
-        GenerateOptions {
-            stop_strings: vec!["cat sat".into()],
-            ..greedy(10)
-        },
-    );
+    let (events, reason, text) =
+        run(&toy, &[0], GenerateOptions { stop_strings: vec!["cat sat".into()], ..greedy(10) });
     assert_eq!(reason, StopReason::StopString);
     assert_eq!(text, "the ");
     // " cat" could have been the start of "cat sat", so it was held back, and never sent.
@@ -342,14 +287,8 @@ fn stop_strings_cut_the_text_and_the_stream() {
     assert_eq!(events.len(), 3);
 
     // Held-back text that turns out not to be a stop string is sent with the next token.
-    let (events, reason, text) = run(
-        &toy,
-        &[0],
-        GenerateOptions {
-            stop_strings: vec!["cat ran".into()],
-            ..greedy(10)
-        },
-    );
+    let (events, reason, text) =
+        run(&toy, &[0], GenerateOptions { stop_strings: vec!["cat ran".into()], ..greedy(10) });
     assert_eq!((text.as_str(), reason), ("the cat sat", StopReason::Eos));
     let pieces: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
     assert_eq!(pieces, ["the", " ", "cat sat", ""]);
@@ -366,21 +305,11 @@ fn a_full_context_stops_generation() {
     value["context_length"] = 3.into();
     let small = TableModel::from_json(&value.to_string()).unwrap();
     let (_, reason, text) = run(&small, &[0], greedy(10));
-    assert_eq!(
-        (text.as_str(), reason),
-        ("the cat", StopReason::ContextFull)
-    );
+    assert_eq!((text.as_str(), reason), ("the cat", StopReason::ContextFull));
 
-    let err = Generation::new(&small, &small, &[0, 1, 2, 4], greedy(10))
-        .err()
-        .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "prompt has 4 tokens but the model's context is 3"
-    );
-    let err = Generation::new(&small, &small, &[], greedy(10))
-        .err()
-        .unwrap();
+    let err = Generation::new(&small, &small, &[0, 1, 2, 4], greedy(10)).err().unwrap();
+    assert_eq!(err.to_string(), "prompt has 4 tokens but the model's context is 3");
+    let err = Generation::new(&small, &small, &[], greedy(10)).err().unwrap();
     assert!(err.to_string().contains("empty"), "{err}");
 }
 
@@ -400,10 +329,8 @@ impl Vocab for Bytes {
         unimplemented!()
     }
     fn decode(&self, ids: &[u32]) -> String {
-        let bytes: Vec<u8> = ids
-            .iter()
-            .filter_map(|&id| self.0.get(id as usize).copied())
-            .collect();
+        let bytes: Vec<u8> =
+            ids.iter().filter_map(|&id| self.0.get(id as usize).copied()).collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
     fn token_text(&self, id: u32) -> String {
@@ -437,9 +364,7 @@ fn multi_byte_characters_come_out_whole() {
 // --- The table format ----------------------------------------------------------------------
 
 fn table_error(json: &str) -> String {
-    TableModel::from_json(json)
-        .expect_err("should be rejected")
-        .to_string()
+    TableModel::from_json(json).expect_err("should be rejected").to_string()
 }
 
 #[test]

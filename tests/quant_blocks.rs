@@ -31,7 +31,10 @@ struct Case {
 fn load() -> Fixture {
     let path = common::fixtures().join("quant_blocks.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (regenerate with `python3 tools/make_fixtures.py --only quant_blocks`)", path.display())
+        panic!(
+            "{}: {e} (regenerate with `python3 tools/make_fixtures.py --only quant_blocks`)",
+            path.display()
+        )
     });
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -50,7 +53,8 @@ fn must_be_bit_exact(ty: GgmlType) -> bool {
 }
 
 fn close(got: f32, want: f32) -> bool {
-    got.to_bits() == want.to_bits() || (got - want).abs() <= 1e-6 * want.abs().max(f32::MIN_POSITIVE)
+    got.to_bits() == want.to_bits()
+        || (got - want).abs() <= 1e-6 * want.abs().max(f32::MIN_POSITIVE)
 }
 
 #[test]
@@ -66,11 +70,16 @@ fn dequantize_row_matches_gguf_py() {
     let f = load();
     let mut report = Vec::new();
     for (name, c) in &f.types {
-        let ty = GgmlType::from_id(c.ggml_type).unwrap_or_else(|| panic!("{name}: unsupported ggml type {}", c.ggml_type));
+        let ty = GgmlType::from_id(c.ggml_type)
+            .unwrap_or_else(|| panic!("{name}: unsupported ggml type {}", c.ggml_type));
         assert_eq!(ty.name(), name, "type id {} is {}", c.ggml_type, ty.name());
         assert_eq!(ty.block_size(), c.block_size, "{name}: block size");
         assert_eq!(ty.block_bytes(), c.type_size, "{name}: block bytes");
-        assert_eq!(c.elements_per_row, c.blocks_per_row * c.block_size, "{name}: fixture is inconsistent");
+        assert_eq!(
+            c.elements_per_row,
+            c.blocks_per_row * c.block_size,
+            "{name}: fixture is inconsistent"
+        );
         let bytes = unhex(&c.bytes);
         let row_bytes = ty.row_bytes(c.elements_per_row);
         assert_eq!(row_bytes, c.blocks_per_row * c.type_size, "{name}: row bytes");
@@ -95,7 +104,8 @@ fn dequantize_row_matches_gguf_py() {
                 let exact = g.to_bits() == w.to_bits();
                 bit_exact += exact as usize;
                 if !exact {
-                    worst_rel = worst_rel.max(((g - w).abs() / w.abs().max(f32::MIN_POSITIVE)) as f64);
+                    worst_rel =
+                        worst_rel.max(((g - w).abs() / w.abs().max(f32::MIN_POSITIVE)) as f64);
                 }
                 assert!(
                     if must_be_bit_exact(ty) { exact } else { close(g, w) },
@@ -107,7 +117,10 @@ fn dequantize_row_matches_gguf_py() {
                 );
             }
         }
-        report.push(format!("{name}: {bit_exact}/{} bit-exact, worst relative error {worst_rel:e}", want.len()));
+        report.push(format!(
+            "{name}: {bit_exact}/{} bit-exact, worst relative error {worst_rel:e}",
+            want.len()
+        ));
     }
     eprintln!("{}", report.join("\n"));
 }
@@ -128,7 +141,11 @@ fn dequantize_block_agrees_with_dequantize_row() {
             dequantize_block(ty, chunk, &mut block);
             let want = &row[b * c.block_size..(b + 1) * c.block_size];
             for (i, (g, w)) in block.iter().zip(want).enumerate() {
-                assert_eq!(g.to_bits(), w.to_bits(), "{name}: block {b} element {i}: block {g:e} vs row {w:e}");
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{name}: block {b} element {i}: block {g:e} vs row {w:e}"
+                );
             }
         }
     }

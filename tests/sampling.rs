@@ -28,14 +28,7 @@ fn frequencies(cfg: SamplerConfig, logits: &[f32], n: usize) -> Vec<f64> {
 /// The ids drawn by fresh samplers seeded 0..seeds.
 fn drawn_over_seeds(cfg: &SamplerConfig, logits: &[f32], seeds: u64) -> Vec<u32> {
     (0..seeds)
-        .map(|seed| {
-            Sampler::new(SamplerConfig {
-                seed,
-                ..cfg.clone()
-            })
-            .sample(logits, &[])
-            .id
-        })
+        .map(|seed| Sampler::new(SamplerConfig { seed, ..cfg.clone() }).sample(logits, &[]).id)
         .collect()
 }
 
@@ -62,10 +55,7 @@ struct ReferencePcg32 {
 impl ReferencePcg32 {
     /// `pcg32_srandom_r(initstate, initseq)` from pcg_basic.c.
     fn srandom(initstate: u64, initseq: u64) -> Self {
-        let mut rng = ReferencePcg32 {
-            state: 0,
-            inc: (initseq << 1) | 1,
-        };
+        let mut rng = ReferencePcg32 { state: 0, inc: (initseq << 1) | 1 };
         rng.next();
         rng.state = rng.state.wrapping_add(initstate);
         rng.next();
@@ -85,10 +75,7 @@ impl ReferencePcg32 {
         }
         let state = u64::from_le_bytes(bytes[0..8].try_into().unwrap());
         let inc = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) | 1;
-        let mut rng = ReferencePcg32 {
-            state: state.wrapping_add(inc),
-            inc,
-        };
+        let mut rng = ReferencePcg32 { state: state.wrapping_add(inc), inc };
         rng.next();
         rng
     }
@@ -102,9 +89,8 @@ impl ReferencePcg32 {
 }
 
 /// pcg32-demo's output for `pcg32_srandom_r(&rng, 42u, 54u)`.
-const PCG_DEMO_42_54: [u32; 6] = [
-    0xa15c02b7, 0x7b47f409, 0xba1d3330, 0x83d2f293, 0xbfa4784b, 0xcbed606e,
-];
+const PCG_DEMO_42_54: [u32; 6] =
+    [0xa15c02b7, 0x7b47f409, 0xba1d3330, 0x83d2f293, 0xbfa4784b, 0xcbed606e];
 
 #[test]
 fn the_reference_pcg_matches_the_pcg_papers_demo() {
@@ -152,10 +138,7 @@ fn temperature_zero_is_argmax_with_ties_to_the_lowest_id() {
     let logits = [0.5, 2.0, -1.0, 2.0, 1.9];
     let pick = Sampler::new(SamplerConfig::greedy()).sample(&logits, &[]);
     assert_eq!(pick.id, 1);
-    assert_eq!(
-        drawn_over_seeds(&SamplerConfig::greedy(), &logits, 50),
-        vec![1; 50]
-    );
+    assert_eq!(drawn_over_seeds(&SamplerConfig::greedy(), &logits, 50), vec![1; 50]);
 }
 
 #[test]
@@ -163,10 +146,7 @@ fn a_tiny_temperature_approaches_argmax() {
     // At T = 0.01 the runner-up (0.5 lower) has weight exp(-50) relative to the best.
     let logits = [0.5, 2.0, -1.0, 1.5];
     let cold = config(|c| c.temperature = 0.01);
-    assert_eq!(
-        drawn_over_seeds(&cold, &logits, 500),
-        vec![argmax_by_hand(&logits); 500]
-    );
+    assert_eq!(drawn_over_seeds(&cold, &logits, 500), vec![argmax_by_hand(&logits); 500]);
 }
 
 #[test]
@@ -178,10 +158,7 @@ fn top_k_1_is_greedy() {
             c.top_k = 1;
             c.seed = round;
         });
-        assert_eq!(
-            Sampler::new(top1).sample(&logits, &[]).id,
-            argmax_by_hand(&logits)
-        );
+        assert_eq!(Sampler::new(top1).sample(&logits, &[]).id, argmax_by_hand(&logits));
     }
 }
 
@@ -206,10 +183,7 @@ fn top_p_keeps_exactly_the_nucleus() {
     let drawn = drawn_over_seeds(&nucleus, &logits, 2000);
     assert!(drawn.iter().all(|&id| id <= 1), "drew outside the nucleus");
     let zeros = drawn.iter().filter(|&&id| id == 0).count() as f64 / drawn.len() as f64;
-    assert!(
-        (zeros - 0.5 / 0.8).abs() < 0.04,
-        "P(0 | nucleus) = {zeros}, expected 0.625"
-    );
+    assert!((zeros - 0.5 / 0.8).abs() < 0.04, "P(0 | nucleus) = {zeros}, expected 0.625");
 
     // Just above 0.8 the nucleus needs id 2 as well.
     let wider = drawn_over_seeds(&config(|c| c.top_p = 0.81), &logits, 2000);
@@ -357,9 +331,7 @@ fn the_same_seed_draws_the_same_tokens() {
             c.seed = seed;
             c.top_p = 0.95;
         }));
-        (0..100)
-            .map(|_| sampler.sample(&logits, &[]).id)
-            .collect::<Vec<_>>()
+        (0..100).map(|_| sampler.sample(&logits, &[]).id).collect::<Vec<_>>()
     };
     assert_eq!(draws(5), draws(5));
     assert_ne!(draws(5), draws(6));

@@ -25,7 +25,13 @@ fn check(folder: &str) {
             failures.push(format!("{text:?}: got {got:?}, want {want:?}"));
         }
     }
-    assert!(failures.is_empty(), "{folder}: {} of {} differ:\n{}", failures.len(), texts.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{folder}: {} of {} differ:\n{}",
+        failures.len(),
+        texts.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -16,7 +16,12 @@ use serde_json::Value;
 /// Max abs logit error vs transformers, for every weight type (f32 activations throughout).
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
-fn check_variant(path: &std::path::Path, prompt: &[u32], want_logits: &[Vec<f32>], want_greedy: &[u32]) {
+fn check_variant(
+    path: &std::path::Path,
+    prompt: &[u32],
+    want_logits: &[Vec<f32>],
+    want_greedy: &[u32],
+) {
     let name = path.file_name().unwrap().to_string_lossy().to_string();
     // The exact path (f32 activations): the fast path's Q8 activations would not hold 1e-4;
     // tests/cpu_kernels.rs bounds the fast path against this one instead.
@@ -42,7 +47,8 @@ fn check_variant(path: &std::path::Path, prompt: &[u32], want_logits: &[Vec<f32>
 fn check_fixture(dir: &str) {
     let dir = common::fixtures().join(dir);
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let prompt = common::ids(&reference["prompt_ids"]);
     let variants = reference["variants"].as_object().unwrap();
     assert!(!variants.is_empty());
@@ -84,9 +90,19 @@ fn stories260k_greedy_matches_transformers() {
     .unwrap();
     let prompt = common::ids(&reference["prompt_ids"]);
     assert_eq!(prompt, [1, 403, 407, 261, 378], "tokenizer of 'Once upon a time'");
-    check_variant(&dir.join("stories260K-f32.gguf"), &prompt, &common::rows(&reference["logits"]), &common::ids(&reference["greedy_ids"]));
+    check_variant(
+        &dir.join("stories260K-f32.gguf"),
+        &prompt,
+        &common::rows(&reference["logits"]),
+        &common::ids(&reference["greedy_ids"]),
+    );
     let q8 = &reference["q8_0"];
-    check_variant(&dir.join("stories260K-q8_0.gguf"), &prompt, &common::rows(&q8["logits"]), &common::ids(&q8["greedy_ids"]));
+    check_variant(
+        &dir.join("stories260K-q8_0.gguf"),
+        &prompt,
+        &common::rows(&q8["logits"]),
+        &common::ids(&q8["greedy_ids"]),
+    );
 }
 
 /// Prompt ids from our tokenizer wrapper equal the ids transformers fed its model.
@@ -97,11 +113,15 @@ fn fixture_prompts_tokenize_identically() {
     for dir in ["llama", "llama_tied", "qwen2", "gpt2"] {
         let dir = common::fixtures().join(dir);
         let reference: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
         let tok = HfTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
         let prompt = common::ids(&reference["prompt_ids"]);
         let text = reference["prompt"].as_str().unwrap();
         let encoded = tok.encode(text).unwrap();
-        assert!(prompt.ends_with(&encoded) && prompt.len() - encoded.len() <= 1, "{dir:?}: {encoded:?} vs {prompt:?}");
+        assert!(
+            prompt.ends_with(&encoded) && prompt.len() - encoded.len() <= 1,
+            "{dir:?}: {encoded:?} vs {prompt:?}"
+        );
     }
 }

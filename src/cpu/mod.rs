@@ -212,7 +212,11 @@ impl CpuModel {
         #[cfg(not(target_arch = "wasm32"))]
         {
             self.pool = if self.threads > 1 {
-                rayon::ThreadPoolBuilder::new().num_threads(self.threads).build().ok().map(std::sync::Arc::new)
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.threads)
+                    .build()
+                    .ok()
+                    .map(std::sync::Arc::new)
             } else {
                 None
             };
@@ -239,8 +243,12 @@ impl CpuModel {
 
     /// Whether the KV cache holds f16 (see `KvStore`): fast path, quantised weights, F16C.
     fn kv_f16(&self) -> bool {
-        let quantised = kernels::uses_q8_activations(self.model.weights.layers.first().map_or(GgmlType::F32, |l| l.wo.ty));
-        self.precision == Precision::Fast && matches!(self.isa, Isa::Avx2 | Isa::Avx512Vnni) && quantised
+        let quantised = kernels::uses_q8_activations(
+            self.model.weights.layers.first().map_or(GgmlType::F32, |l| l.wo.ty),
+        );
+        self.precision == Precision::Fast
+            && matches!(self.isa, Isa::Avx2 | Isa::Avx512Vnni)
+            && quantised
     }
 
     /// The kernels' instruction set: scalar (the reference expressions) in exact mode.
@@ -260,7 +268,11 @@ impl CpuModel {
             let chunks = (self.threads * 4).min(n).min(total >> MIN_TASK_LOG2);
             if chunks > 1 {
                 use rayon::prelude::*;
-                let run = || (0..chunks).into_par_iter().for_each(|c| f(c * n / chunks..(c + 1) * n / chunks));
+                let run = || {
+                    (0..chunks)
+                        .into_par_iter()
+                        .for_each(|c| f(c * n / chunks..(c + 1) * n / chunks))
+                };
                 match &self.pool {
                     Some(pool) => pool.install(run),
                     None => run(),
@@ -293,8 +305,16 @@ impl CpuModel {
     }
 
     /// Quantise the rows of `x` for a matmul with `w` when the fast path wants Q8 activations.
-    fn quantize_input<'a>(&self, w: &Tensor, x: &[f32], act: &'a mut [BlockQ8]) -> Option<&'a [BlockQ8]> {
-        if self.precision != Precision::Fast || !kernels::uses_q8_activations(w.ty) || !w.cols.is_multiple_of(QK8) {
+    fn quantize_input<'a>(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        act: &'a mut [BlockQ8],
+    ) -> Option<&'a [BlockQ8]> {
+        if self.precision != Precision::Fast
+            || !kernels::uses_q8_activations(w.ty)
+            || !w.cols.is_multiple_of(QK8)
+        {
             return None;
         }
         let blocks = x.len() / QK8;
@@ -304,7 +324,14 @@ impl CpuModel {
 
     /// `out[t][r] = dot(W[r], x[t])` for a batch of token vectors, plus the bias if any. `xq` is
     /// `x` quantised (fast path, quantised weights); otherwise rows multiply f32 activations.
-    fn matmul(&self, w: &Tensor, bias: Option<&Tensor>, x: &[f32], xq: Option<&[BlockQ8]>, out: &mut [f32]) {
+    fn matmul(
+        &self,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        x: &[f32],
+        xq: Option<&[BlockQ8]>,
+        out: &mut [f32],
+    ) {
         let n = x.len() / w.cols;
         let rows = w.rows;
         debug_assert_eq!(out.len(), n * rows);
@@ -353,7 +380,12 @@ impl CpuModel {
                             ($t:literal) => {
                                 #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
                                 while t + $t <= n {
-                                    let o = kernels::dot_q8_tile::<R, $t>(isa, w.ty, tile, std::array::from_fn(|j| act(t + j)));
+                                    let o = kernels::dot_q8_tile::<R, $t>(
+                                        isa,
+                                        w.ty,
+                                        tile,
+                                        std::array::from_fn(|j| act(t + j)),
+                                    );
                                     for (k, o) in o.iter().enumerate() {
                                         for (j, &v) in o.iter().enumerate() {
                                             store(t + j, r + k, v);
@@ -382,7 +414,16 @@ impl CpuModel {
                 let work = |range: Range<usize>| {
                     for r in range {
                         for t in 0..n {
-                            store(t, r, kernels::dot_float_row(isa, w.ty, row(r), &x[t * w.cols..(t + 1) * w.cols]));
+                            store(
+                                t,
+                                r,
+                                kernels::dot_float_row(
+                                    isa,
+                                    w.ty,
+                                    row(r),
+                                    &x[t * w.cols..(t + 1) * w.cols],
+                                ),
+                            );
                         }
                     }
                 };
@@ -404,7 +445,8 @@ impl CpuModel {
 
         if cache.k.len() != c.n_layer {
             let fits = c.n_layer * self.max_seq * kv_dim * 8 <= KV_RESERVE_LIMIT;
-            let reserve = if fits && !cfg!(target_arch = "wasm32") { self.max_seq * kv_dim } else { 0 };
+            let reserve =
+                if fits && !cfg!(target_arch = "wasm32") { self.max_seq * kv_dim } else { 0 };
             let f16 = self.kv_f16();
             cache.k = (0..c.n_layer).map(|_| KvStore::new(f16, reserve)).collect();
             cache.v = (0..c.n_layer).map(|_| KvStore::new(f16, reserve)).collect();
@@ -446,7 +488,11 @@ impl CpuModel {
         let rb = w.token_embd.row_bytes();
         for (t, &tok) in tokens.iter().enumerate() {
             let id = tok as usize;
-            dequantize_row(w.token_embd.ty, &embd_bytes[id * rb..(id + 1) * rb], &mut x[t * e..(t + 1) * e]);
+            dequantize_row(
+                w.token_embd.ty,
+                &embd_bytes[id * rb..(id + 1) * rb],
+                &mut x[t * e..(t + 1) * e],
+            );
         }
         if let Some(pe) = &w.pos_embd {
             let (bytes, rb) = (m.bytes(pe), pe.row_bytes());
@@ -486,7 +532,9 @@ impl CpuModel {
                 let (wq, wk, wv) = (get(&lw.wq), get(&lw.wk), get(&lw.wv));
                 let hq = self.quantize_input(wq, h, act);
                 self.matmul(wq, lw.bq.as_ref(), h, hq, q);
-                let same = |t: &Tensor| kernels::uses_q8_activations(t.ty) == kernels::uses_q8_activations(wq.ty);
+                let same = |t: &Tensor| {
+                    kernels::uses_q8_activations(t.ty) == kernels::uses_q8_activations(wq.ty)
+                };
                 if same(wk) && same(wv) {
                     self.matmul(wk, lw.bk.as_ref(), h, hq, k);
                     self.matmul(wv, lw.bv.as_ref(), h, hq, v);
@@ -515,7 +563,9 @@ impl CpuModel {
             self.matmul(&lw.ffn_up, lw.ffn_up_b.as_ref(), h, hq, up);
             match &lw.ffn_gate {
                 Some(g) => {
-                    if kernels::uses_q8_activations(g.ty) == kernels::uses_q8_activations(lw.ffn_up.ty) {
+                    if kernels::uses_q8_activations(g.ty)
+                        == kernels::uses_q8_activations(lw.ffn_up.ty)
+                    {
                         self.matmul(g, None, h, hq, gate);
                     } else {
                         let gq = self.quantize_input(g, h, act);
@@ -584,7 +634,15 @@ impl CpuModel {
     /// holding keys/values for positions `0..pos0+n`. Query head h reads key/value head
     /// `h / (n_head / n_head_kv)` (grouped-query attention). The causal mask is the loop bound:
     /// query t sees positions `0..=pos0+t`. Heads run in parallel; `scores` holds a row per head.
-    fn attention(&self, pos0: usize, q: &[f32], k_cache: KvRows, v_cache: KvRows, scores: &mut [f32], out: &mut [f32]) {
+    fn attention(
+        &self,
+        pos0: usize,
+        q: &[f32],
+        k_cache: KvRows,
+        v_cache: KvRows,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
         let c = &self.model.config;
         let (n_head, head_dim) = (c.n_head, c.head_dim);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
@@ -600,7 +658,8 @@ impl CpuModel {
             for h in heads {
                 // SAFETY: head h alone uses scores[h*stride..][..stride] and, for every t,
                 // out[t*q_dim + h*head_dim..][..head_dim]; both lie inside their buffers.
-                let scores = unsafe { std::slice::from_raw_parts_mut(scores_ptr.0.add(h * stride), stride) };
+                let scores =
+                    unsafe { std::slice::from_raw_parts_mut(scores_ptr.0.add(h * stride), stride) };
                 let kvh = h / group;
                 for t in 0..n {
                     let seen = pos0 + t + 1;
@@ -609,8 +668,19 @@ impl CpuModel {
                     kernels::attention_scores(isa, qh, keys, kv_dim, scale, &mut scores[..seen]);
                     softmax_in_place(&mut scores[..seen]);
                     // SAFETY: see above.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * q_dim + h * head_dim), head_dim) };
-                    kernels::attention_values(isa, &scores[..seen], v_cache.skip(kvh * head_dim), kv_dim, o);
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            out_ptr.0.add(t * q_dim + h * head_dim),
+                            head_dim,
+                        )
+                    };
+                    kernels::attention_values(
+                        isa,
+                        &scores[..seen],
+                        v_cache.skip(kvh * head_dim),
+                        kv_dim,
+                        o,
+                    );
                 }
             }
         };

@@ -138,13 +138,28 @@ impl GpuContext {
     /// A buffer on this device, counted in the statistics.
     pub fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
         self.count(size);
-        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
     }
 
     /// Like [`GpuContext::create_buffer`], mapped for writing.
-    pub fn create_buffer_mapped(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+    pub fn create_buffer_mapped(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> wgpu::Buffer {
         self.count(size);
-        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true })
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
+        })
     }
 
     fn count(&self, size: u64) {
@@ -216,7 +231,10 @@ struct MapFuture {
 
 impl std::future::Future for MapFuture {
     type Output = std::result::Result<(), String>;
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
         let mut s = self.slot.lock().unwrap();
         match s.result.take() {
             Some(r) => std::task::Poll::Ready(r),

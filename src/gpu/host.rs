@@ -18,25 +18,46 @@ fn upload_f32(ctx: &GpuContext, x: &[f32]) -> wgpu::Buffer {
 /// Copy the first `n` floats of `buf` back to the host (after everything submitted before).
 pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
     let rb = readback(ctx, n as u64 * 4);
-    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") });
+    let mut enc =
+        ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") });
     if n > 0 {
         enc.copy_buffer_to_buffer(buf, 0, &rb, 0, n as u64 * 4);
     }
     ctx.queue.submit([enc.finish()]);
     let bytes = pollster::block_on(ctx.read_buffer(&rb))?;
-    Ok(bytes[..n * 4].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    Ok(bytes[..n * 4]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 /// `y[t][r] = W[r] . x[t] (+ bias[r])` for `x.len() / cols` tokens; W is `rows` x `cols` of `ty`
 /// in its GGUF bytes.
-pub fn matmul(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+pub fn matmul(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
     let n_tok = x.len() / cols;
     matmul_with(k, ty, w, rows, cols, x, bias, n_tok > super::kernels::MATMUL_TOKENS as usize)
 }
 
 /// [`matmul`] with the kernel forced: `tiled` for the prefill (matrix-matrix) kernel.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_with(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], bias: Option<&[f32]>, tiled: bool) -> Result<Vec<f32>> {
+pub fn matmul_with(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    bias: Option<&[f32]>,
+    tiled: bool,
+) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let n_tok = x.len() / cols;
     let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
@@ -45,14 +66,32 @@ pub fn matmul_with(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize
     let dummy = floats(ctx, "dummy", 4);
     let y = floats(ctx, "y", n_tok * rows);
     let mut pass = Pass::new(k);
-    ops::matmul_with(&mut pass, &wt, bb.as_ref(), &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 }, tiled);
+    ops::matmul_with(
+        &mut pass,
+        &wt,
+        bb.as_ref(),
+        &dummy,
+        &xb,
+        0,
+        n_tok,
+        Out { buf: &y, stride: rows, col0: 0 },
+        tiled,
+    );
     pass.submit();
     read(ctx, &y, n_tok * rows)
 }
 
 /// Like [`matmul`] but with W split into parts of at most `rows_per_part` rows (as a tensor
 /// larger than the binding limit is), to test the split path on small data.
-pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], rows_per_part: usize) -> Result<Vec<f32>> {
+pub fn matmul_split(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    rows_per_part: usize,
+) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let n_tok = x.len() / cols;
     let rb = ty.row_bytes(cols);
@@ -60,7 +99,11 @@ pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usiz
         .step_by(rows_per_part)
         .map(|r0| {
             let n = rows_per_part.min(rows - r0);
-            ops::Part { row0: r0, rows: n, buffer: upload(ctx, "w part", &w[r0 * rb..(r0 + n) * rb]) }
+            ops::Part {
+                row0: r0,
+                rows: n,
+                buffer: upload(ctx, "w part", &w[r0 * rb..(r0 + n) * rb]),
+            }
         })
         .collect();
     let wt = GpuTensor { ty, rows, cols, row_bytes: rb, parts };
@@ -68,7 +111,16 @@ pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usiz
     let dummy = floats(ctx, "dummy", 4);
     let y = floats(ctx, "y", n_tok * rows);
     let mut pass = Pass::new(k);
-    ops::matmul(&mut pass, &wt, None, &dummy, &xb, 0, n_tok, Out { buf: &y, stride: rows, col0: 0 });
+    ops::matmul(
+        &mut pass,
+        &wt,
+        None,
+        &dummy,
+        &xb,
+        0,
+        n_tok,
+        Out { buf: &y, stride: rows, col0: 0 },
+    );
     let emb = floats(ctx, "emb", n_tok.min(rows) * cols);
     let ids: Vec<u32> = (0..n_tok.min(rows) as u32).rev().collect();
     let idb = upload(ctx, "step", &step_words(0, &ids));
@@ -78,7 +130,14 @@ pub fn matmul_split(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usiz
 }
 
 /// Rows `ids` of W (`rows` x `cols` of `ty`).
-pub fn embedding(k: &Kernels, ty: GgmlType, w: &[u8], rows: usize, cols: usize, ids: &[u32]) -> Result<Vec<f32>> {
+pub fn embedding(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    ids: &[u32],
+) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
     let idb = upload(ctx, "step", &step_words(0, ids));
@@ -104,7 +163,16 @@ pub fn norm(k: &Kernels, x: &[f32], w: &[f32], bias: Option<&[f32]>, eps: f32) -
 
 /// RoPE of `n_tok` rows of `n_head * head_dim` at positions `pos0 + t`.
 #[allow(clippy::too_many_arguments)]
-pub fn rope(k: &Kernels, mode: RopeMode, x: &[f32], n_head: usize, head_dim: usize, rope_dims: usize, pos0: usize, inv_freq: &[f32]) -> Result<Vec<f32>> {
+pub fn rope(
+    k: &Kernels,
+    mode: RopeMode,
+    x: &[f32],
+    n_head: usize,
+    head_dim: usize,
+    rope_dims: usize,
+    pos0: usize,
+    inv_freq: &[f32],
+) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let width = n_head * head_dim;
     let n_tok = x.len() / width;
@@ -121,21 +189,34 @@ pub fn rope(k: &Kernels, mode: RopeMode, x: &[f32], n_head: usize, head_dim: usi
     let y = floats(ctx, "y", x.len());
     let mut pass = Pass::new(k);
     let out = RopeOut { buf: &y, row0: 0, at_pos: false, f16: false };
-    ops::rope(&mut pass, mode, &xb, width, 0, &tb, &step, 0, n_tok, n_head, head_dim, rope_dims, out);
+    ops::rope(
+        &mut pass, mode, &xb, width, 0, &tb, &step, 0, n_tok, n_head, head_dim, rope_dims, out,
+    );
     pass.submit();
     read(ctx, &y, x.len())
 }
 
 /// Attention of `q` (rows of n_head * head_dim) at positions `pos0 + t` over the caches.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(k: &Kernels, q: &[f32], k_cache: &[f32], v_cache: &[f32], n_head: usize, n_head_kv: usize, head_dim: usize, pos0: usize) -> Result<Vec<f32>> {
+pub fn attention(
+    k: &Kernels,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    pos0: usize,
+) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let n_tok = q.len() / (n_head * head_dim);
     let (qb, kb, vb) = (upload_f32(ctx, q), upload_f32(ctx, k_cache), upload_f32(ctx, v_cache));
     let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", q.len());
     let mut pass = Pass::new(k);
-    ops::attention(&mut pass, &qb, &kb, &vb, false, &step, 0, n_tok, n_head, n_head_kv, head_dim, &y);
+    ops::attention(
+        &mut pass, &qb, &kb, &vb, false, &step, 0, n_tok, n_head, n_head_kv, head_dim, &y,
+    );
     pass.submit();
     read(ctx, &y, q.len())
 }

@@ -300,7 +300,13 @@ impl<'a> Pass<'a> {
 
     /// Run `kernel` with storage `buffers` at bindings 0.., then `params` (u32 words; f32 as bits)
     /// as the uniform at the next binding.
-    pub fn dispatch(&mut self, kernel: Kernel, buffers: &[&'a wgpu::Buffer], params: &[u32], groups: [u32; 3]) {
+    pub fn dispatch(
+        &mut self,
+        kernel: Kernel,
+        buffers: &[&'a wgpu::Buffer],
+        params: &[u32],
+        groups: [u32; 3],
+    ) {
         debug_assert_eq!(buffers.len(), kernel.storage_bindings().len(), "{kernel:?}");
         let slot = self.params.len() as u64;
         for p in params {
@@ -310,7 +316,14 @@ impl<'a> Pass<'a> {
         self.ops.push(Op::Dispatch { kernel, buffers: buffers.to_vec(), slot, groups });
     }
 
-    pub fn copy(&mut self, src: &'a wgpu::Buffer, src_off: u64, dst: &'a wgpu::Buffer, dst_off: u64, size: u64) {
+    pub fn copy(
+        &mut self,
+        src: &'a wgpu::Buffer,
+        src_off: u64,
+        dst: &'a wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    ) {
         self.ops.push(Op::Copy { src, src_off, dst, dst_off, size });
     }
 
@@ -323,14 +336,25 @@ impl<'a> Pass<'a> {
 
     /// Encode and submit using `binder`'s parameter buffer and bind groups; dispatches that bind
     /// one of `state`'s buffers take their bind groups from `state`'s cache instead.
-    pub fn submit_with(self, binder: &mut Binder, mut state: Option<(&[&wgpu::Buffer], &mut BindCache)>) -> PassStats {
+    pub fn submit_with(
+        self,
+        binder: &mut Binder,
+        mut state: Option<(&[&wgpu::Buffer], &mut BindCache)>,
+    ) -> PassStats {
         let ctx = &self.kernels.ctx;
         let device = &ctx.device;
         let need = (self.params.len() as u64).max(PARAM_SLOT);
         if binder.params.as_ref().is_none_or(|b| b.size() < need) {
             // Room for several plans. Grown: every cached bind group points at the old buffer.
-            let size = (4 * need).next_power_of_two().max(64 << 10).min(ctx.limits.max_buffer_size.max(need));
-            binder.params = Some(ctx.create_buffer("params", size, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST));
+            let size = (4 * need)
+                .next_power_of_two()
+                .max(64 << 10)
+                .min(ctx.limits.max_buffer_size.max(need));
+            binder.params = Some(ctx.create_buffer(
+                "params",
+                size,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            ));
             binder.cache.groups.clear();
             if let Some((_, c)) = state.as_mut() {
                 c.groups.clear();
@@ -357,7 +381,8 @@ impl<'a> Pass<'a> {
             }
         };
         let mut stats = PassStats::default();
-        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
+        let mut encoder = device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
         let mut i = 0;
         while i < self.ops.len() {
             if let Op::Copy { src, src_off, dst, dst_off, size } = &self.ops[i] {
@@ -366,10 +391,15 @@ impl<'a> Pass<'a> {
                 i += 1;
                 continue;
             }
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
             while let Some(Op::Dispatch { kernel, buffers, slot, groups }) = self.ops.get(i) {
                 let compiled = self.kernels.pipeline(*kernel);
-                let in_state = state.as_ref().is_some_and(|(bufs, _)| buffers.iter().any(|b| bufs.contains(b)));
+                let in_state = state
+                    .as_ref()
+                    .is_some_and(|(bufs, _)| buffers.iter().any(|b| bufs.contains(b)));
                 let cache = match state.as_mut() {
                     Some((_, c)) if in_state => &mut **c,
                     _ => &mut binder.cache,
@@ -380,7 +410,10 @@ impl<'a> Pass<'a> {
                     let mut entries: Vec<wgpu::BindGroupEntry> = buffers
                         .iter()
                         .enumerate()
-                        .map(|(b, buf)| wgpu::BindGroupEntry { binding: b as u32, resource: buf.as_entire_binding() })
+                        .map(|(b, buf)| wgpu::BindGroupEntry {
+                            binding: b as u32,
+                            resource: buf.as_entire_binding(),
+                        })
                         .collect();
                     entries.push(wgpu::BindGroupEntry {
                         binding: buffers.len() as u32,
@@ -390,7 +423,11 @@ impl<'a> Pass<'a> {
                             size: wgpu::BufferSize::new(PARAM_SLOT),
                         }),
                     });
-                    device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &compiled.layout, entries: &entries })
+                    device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &compiled.layout,
+                        entries: &entries,
+                    })
                 });
                 pass.set_pipeline(&compiled.pipeline);
                 pass.set_bind_group(0, &*bind, &[(base + *slot) as u32]);
@@ -408,20 +445,31 @@ impl<'a> Pass<'a> {
 /// A storage buffer holding `data` (padded to a whole number of words, at least 16 bytes).
 pub fn upload(ctx: &GpuContext, label: &str, data: &[u8]) -> wgpu::Buffer {
     let size = (data.len().div_ceil(4) * 4).max(16) as u64;
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
     let buffer = ctx.create_buffer_mapped(label, size, usage);
-    buffer.slice(..).get_mapped_range_mut().expect("freshly mapped").slice(..data.len()).copy_from_slice(data);
+    buffer
+        .slice(..)
+        .get_mapped_range_mut()
+        .expect("freshly mapped")
+        .slice(..data.len())
+        .copy_from_slice(data);
     buffer.unmap();
     buffer
 }
 
 /// A zeroed storage buffer of `bytes` (rounded up to whole words, at least 16).
 pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> wgpu::Buffer {
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
     ctx.create_buffer(label, (bytes.div_ceil(4) * 4).max(16), usage)
 }
 
 /// A buffer to copy results into and map for reading.
 pub fn readback(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
-    ctx.create_buffer("readback", (bytes.div_ceil(4) * 4).max(16), wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)
+    ctx.create_buffer(
+        "readback",
+        (bytes.div_ceil(4) * 4).max(16),
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+    )
 }

@@ -14,11 +14,11 @@
 //! takes the same memory there as on disk.
 
 pub mod context;
-pub mod kernels;
-pub mod ops;
-pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod host;
+pub mod kernels;
+pub mod model;
+pub mod ops;
 
 pub use context::{is_device_lost, GpuContext, DEVICE_LOST, NO_ADAPTER};
 pub use model::{GpuModel, GpuOptions, GpuState, GpuStats, TopK};

@@ -61,7 +61,8 @@ impl GpuOptions {
     /// The default for `ctx`: the f16 KV cache where the device has `shader-f16`, unless the
     /// environment variable `NEXTTOKEN_GPU_F16=0` forces the f32 path.
     pub fn auto(ctx: &GpuContext) -> GpuOptions {
-        let env_off = cfg!(not(target_arch = "wasm32")) && std::env::var("NEXTTOKEN_GPU_F16").is_ok_and(|v| v == "0");
+        let env_off = cfg!(not(target_arch = "wasm32"))
+            && std::env::var("NEXTTOKEN_GPU_F16").is_ok_and(|v| v == "0");
         GpuOptions { f16_kv: ctx.shader_f16 && !env_off }
     }
 
@@ -128,11 +129,17 @@ struct Runtime {
 /// What a forward returns.
 #[derive(Clone, Copy)]
 enum Output {
-    Logits { all: bool },
-    TopK { k: usize },
+    Logits {
+        all: bool,
+    },
+    TopK {
+        k: usize,
+    },
     Greedy,
     /// `steps` greedy picks, each fed back as the next input on the GPU.
-    Chain { steps: usize },
+    Chain {
+        steps: usize,
+    },
 }
 
 /// A model ready to run on the GPU.
@@ -169,11 +176,25 @@ pub struct GpuState {
 }
 
 impl GpuState {
-    fn alloc(ctx: &Arc<GpuContext>, n_layer: usize, max_seq: usize, kv_dim: usize, elem: usize) -> GpuState {
+    fn alloc(
+        ctx: &Arc<GpuContext>,
+        n_layer: usize,
+        max_seq: usize,
+        kv_dim: usize,
+        elem: usize,
+    ) -> GpuState {
         let row_bytes = (kv_dim * elem) as u64;
         let bytes = max_seq as u64 * row_bytes;
-        let mk = |name: &str| (0..n_layer).map(|_| super::kernels::storage(ctx, name, bytes)).collect();
-        GpuState { pos: 0, k: mk("k cache"), v: mk("v cache"), row_bytes, ctx: ctx.clone(), groups: Mutex::new(BindCache::default()) }
+        let mk =
+            |name: &str| (0..n_layer).map(|_| super::kernels::storage(ctx, name, bytes)).collect();
+        GpuState {
+            pos: 0,
+            k: mk("k cache"),
+            v: mk("v cache"),
+            row_bytes,
+            ctx: ctx.clone(),
+            groups: Mutex::new(BindCache::default()),
+        }
     }
 
     fn buffers(&self) -> Vec<&wgpu::Buffer> {
@@ -193,13 +214,22 @@ impl Clone for GpuState {
         let used = (self.pos as u64 * self.row_bytes).div_ceil(4) * 4;
         let used = used.min(bytes);
         if used > 0 {
-            let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("clone kv") });
+            let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("clone kv"),
+            });
             for (src, dst) in self.k.iter().zip(&k).chain(self.v.iter().zip(&v)) {
                 enc.copy_buffer_to_buffer(src, 0, dst, 0, used);
             }
             ctx.queue.submit([enc.finish()]);
         }
-        GpuState { pos: self.pos, k, v, row_bytes: self.row_bytes, ctx: ctx.clone(), groups: Mutex::new(BindCache::default()) }
+        GpuState {
+            pos: self.pos,
+            k,
+            v,
+            row_bytes: self.row_bytes,
+            ctx: ctx.clone(),
+            groups: Mutex::new(BindCache::default()),
+        }
     }
 }
 
@@ -211,7 +241,9 @@ impl GpuModel {
     /// Open the GPU and upload `model` (native; blocks).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(model: Model) -> Result<GpuModel> {
-        pollster::block_on(async { GpuModel::with_context(GpuContext::new_async().await?, model).await })
+        pollster::block_on(async {
+            GpuModel::with_context(GpuContext::new_async().await?, model).await
+        })
     }
 
     /// Upload `model` to the device of `ctx` and compile its kernels, with the default options
@@ -222,7 +254,11 @@ impl GpuModel {
     }
 
     /// Upload `model` to the device of `ctx` and compile its kernels.
-    pub async fn with_options(ctx: Arc<GpuContext>, model: Model, opts: GpuOptions) -> Result<GpuModel> {
+    pub async fn with_options(
+        ctx: Arc<GpuContext>,
+        model: Model,
+        opts: GpuOptions,
+    ) -> Result<GpuModel> {
         ctx.check_lost()?;
         if opts.f16_kv && !ctx.shader_f16 {
             return Err(gpu_err("the f16 KV cache needs shader-f16, which this device lacks"));
@@ -230,14 +266,18 @@ impl GpuModel {
         let c = model.config.clone();
         let w = &model.weights;
         if c.head_dim > MAX_HEAD_DIM {
-            return Err(gpu_err(format!("head size {} exceeds the kernels' {MAX_HEAD_DIM}", c.head_dim)));
+            return Err(gpu_err(format!(
+                "head size {} exceeds the kernels' {MAX_HEAD_DIM}",
+                c.head_dim
+            )));
         }
         let mut cache: HashMap<(usize, usize), Arc<GpuTensor>> = HashMap::new();
         let mut up = |t: &Tensor| -> Result<Arc<GpuTensor>> {
             if let Some(g) = cache.get(&(t.offset, t.size_bytes)) {
                 return Ok(g.clone());
             }
-            let g = Arc::new(GpuTensor::upload(&ctx, &t.name, t.ty, t.rows, t.cols, model.bytes(t))?);
+            let g =
+                Arc::new(GpuTensor::upload(&ctx, &t.name, t.ty, t.rows, t.cols, model.bytes(t))?);
             cache.insert((t.offset, t.size_bytes), g.clone());
             Ok(g)
         };
@@ -295,7 +335,8 @@ impl GpuModel {
             .collect();
 
         let limit = ctx.max_binding();
-        let widest = [c.n_embd, q_dim + 2 * kv_dim, c.n_ff, c.n_vocab].into_iter().max().unwrap_or(1);
+        let widest =
+            [c.n_embd, q_dim + 2 * kv_dim, c.n_ff, c.n_vocab].into_iter().max().unwrap_or(1);
         let batch = ((limit / (widest as u64 * 4)) as usize).clamp(1, MAX_BATCH);
         let max_seq = c.n_ctx.min((limit / (kv_dim as u64 * 4)) as usize).max(1);
         let scratch = Scratch {
@@ -313,7 +354,13 @@ impl GpuModel {
 
         let kernels = Kernels::new(ctx.clone());
         let h = opts.f16_kv;
-        let mut needed = vec![Kernel::Rope(false), Kernel::Rope(h), Kernel::Attention(h), Kernel::Add, Kernel::Embedding(token_embd.ty)];
+        let mut needed = vec![
+            Kernel::Rope(false),
+            Kernel::Rope(h),
+            Kernel::Attention(h),
+            Kernel::Add,
+            Kernel::Embedding(token_embd.ty),
+        ];
         needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
         needed.push(if c.arch == Arch::Gpt2 { Kernel::LayerNorm } else { Kernel::RmsNorm });
         needed.push(if c.arch == Arch::Gpt2 { Kernel::Gelu } else { Kernel::SiluMul });
@@ -327,12 +374,13 @@ impl GpuModel {
         needed.dedup();
         kernels.prepare(&needed).await?;
 
-        let load_bytes = cache.values().flat_map(|t| t.parts.iter().map(|p| p.buffer.size())).sum::<u64>()
-            + [&scratch.x, &scratch.h, &scratch.qkv, &scratch.q, &scratch.attn, &scratch.proj]
-                .iter()
-                .chain([&scratch.up, &scratch.gate, &scratch.logits, &scratch.zeros].iter())
-                .map(|b| b.size())
-                .sum::<u64>();
+        let load_bytes =
+            cache.values().flat_map(|t| t.parts.iter().map(|p| p.buffer.size())).sum::<u64>()
+                + [&scratch.x, &scratch.h, &scratch.qkv, &scratch.q, &scratch.attn, &scratch.proj]
+                    .iter()
+                    .chain([&scratch.up, &scratch.gate, &scratch.logits, &scratch.zeros].iter())
+                    .map(|b| b.size())
+                    .sum::<u64>();
         Ok(GpuModel {
             model,
             ctx,
@@ -376,7 +424,10 @@ impl GpuModel {
         let elem = if self.opts.f16_kv { 2 } else { 4 };
         GpuStats {
             model_bytes: self.load_bytes + rt.bytes + rt.binder.bytes(),
-            kv_bytes_per_state: 2 * c.n_layer as u64 * self.max_seq as u64 * (c.kv_dim() * elem) as u64,
+            kv_bytes_per_state: 2
+                * c.n_layer as u64
+                * self.max_seq as u64
+                * (c.kv_dim() * elem) as u64,
             bind_groups_created: rt.binder.bind_groups_created,
             buffers_created: self.ctx.buffers_created.load(std::sync::atomic::Ordering::Relaxed),
             param_bytes_written: rt.binder.param_bytes_written,
@@ -390,16 +441,28 @@ impl GpuModel {
     }
 
     /// [`LanguageModel::forward`], awaitable (the only way in the browser).
-    pub async fn forward_async(&self, state: &mut GpuState, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+    pub async fn forward_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>> {
         let bytes = self.run(state, tokens, Output::Logits { all: all_logits }).await?;
         Ok(words(&bytes).map(f32::from_bits).collect())
     }
 
     /// Append `tokens` and return the `k` (1..=64, at most the vocabulary) most likely next
     /// tokens with the log-sum-exp of all logits, chosen on the GPU: only these come back.
-    pub async fn forward_topk_async(&self, state: &mut GpuState, tokens: &[u32], k: usize) -> Result<TopK> {
+    pub async fn forward_topk_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<TopK> {
         if !(1..=MAX_TOP_K).contains(&k) {
-            return Err(Error::Input(format!("top-k on the GPU needs 1 <= k <= {MAX_TOP_K}, got {k}")));
+            return Err(Error::Input(format!(
+                "top-k on the GPU needs 1 <= k <= {MAX_TOP_K}, got {k}"
+            )));
         }
         let k = k.min(self.model.config.n_vocab);
         let bytes = self.run(state, tokens, Output::TopK { k }).await?;
@@ -425,7 +488,12 @@ impl GpuModel {
     /// bytes each come back, once). The state then holds `tokens` and all picks but the last (as
     /// after feeding each pick but the last to [`GpuModel::forward_greedy_async`]). The caller
     /// truncates at an end-of-sequence token itself (the GPU does not stop at one).
-    pub async fn forward_greedy_chain_async(&self, state: &mut GpuState, tokens: &[u32], steps: usize) -> Result<Vec<u32>> {
+    pub async fn forward_greedy_chain_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        steps: usize,
+    ) -> Result<Vec<u32>> {
         if steps == 0 {
             return Err(Error::Input("a greedy chain needs at least one step".into()));
         }
@@ -435,7 +503,12 @@ impl GpuModel {
 
     /// Blocking [`GpuModel::forward_greedy_chain_async`] (native only).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_greedy_chain(&self, state: &mut GpuState, tokens: &[u32], steps: usize) -> Result<Vec<u32>> {
+    pub fn forward_greedy_chain(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        steps: usize,
+    ) -> Result<Vec<u32>> {
         pollster::block_on(self.forward_greedy_chain_async(state, tokens, steps))
     }
 
@@ -473,7 +546,11 @@ impl GpuModel {
         let read = self.ctx.read_buffer(&rb).await;
         {
             let mut rt = self.rt.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = if matches!(output, Output::Logits { .. }) { &mut rt.logits_rb } else { &mut rt.pick_rb };
+            let slot = if matches!(output, Output::Logits { .. }) {
+                &mut rt.logits_rb
+            } else {
+                &mut rt.pick_rb
+            };
             if slot.as_ref().is_none_or(|b| b.size() < rb.size()) {
                 *slot = Some(rb);
             }
@@ -489,7 +566,13 @@ impl GpuModel {
 
     /// Record the forward of `tokens` and submit it; returns the read-back buffer (its copy is
     /// submitted) and how many of its bytes hold the result.
-    fn submit(&self, state: &mut GpuState, tokens: &[u32], output: Output, extra: usize) -> (wgpu::Buffer, usize) {
+    fn submit(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        output: Output,
+        extra: usize,
+    ) -> (wgpu::Buffer, usize) {
         let c = &self.model.config;
         let ctx = &self.ctx;
         let (n, vocab, pos0) = (tokens.len(), c.n_vocab, state.pos);
@@ -535,11 +618,15 @@ impl GpuModel {
                     match output {
                         Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
                         Output::TopK { k } => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, k, &cand, &pick, &step, false);
+                            ops::topk(
+                                &mut pass, &s.logits, 0, vocab, k, &cand, &pick, &step, false,
+                            );
                             pass.copy(&pick, 0, &rb, 0, out_len as u64);
                         }
                         Output::Greedy => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, false);
+                            ops::topk(
+                                &mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, false,
+                            );
                             pass.copy(&pick, 8, &rb, 0, 4);
                         }
                         Output::Chain { steps } => {
@@ -549,8 +636,19 @@ impl GpuModel {
                             // the previous pick wrote.
                             for i in 1..steps {
                                 self.encode_layers(&mut pass, state, &step, &table, 0, 1);
-                                ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, 0, 1, Out { buf: &s.logits, stride: vocab, col0: 0 });
-                                ops::topk(&mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, true);
+                                ops::matmul(
+                                    &mut pass,
+                                    &self.output,
+                                    None,
+                                    &s.zeros,
+                                    &s.h,
+                                    0,
+                                    1,
+                                    Out { buf: &s.logits, stride: vocab, col0: 0 },
+                                );
+                                ops::topk(
+                                    &mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, true,
+                                );
                                 pass.copy(&pick, 8, &rb, 4 * i as u64, 4);
                             }
                         }
@@ -585,7 +683,11 @@ impl GpuModel {
             };
             rt.table = Some(mk(rt, "rope table", (self.max_seq * half.max(1) * 8) as u64));
             rt.step = Some(mk(rt, "step", ((ops::STEP_IDS + self.max_seq) * 4) as u64));
-            rt.cand = Some(mk(rt, "top-k candidates", (ops::topk_scratch_words(self.model.config.n_vocab) * 4) as u64));
+            rt.cand = Some(mk(
+                rt,
+                "top-k candidates",
+                (ops::topk_scratch_words(self.model.config.n_vocab) * 4) as u64,
+            ));
             rt.pick = Some(mk(rt, "top-k", ((2 + 2 * MAX_TOP_K) * 4) as u64));
         }
         if rows > rt.table_rows && half > 0 {
@@ -638,32 +740,131 @@ impl GpuModel {
             ops::embedding(pass, pe, step, 0, Some(start), len, true, &s.x);
         }
         for (l, lw) in self.layers.iter().enumerate() {
-            ops::norm(pass, &s.x, lw.attn_norm.buffer(), norm_bias(&lw.attn_norm_b), layer_norm, e, len, c.norm_eps, &s.h);
+            ops::norm(
+                pass,
+                &s.x,
+                lw.attn_norm.buffer(),
+                norm_bias(&lw.attn_norm_b),
+                layer_norm,
+                e,
+                len,
+                c.norm_eps,
+                &s.h,
+            );
             for (w, b, col0) in &lw.qkv {
                 let out = Out { buf: &s.qkv, stride: qkv_w, col0: *col0 };
                 ops::matmul(pass, w, bias(b), &s.zeros, &s.h, 0, len, out);
             }
             let rd = c.rope_dims;
             let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
-            ops::rope(pass, mode, &s.qkv, qkv_w, 0, table, step, start, len, c.n_head, hd, rd, q_out);
+            ops::rope(
+                pass, mode, &s.qkv, qkv_w, 0, table, step, start, len, c.n_head, hd, rd, q_out,
+            );
             let k_out = RopeOut { buf: &state.k[l], row0: 0, at_pos: true, f16: h16 };
-            ops::rope(pass, mode, &s.qkv, qkv_w, q_dim, table, step, start, len, c.n_head_kv, hd, rd, k_out);
+            ops::rope(
+                pass,
+                mode,
+                &s.qkv,
+                qkv_w,
+                q_dim,
+                table,
+                step,
+                start,
+                len,
+                c.n_head_kv,
+                hd,
+                rd,
+                k_out,
+            );
             let v_out = RopeOut { buf: &state.v[l], row0: 0, at_pos: true, f16: h16 };
-            ops::rope(pass, RopeMode::Copy, &s.qkv, qkv_w, q_dim + kv_dim, table, step, start, len, c.n_head_kv, hd, rd, v_out);
-            ops::attention(pass, &s.q, &state.k[l], &state.v[l], h16, step, start, len, c.n_head, c.n_head_kv, hd, &s.attn);
-            ops::matmul(pass, &lw.wo, bias(&lw.bo), &s.zeros, &s.attn, 0, len, Out { buf: &s.proj, stride: e, col0: 0 });
+            ops::rope(
+                pass,
+                RopeMode::Copy,
+                &s.qkv,
+                qkv_w,
+                q_dim + kv_dim,
+                table,
+                step,
+                start,
+                len,
+                c.n_head_kv,
+                hd,
+                rd,
+                v_out,
+            );
+            ops::attention(
+                pass,
+                &s.q,
+                &state.k[l],
+                &state.v[l],
+                h16,
+                step,
+                start,
+                len,
+                c.n_head,
+                c.n_head_kv,
+                hd,
+                &s.attn,
+            );
+            ops::matmul(
+                pass,
+                &lw.wo,
+                bias(&lw.bo),
+                &s.zeros,
+                &s.attn,
+                0,
+                len,
+                Out { buf: &s.proj, stride: e, col0: 0 },
+            );
             ops::add(pass, &s.proj, &s.x, len * e);
 
-            ops::norm(pass, &s.x, lw.ffn_norm.buffer(), norm_bias(&lw.ffn_norm_b), layer_norm, e, len, c.norm_eps, &s.h);
-            ops::matmul(pass, &lw.up, bias(&lw.up_b), &s.zeros, &s.h, 0, len, Out { buf: &s.up, stride: ff, col0: 0 });
+            ops::norm(
+                pass,
+                &s.x,
+                lw.ffn_norm.buffer(),
+                norm_bias(&lw.ffn_norm_b),
+                layer_norm,
+                e,
+                len,
+                c.norm_eps,
+                &s.h,
+            );
+            ops::matmul(
+                pass,
+                &lw.up,
+                bias(&lw.up_b),
+                &s.zeros,
+                &s.h,
+                0,
+                len,
+                Out { buf: &s.up, stride: ff, col0: 0 },
+            );
             match &lw.gate {
                 Some(g) => {
-                    ops::matmul(pass, g, None, &s.zeros, &s.h, 0, len, Out { buf: &s.gate, stride: ff, col0: 0 });
+                    ops::matmul(
+                        pass,
+                        g,
+                        None,
+                        &s.zeros,
+                        &s.h,
+                        0,
+                        len,
+                        Out { buf: &s.gate, stride: ff, col0: 0 },
+                    );
                     ops::silu_mul(pass, &s.gate, &s.up, len * ff);
                 }
                 None => ops::gelu(pass, &s.up, len * ff),
             }
-            ops::matmul(pass, &lw.down, bias(&lw.down_b), &s.zeros, &s.up, 0, len, Out { buf: &s.proj, stride: e, col0: 0 });
+            ops::matmul(
+                pass,
+                &lw.down,
+                bias(&lw.down_b),
+                &s.zeros,
+                &s.up,
+                0,
+                len,
+                Out { buf: &s.proj, stride: e, col0: 0 },
+            );
             ops::add(pass, &s.proj, &s.x, len * e);
         }
         let ob = norm_bias(&self.output_norm_b);
@@ -688,7 +889,13 @@ impl LanguageModel for GpuModel {
     }
     fn new_state(&self) -> GpuState {
         let c = &self.model.config;
-        GpuState::alloc(&self.ctx, c.n_layer, self.max_seq, c.kv_dim(), if self.opts.f16_kv { 2 } else { 4 })
+        GpuState::alloc(
+            &self.ctx,
+            c.n_layer,
+            self.max_seq,
+            c.kv_dim(),
+            if self.opts.f16_kv { 2 } else { 4 },
+        )
     }
     fn position(&self, state: &GpuState) -> usize {
         state.pos
@@ -701,7 +908,12 @@ impl LanguageModel for GpuModel {
 
     /// The browser cannot block on the GPU: use [`GpuModel::forward_async`].
     #[cfg(target_arch = "wasm32")]
-    fn forward(&self, _state: &mut GpuState, _tokens: &[u32], _all_logits: bool) -> Result<Vec<f32>> {
+    fn forward(
+        &self,
+        _state: &mut GpuState,
+        _tokens: &[u32],
+        _all_logits: bool,
+    ) -> Result<Vec<f32>> {
         Err(gpu_err("in the browser the GPU model runs through forward_async"))
     }
 }

@@ -2,7 +2,10 @@
 //! each shader's bindings and `Params` layout. Used by the model and by the host helpers.
 
 use super::context::{gpu_err, GpuContext};
-use super::kernels::{grid, storage, upload, Kernel, Pass, MATMUL_ROWS, MATMUL_TOKENS, MAX_TOP_K, TILED_ROWS, TILED_TOKENS};
+use super::kernels::{
+    grid, storage, upload, Kernel, Pass, MATMUL_ROWS, MATMUL_TOKENS, MAX_TOP_K, TILED_ROWS,
+    TILED_TOKENS,
+};
 use crate::error::Result;
 use crate::quant::GgmlType;
 
@@ -24,10 +27,21 @@ pub struct Part {
 
 impl GpuTensor {
     /// Upload `bytes` (`rows` rows of `cols` elements of `ty`).
-    pub fn upload(ctx: &GpuContext, name: &str, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<GpuTensor> {
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<GpuTensor> {
         let row_bytes = ty.row_bytes(cols);
         if !cols.is_multiple_of(ty.block_size()) || bytes.len() != rows * row_bytes {
-            return Err(gpu_err(format!("tensor {name}: {} bytes do not hold {rows} rows of {cols} {}", bytes.len(), ty.name())));
+            return Err(gpu_err(format!(
+                "tensor {name}: {} bytes do not hold {rows} rows of {cols} {}",
+                bytes.len(),
+                ty.name()
+            )));
         }
         let per_part = (ctx.max_binding() / row_bytes.max(1) as u64) as usize;
         if per_part == 0 {
@@ -98,8 +112,11 @@ pub fn matmul_with<'a>(
     y: Out<'a>,
     tiled: bool,
 ) {
-    let (tile_rows, tile_tokens, kernel) =
-        if tiled { (TILED_ROWS, TILED_TOKENS, Kernel::MatmulTiled(w.ty)) } else { (MATMUL_ROWS, MATMUL_TOKENS, Kernel::Matmul(w.ty)) };
+    let (tile_rows, tile_tokens, kernel) = if tiled {
+        (TILED_ROWS, TILED_TOKENS, Kernel::MatmulTiled(w.ty))
+    } else {
+        (MATMUL_ROWS, MATMUL_TOKENS, Kernel::Matmul(w.ty))
+    };
     for part in &w.parts {
         let (gx, gy) = grid(u(part.rows).div_ceil(tile_rows));
         let gz = u(n_tok).div_ceil(tile_tokens);
@@ -114,7 +131,12 @@ pub fn matmul_with<'a>(
             u(part.row0),
             bias.is_some() as u32,
         ];
-        pass.dispatch(kernel, &[&part.buffer, x, bias.unwrap_or(dummy), y.buf], &params, [gx, gy, gz]);
+        pass.dispatch(
+            kernel,
+            &[&part.buffer, x, bias.unwrap_or(dummy), y.buf],
+            &params,
+            [gx, gy, gz],
+        );
     }
 }
 
@@ -286,8 +308,18 @@ pub fn topk<'a>(
 ) {
     assert!((1..=MAX_TOP_K).contains(&k), "top-k needs 1 <= k <= {MAX_TOP_K}");
     let (groups, slice) = topk_groups(n);
-    pass.dispatch(Kernel::TopkPartial, &[x, cand], &[u(n), u(x_off), u(k), u(slice)], [u(groups), 1, 1]);
-    pass.dispatch(Kernel::TopkMerge, &[cand, out, step], &[u(groups), u(k), chain as u32], [1, 1, 1]);
+    pass.dispatch(
+        Kernel::TopkPartial,
+        &[x, cand],
+        &[u(n), u(x_off), u(k), u(slice)],
+        [u(groups), 1, 1],
+    );
+    pass.dispatch(
+        Kernel::TopkMerge,
+        &[cand, out, step],
+        &[u(groups), u(k), chain as u32],
+        [1, 1, 1],
+    );
 }
 
 fn elementwise<'a>(pass: &mut Pass<'a>, k: Kernel, bufs: &[&'a wgpu::Buffer], n: usize) {

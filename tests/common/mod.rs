@@ -21,7 +21,9 @@ pub fn shared() -> Option<PathBuf> {
     if std::env::var_os("NEXTTOKEN_REQUIRE_SHARED").is_some() {
         panic!("../shared is missing but NEXTTOKEN_REQUIRE_SHARED is set");
     }
-    eprintln!("\n*** SKIPPED: ../shared is absent; tests on shared models and vectors did not run ***\n");
+    eprintln!(
+        "\n*** SKIPPED: ../shared is absent; tests on shared models and vectors did not run ***\n"
+    );
     None
 }
 
@@ -74,10 +76,16 @@ impl SplitMix64 {
 pub fn encode_f32(ty: GgmlType, values: &[f32]) -> Vec<u8> {
     match ty {
         GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
-        GgmlType::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        GgmlType::F16 => {
+            values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()
+        }
+        GgmlType::BF16 => {
+            values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()
+        }
         GgmlType::Q8_0 => quantize_q8_0(values),
-        GgmlType::Q4_0 => nexttoken::quant::quantize(ty, values).expect("Q4_0 needs whole blocks of 32"),
+        GgmlType::Q4_0 => {
+            nexttoken::quant::quantize(ty, values).expect("Q4_0 needs whole blocks of 32")
+        }
         other => panic!("synthetic models cannot encode {}", other.name()),
     }
 }
@@ -147,9 +155,18 @@ impl SynthParts {
         self
     }
     pub fn tensor_mut(&mut self, name: &str) -> &mut SynthTensor {
-        self.tensors.iter_mut().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor {name}"))
+        self.tensors
+            .iter_mut()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
     }
-    pub fn push_tensor(&mut self, name: &str, ty: GgmlType, dims: &[usize], data: Vec<u8>) -> &mut Self {
+    pub fn push_tensor(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        dims: &[usize],
+        data: Vec<u8>,
+    ) -> &mut Self {
         self.tensors.push(SynthTensor { name: name.to_owned(), ty, dims: dims.to_vec(), data });
         self
     }
@@ -229,7 +246,12 @@ pub fn synth_parts(arch: &str, ty: GgmlType, seed: u64) -> SynthParts {
     // Norms and biases: always F32.
     let mut vector = |rng: &mut SplitMix64, name: String, len: usize, center: f32, spread: f32| {
         let vals: Vec<f32> = (0..len).map(|_| center + rng.uniform(spread)).collect();
-        tensors.push(SynthTensor { name, ty: GgmlType::F32, dims: vec![len], data: encode_f32(GgmlType::F32, &vals) });
+        tensors.push(SynthTensor {
+            name,
+            ty: GgmlType::F32,
+            dims: vec![len],
+            data: encode_f32(GgmlType::F32, &vals),
+        });
     };
     for i in 0..layers {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -269,7 +291,12 @@ pub fn synth_model(arch: &str, ty: GgmlType, seed: u64) -> Vec<u8> {
 pub fn tensor_info_pos(bytes: &[u8], name: &str) -> usize {
     let mut needle = (name.len() as u64).to_le_bytes().to_vec();
     needle.extend_from_slice(name.as_bytes());
-    let hits: Vec<usize> = bytes.windows(needle.len()).enumerate().filter(|(_, w)| *w == needle).map(|(i, _)| i).collect();
+    let hits: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| i)
+        .collect();
     assert_eq!(hits.len(), 1, "tensor info {name:?} found {} times", hits.len());
     hits[0]
 }

@@ -87,7 +87,8 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 let (d, dmin) = (f16c(b, 0), f16c(b, 2));
                 let scales = &b[4..16];
                 for chunk in 0..4 {
-                    let bytes = _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
+                    let bytes =
+                        _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
                     let lo = _mm256_and_si256(bytes, mask);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                     for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
@@ -133,14 +134,16 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                         let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
                         let w = _mm256_sub_epi8(q, m32);
                         let x = _mm256_loadu_si256(ak.qs.as_ptr() as *const __m256i);
-                        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+                        let p16 =
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
                         // Elements 0..16 are the low 128-bit lane: scale sc[2k]; 16..32: sc[2k+1].
                         let s16 = _mm256_set_m128i(
                             _mm_set1_epi16((sc[2 * k + 1] as i8) as i16),
                             _mm_set1_epi16((sc[2 * k] as i8) as i16),
                         );
                         let s32 = _mm256_madd_epi16(p16, s16);
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * ak.d), _mm256_cvtepi32_ps(s32), acc);
+                        acc =
+                            _mm256_fmadd_ps(_mm256_set1_ps(d * ak.d), _mm256_cvtepi32_ps(s32), acc);
                     }
                 }
             }
@@ -162,7 +165,11 @@ const PREFETCH_BYTES: usize = 3072;
 
 /// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
     if ty == GgmlType::Q4_K {
         return q4_k_tile(rows, acts);
     }
@@ -189,7 +196,8 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
             (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), q4, ahead);
         }
         // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
-        let abs_w: [__m256i; R] = std::array::from_fn(|r| if q4 { w[r] } else { _mm256_sign_epi8(w[r], w[r]) });
+        let abs_w: [__m256i; R] =
+            std::array::from_fn(|r| if q4 { w[r] } else { _mm256_sign_epi8(w[r], w[r]) });
         for t in 0..T {
             let a = acts[t].get_unchecked(i);
             let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
@@ -200,9 +208,13 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
                 let sums = if q4 {
                     _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones), offset)
                 } else {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w[r], _mm256_sign_epi8(x, w[r])), ones)
+                    _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(abs_w[r], _mm256_sign_epi8(x, w[r])),
+                        ones,
+                    )
                 };
-                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
+                acc[r][t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
             }
         }
     }
@@ -229,7 +241,10 @@ pub(super) unsafe fn load_block(p: *const u8, q4: bool, ahead: usize) -> (__m256
 /// `sum_j d sc_j da_j dot(q_j, x_j) - dmin sum_j m_j da_j sum(x_j)`: the first term accumulates
 /// per super-block (then times d), the second is one 8-wide multiply-add per row and vector.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+unsafe fn q4_k_tile<const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
     const SUB: usize = QK_K / QK8;
     let nsb = acts[0].len() / SUB;
     for r in rows {
@@ -265,7 +280,10 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[B
             // Sub-block scale times activation scale, per vector: broadcast from memory below.
             let mut scale = [[0f32; SUB]; T];
             for t in 0..T {
-                _mm256_storeu_ps(scale[t].as_mut_ptr(), _mm256_mul_ps(sc, _mm256_loadu_ps(da[t].as_ptr())));
+                _mm256_storeu_ps(
+                    scale[t].as_mut_ptr(),
+                    _mm256_mul_ps(sc, _mm256_loadu_ps(da[t].as_ptr())),
+                );
             }
             let mut sb_acc = [_mm256_setzero_ps(); T];
             for chunk in 0..4 {
@@ -274,9 +292,13 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(rows: [&[u8]; R], acts: [&[B
                 let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                 for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
                     for t in 0..T {
-                        let x = _mm256_loadu_si256(acts[t].get_unchecked(sb * SUB + j).qs.as_ptr() as *const __m256i);
-                        let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-                        sb_acc[t] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&scale[t][j]), sb_acc[t]);
+                        let x = _mm256_loadu_si256(
+                            acts[t].get_unchecked(sb * SUB + j).qs.as_ptr() as *const __m256i
+                        );
+                        let dot =
+                            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+                        sb_acc[t] =
+                            _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&scale[t][j]), sb_acc[t]);
                     }
                 }
             }
@@ -298,13 +320,20 @@ unsafe fn q4_k_scales_mins(packed: &[u8]) -> (__m256, __m256) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const HIGH2: u32 = 0x0303_0303;
-    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let word = |i: usize| {
+        u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]])
+    };
     let (w0, w1, w2) = (word(0), word(1), word(2));
     // Scales 0-3: low 6 bits of bytes 0-3; mins 0-3: of bytes 4-7. Scales 4-7: low nibbles of
     // bytes 8-11 plus the top 2 bits of bytes 0-3; mins 4-7: high nibbles plus bytes 4-7's top bits.
     let scales = [w0 & LOW6, (w2 & LOW4) | (((w0 >> 6) & HIGH2) << 4)];
     let mins = [w1 & LOW6, ((w2 >> 4) & LOW4) | (((w1 >> 6) & HIGH2) << 4)];
-    let to_f32 = |v: [u32; 2]| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(0, ((v[1] as u64) << 32 | v[0] as u64) as i64)));
+    let to_f32 = |v: [u32; 2]| {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(
+            0,
+            ((v[1] as u64) << 32 | v[0] as u64) as i64,
+        )))
+    };
     (to_f32(scales), to_f32(mins))
 }
 
@@ -341,10 +370,16 @@ pub unsafe fn dot_float_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         GgmlType::F32 => {
             let wp = row.as_ptr() as *const f32;
             for i in (0..main).step_by(16) {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i + 8)), _mm256_loadu_ps(xp.add(i + 8)), acc1);
+                acc0 =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(wp.add(i + 8)),
+                    _mm256_loadu_ps(xp.add(i + 8)),
+                    acc1,
+                );
             }
-            hsum_ps(_mm256_add_ps(acc0, acc1)) + scalar::dot_float_row(ty, &row[main * 4..], &x[main..])
+            hsum_ps(_mm256_add_ps(acc0, acc1))
+                + scalar::dot_float_row(ty, &row[main * 4..], &x[main..])
         }
         GgmlType::F16 => {
             let wp = row.as_ptr() as *const __m128i;
@@ -354,7 +389,8 @@ pub unsafe fn dot_float_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
                 acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp.add(i)), acc0);
                 acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(i + 8)), acc1);
             }
-            hsum_ps(_mm256_add_ps(acc0, acc1)) + scalar::dot_float_row(ty, &row[main * 2..], &x[main..])
+            hsum_ps(_mm256_add_ps(acc0, acc1))
+                + scalar::dot_float_row(ty, &row[main * 2..], &x[main..])
         }
         _ => scalar::dot_float_row(ty, row, x),
     }
@@ -368,7 +404,8 @@ pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let (ap, bp) = (a.as_ptr(), b.as_ptr());
     for i in (0..main).step_by(16) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), _mm256_loadu_ps(bp.add(i)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i + 8)), _mm256_loadu_ps(bp.add(i + 8)), acc1);
+        acc1 =
+            _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i + 8)), _mm256_loadu_ps(bp.add(i + 8)), acc1);
     }
     hsum_ps(_mm256_add_ps(acc0, acc1)) + scalar::dot_f32(&a[main..n], &b[main..n])
 }
@@ -380,7 +417,10 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     let av = _mm256_set1_ps(a);
     let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
     for i in (0..main).step_by(8) {
-        _mm256_storeu_ps(yp.add(i), _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i))));
+        _mm256_storeu_ps(
+            yp.add(i),
+            _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i))),
+        );
     }
     scalar::axpy(a, &x[main..n], &mut y[main..n]);
 }
@@ -398,7 +438,13 @@ unsafe fn load8(rows: KvRows, i: usize) -> __m256 {
 /// Four keys at a time: four dot products accumulate side by side, then one reduction gives all
 /// four (a call and a horizontal sum per key were most of the time at long contexts).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
+pub unsafe fn attention_scores(
+    q: &[f32],
+    keys: KvRows,
+    stride: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     let d = q.len();
     let qp = q.as_ptr();
     let n = out.len();

@@ -14,7 +14,11 @@ pub fn has_tile(ty: GgmlType) -> bool {
 
 /// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
     let nb = acts[0].len();
     let bb = ty.block_bytes();
     assert!(has_tile(ty), "dot_q8_tile: no VNNI tile for {}", ty.name());
@@ -29,17 +33,23 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&
             (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), q4, ahead);
         }
         // The unsigned operand: Q4_0's nibbles as they are; Q8_0's |w|, its sign moved onto x.
-        let unsigned_w: [__m256i; R] = std::array::from_fn(|r| if q4 { w[r] } else { _mm256_abs_epi8(w[r]) });
+        let unsigned_w: [__m256i; R] =
+            std::array::from_fn(|r| if q4 { w[r] } else { _mm256_abs_epi8(w[r]) });
         for t in 0..T {
             let a = acts[t].get_unchecked(i);
             let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             let da = _mm256_set1_ps(a.d);
             // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x); the correction starts lane 0's sum.
-            let start = if q4 { _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * a.sum)) } else { _mm256_setzero_si256() };
+            let start = if q4 {
+                _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * a.sum))
+            } else {
+                _mm256_setzero_si256()
+            };
             for r in 0..R {
                 let signed_x = if q4 { x } else { _mm256_sign_epi8(x, w[r]) };
                 let sums = _mm256_dpbusd_epi32(start, unsigned_w[r], signed_x);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
+                acc[r][t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
             }
         }
     }

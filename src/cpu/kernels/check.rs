@@ -58,14 +58,24 @@ struct Checker {
 impl Checker {
     /// `got` vs the scalar `want`, allowing for float summation order: `1e-5 * mag + 1e-6`,
     /// where `mag` is the sum of |products| that went into the result.
-    fn check(&mut self, what: impl FnOnce() -> String, got: f32, want: f32, mag: f64) -> Result<(), String> {
+    fn check(
+        &mut self,
+        what: impl FnOnce() -> String,
+        got: f32,
+        want: f32,
+        mag: f64,
+    ) -> Result<(), String> {
         self.checks += 1;
         let tol = 1e-5 * mag + 1e-6;
         // Written so that NaN fails.
         if ((got - want) as f64).abs() <= tol {
             Ok(())
         } else {
-            Err(format!("{} {}: {got} vs scalar {want} (tolerance {tol:.2e})", self.isa.name(), what()))
+            Err(format!(
+                "{} {}: {got} vs scalar {want} (tolerance {tol:.2e})",
+                self.isa.name(),
+                what()
+            ))
         }
     }
 }
@@ -90,7 +100,8 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     let mut c = Checker { isa, checks: 0 };
 
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        let sizes: &[usize] = if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 96, 224, 1056] };
+        let sizes: &[usize] =
+            if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 96, 224, 1056] };
         for &cols in sizes {
             let rows: Vec<Vec<u8>> = (0..TILE_ROWS).map(|_| random_row(ty, cols, next)).collect();
             let acts: Vec<Vec<BlockQ8>> = (0..4)
@@ -103,14 +114,17 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
             let tile: [&[u8]; TILE_ROWS] = std::array::from_fn(|r| rows[r].as_slice());
             let one = dot_q8_tile(isa, ty, tile, [acts[0].as_slice()]);
             let two = dot_q8_tile(isa, ty, tile, [acts[0].as_slice(), acts[1].as_slice()]);
-            let four = dot_q8_tile(isa, ty, tile, std::array::from_fn::<_, 4, _>(|t| acts[t].as_slice()));
+            let four =
+                dot_q8_tile(isa, ty, tile, std::array::from_fn::<_, 4, _>(|t| acts[t].as_slice()));
             for (t, act) in acts.iter().enumerate() {
                 // The activations the integer kernels actually see, for the magnitude.
                 let x: Vec<f32> = act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
                 for (r, row) in rows.iter().enumerate() {
                     let want = scalar::dot_q8(ty, row, act);
                     let mag = magnitude(ty, row, &x);
-                    let what = |kernel: &'static str| move || format!("{kernel} {} cols {cols} row {r} vector {t}", ty.name());
+                    let what = |kernel: &'static str| {
+                        move || format!("{kernel} {} cols {cols} row {r} vector {t}", ty.name())
+                    };
                     c.check(what("dot_q8"), dot_q8(isa, ty, row, act), want, mag)?;
                     c.check(what("dot_q8_tile<4, 4>"), four[r][t], want, mag)?;
                     if t < 2 {
@@ -153,7 +167,8 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
             let q = activations(head_dim, next);
             let cache = activations(seen * stride, next);
             let cache16: Vec<f16> = cache.iter().map(|&v| f16::from_f32(v)).collect();
-            let weights: Vec<f32> = (0..seen).map(|_| (next() >> 8) as f32 / (1u32 << 24) as f32).collect();
+            let weights: Vec<f32> =
+                (0..seen).map(|_| (next() >> 8) as f32 / (1u32 << 24) as f32).collect();
             for rows in [KvRows::F32(&cache), KvRows::F16(&cache16)] {
                 let at = |i: usize| match rows {
                     KvRows::F32(r) => r[i],
@@ -164,15 +179,30 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                 scalar::attention_scores(&q, rows, stride, 0.125, &mut want);
                 attention_scores(isa, &q, rows, stride, 0.125, &mut got);
                 for p in 0..seen {
-                    let mag = (0..head_dim).map(|i| (q[i] * at(p * stride + i)).abs() as f64).sum::<f64>() * 0.125;
-                    c.check(|| format!("attention_scores {kind} d {head_dim} seen {seen} key {p}"), got[p], want[p], mag)?;
+                    let mag = (0..head_dim)
+                        .map(|i| (q[i] * at(p * stride + i)).abs() as f64)
+                        .sum::<f64>()
+                        * 0.125;
+                    c.check(
+                        || format!("attention_scores {kind} d {head_dim} seen {seen} key {p}"),
+                        got[p],
+                        want[p],
+                        mag,
+                    )?;
                 }
                 let (mut want, mut got) = (vec![0f32; head_dim], vec![f32::NAN; head_dim]);
                 scalar::attention_values(&weights, rows, stride, &mut want);
                 attention_values(isa, &weights, rows, stride, &mut got);
                 for i in 0..head_dim {
-                    let mag = (0..seen).map(|p| (weights[p] * at(p * stride + i)).abs() as f64).sum::<f64>();
-                    c.check(|| format!("attention_values {kind} d {head_dim} seen {seen} element {i}"), got[i], want[i], mag)?;
+                    let mag = (0..seen)
+                        .map(|p| (weights[p] * at(p * stride + i)).abs() as f64)
+                        .sum::<f64>();
+                    c.check(
+                        || format!("attention_values {kind} d {head_dim} seen {seen} element {i}"),
+                        got[i],
+                        want[i],
+                        mag,
+                    )?;
                 }
             }
         }

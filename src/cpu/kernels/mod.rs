@@ -57,7 +57,10 @@ impl Isa {
         #[allow(unused_mut)]
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             v.push(Isa::Avx2);
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
@@ -149,14 +152,23 @@ pub fn wide_tiles(isa: Isa, ty: GgmlType) -> bool {
 /// each weight block is loaded (and unpacked) once for all `T` vectors, each activation block
 /// once for all `R` rows, and the `R * T` sums stay in registers. Decode uses `T = 1` (one token,
 /// several rows: more independent work per loaded activation), prefill `T > 1`.
-pub fn dot_q8_tile<const R: usize, const T: usize>(isa: Isa, ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+pub fn dot_q8_tile<const R: usize, const T: usize>(
+    isa: Isa,
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
-        Isa::Avx512Vnni if avx512vnni::has_tile(ty) => unsafe { avx512vnni::dot_q8_tile(ty, rows, acts) },
+        Isa::Avx512Vnni if avx512vnni::has_tile(ty) => unsafe {
+            avx512vnni::dot_q8_tile(ty, rows, acts)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 | Isa::Avx512Vnni if avx2::has_tile(ty) => unsafe { avx2::dot_q8_tile(ty, rows, acts) },
+        Isa::Avx2 | Isa::Avx512Vnni if avx2::has_tile(ty) => unsafe {
+            avx2::dot_q8_tile(ty, rows, acts)
+        },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Simd128 if simd128::has_tile(ty) => simd128::dot_q8_tile(ty, rows, acts),
         _ => std::array::from_fn(|r| std::array::from_fn(|t| dot_q8(isa, ty, rows[r], acts[t]))),
@@ -238,16 +250,27 @@ impl KvRows<'_> {
 
 /// One query head's attention scores against `out.len()` cached keys:
 /// `out[p] = scale * dot(q, keys[p * stride..][..q.len()])` (keys of one head, `stride` apart).
-pub fn attention_scores(isa: Isa, q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
+pub fn attention_scores(
+    isa: Isa,
+    q: &[f32],
+    keys: KvRows,
+    stride: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     if let Some(last) = out.len().checked_sub(1) {
         assert!(last * stride + q.len() <= keys.len(), "attention_scores: keys too short");
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; the bounds were checked.
-        Isa::Avx2 | Isa::Avx512Vnni if q.len().is_multiple_of(8) => unsafe { avx2::attention_scores(q, keys, stride, scale, out) },
+        Isa::Avx2 | Isa::Avx512Vnni if q.len().is_multiple_of(8) => unsafe {
+            avx2::attention_scores(q, keys, stride, scale, out)
+        },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 if q.len().is_multiple_of(4) => simd128::attention_scores(q, keys, stride, scale, out),
+        Isa::Simd128 if q.len().is_multiple_of(4) => {
+            simd128::attention_scores(q, keys, stride, scale, out)
+        }
         _ => scalar::attention_scores(q, keys, stride, scale, out),
     }
 }
@@ -260,9 +283,13 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; the bounds were checked.
-        Isa::Avx2 | Isa::Avx512Vnni if out.len().is_multiple_of(8) => unsafe { avx2::attention_values(weights, values, stride, out) },
+        Isa::Avx2 | Isa::Avx512Vnni if out.len().is_multiple_of(8) => unsafe {
+            avx2::attention_values(weights, values, stride, out)
+        },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 if out.len().is_multiple_of(4) => simd128::attention_values(weights, values, stride, out),
+        Isa::Simd128 if out.len().is_multiple_of(4) => {
+            simd128::attention_values(weights, values, stride, out)
+        }
         _ => scalar::attention_values(weights, values, stride, out),
     }
 }

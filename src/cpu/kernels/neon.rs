@@ -112,7 +112,8 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                         let x = load_qs(ak);
                         let zero = vdupq_n_s32(0);
                         let s0 = vmulq_n_s32(dot16(zero, w[0], x[0]), (sc[2 * k] as i8) as i32);
-                        let s = vmlaq_n_s32(s0, dot16(zero, w[1], x[1]), (sc[2 * k + 1] as i8) as i32);
+                        let s =
+                            vmlaq_n_s32(s0, dot16(zero, w[1], x[1]), (sc[2 * k + 1] as i8) as i32);
                         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d * ak.d);
                     }
                 }
@@ -131,7 +132,10 @@ fn load_8_weights(ty: GgmlType, w: &[u8]) -> [float32x4_t; 2] {
         [vreinterpretq_f32_u8(load(w, 0)), vreinterpretq_f32_u8(load(w, 16))]
     } else {
         let h = vreinterpretq_u16_u8(load(w, 0));
-        [vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))), vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h))]
+        [
+            vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_low_u16(h))),
+            vreinterpretq_f32_u32(vshll_high_n_u16::<16>(h)),
+        ]
     }
 }
 

@@ -8,7 +8,8 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             .chunks_exact(34)
             .zip(act)
             .map(|(b, a)| {
-                let s: i32 = b[2..34].iter().zip(&a.qs).map(|(&w, &x)| (w as i8) as i32 * x as i32).sum();
+                let s: i32 =
+                    b[2..34].iter().zip(&a.qs).map(|(&w, &x)| (w as i8) as i32 * x as i32).sum();
                 f16_at(b, 0) * a.d * s as f32
             })
             .sum(),
@@ -25,8 +26,16 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 f16_at(b, 0) * a.d * s as f32
             })
             .sum(),
-        GgmlType::Q4_K => row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)).map(|(b, a)| q4_k_block(b, a)).sum(),
-        GgmlType::Q6_K => row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)).map(|(b, a)| q6_k_block(b, a)).sum(),
+        GgmlType::Q4_K => row
+            .chunks_exact(144)
+            .zip(act.chunks_exact(QK_K / QK8))
+            .map(|(b, a)| q4_k_block(b, a))
+            .sum(),
+        GgmlType::Q6_K => row
+            .chunks_exact(210)
+            .zip(act.chunks_exact(QK_K / QK8))
+            .map(|(b, a)| q6_k_block(b, a))
+            .sum(),
         other => panic!("dot_q8: {} rows take f32 activations", other.name()),
     }
 }
@@ -41,7 +50,8 @@ fn q4_k_block(b: &[u8], a: &[BlockQ8]) -> f32 {
         let (sc, m) = q4_k_scale_min(j, scales);
         let q = &qs[(j / 2) * 32..(j / 2) * 32 + 32];
         let shift = 4 * (j % 2);
-        let s: i32 = q.iter().zip(&aj.qs).map(|(&w, &x)| ((w >> shift) & 0x0f) as i32 * x as i32).sum();
+        let s: i32 =
+            q.iter().zip(&aj.qs).map(|(&w, &x)| ((w >> shift) & 0x0f) as i32 * x as i32).sum();
         acc += aj.d * (d * sc as f32 * s as f32 - dmin * m as f32 * aj.sum as f32);
     }
     acc
@@ -73,9 +83,21 @@ fn q6_k_block(b: &[u8], a: &[BlockQ8]) -> f32 {
 
 pub fn dot_float_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match ty {
-        GgmlType::F32 => row.chunks_exact(4).zip(x).map(|(c, &v)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * v).sum(),
-        GgmlType::F16 => row.chunks_exact(2).zip(x).map(|(c, &v)| f16::from_le_bytes([c[0], c[1]]).to_f32() * v).sum(),
-        GgmlType::BF16 => row.chunks_exact(2).zip(x).map(|(c, &v)| bf16::from_le_bytes([c[0], c[1]]).to_f32() * v).sum(),
+        GgmlType::F32 => row
+            .chunks_exact(4)
+            .zip(x)
+            .map(|(c, &v)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * v)
+            .sum(),
+        GgmlType::F16 => row
+            .chunks_exact(2)
+            .zip(x)
+            .map(|(c, &v)| f16::from_le_bytes([c[0], c[1]]).to_f32() * v)
+            .sum(),
+        GgmlType::BF16 => row
+            .chunks_exact(2)
+            .zip(x)
+            .map(|(c, &v)| bf16::from_le_bytes([c[0], c[1]]).to_f32() * v)
+            .sum(),
         other => panic!("dot_float_row: {} is quantised", other.name()),
     }
 }
@@ -95,7 +117,9 @@ pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out:
     for (p, s) in out.iter_mut().enumerate() {
         *s = match keys {
             KvRows::F32(k) => dot_f32(q, &k[p * stride..][..q.len()]),
-            KvRows::F16(k) => q.iter().zip(&k[p * stride..][..q.len()]).map(|(a, b)| a * b.to_f32()).sum(),
+            KvRows::F16(k) => {
+                q.iter().zip(&k[p * stride..][..q.len()]).map(|(a, b)| a * b.to_f32()).sum()
+            }
         } * scale;
     }
 }
@@ -105,7 +129,9 @@ pub fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mu
     for (p, &w) in weights.iter().enumerate() {
         match values {
             KvRows::F32(v) => axpy(w, &v[p * stride..][..out.len()], out),
-            KvRows::F16(v) => out.iter_mut().zip(&v[p * stride..]).for_each(|(o, x)| *o += w * x.to_f32()),
+            KvRows::F16(v) => {
+                out.iter_mut().zip(&v[p * stride..]).for_each(|(o, x)| *o += w * x.to_f32())
+            }
         }
     }
 }

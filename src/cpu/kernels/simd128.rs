@@ -4,11 +4,17 @@ use super::*;
 use std::arch::wasm32::*;
 
 fn hsum_i32(v: v128) -> i32 {
-    i32x4_extract_lane::<0>(v) + i32x4_extract_lane::<1>(v) + i32x4_extract_lane::<2>(v) + i32x4_extract_lane::<3>(v)
+    i32x4_extract_lane::<0>(v)
+        + i32x4_extract_lane::<1>(v)
+        + i32x4_extract_lane::<2>(v)
+        + i32x4_extract_lane::<3>(v)
 }
 
 fn hsum_f32(v: v128) -> f32 {
-    f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<1>(v) + f32x4_extract_lane::<2>(v) + f32x4_extract_lane::<3>(v)
+    f32x4_extract_lane::<0>(v)
+        + f32x4_extract_lane::<1>(v)
+        + f32x4_extract_lane::<2>(v)
+        + f32x4_extract_lane::<3>(v)
 }
 
 /// 16 signed int8 x 16 signed int8 -> 4 i32 partial sums.
@@ -94,8 +100,14 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                         });
                         // Elements 0..16 have scale sc[2k], 16..32 sc[2k + 1].
                         let ak = &a[half * 4 + k];
-                        let s0 = i32x4_mul(mul16(w[0], load_qs(ak, 0)), i32x4_splat((sc[2 * k] as i8) as i32));
-                        let s1 = i32x4_mul(mul16(w[1], load_qs(ak, 16)), i32x4_splat((sc[2 * k + 1] as i8) as i32));
+                        let s0 = i32x4_mul(
+                            mul16(w[0], load_qs(ak, 0)),
+                            i32x4_splat((sc[2 * k] as i8) as i32),
+                        );
+                        let s1 = i32x4_mul(
+                            mul16(w[1], load_qs(ak, 16)),
+                            i32x4_splat((sc[2 * k + 1] as i8) as i32),
+                        );
                         let s = f32x4_convert_i32x4(i32x4_add(s0, s1));
                         acc = f32x4_add(acc, f32x4_mul(s, f32x4_splat(d * ak.d)));
                     }
@@ -162,7 +174,11 @@ pub fn has_tile(ty: GgmlType) -> bool {
 
 /// See `kernels::dot_q8_tile`: each weight block is unpacked once for the `T` vectors and each
 /// activation block used for `R` rows. Q8_0 and Q4_0 (`has_tile`).
-pub fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R], acts: [&[BlockQ8]; T]) -> [[f32; T]; R] {
+pub fn dot_q8_tile<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
     let nb = acts[0].len();
     let bb = ty.block_bytes();
     assert!(has_tile(ty), "dot_q8_tile: no simd128 tile for {}", ty.name());
@@ -176,7 +192,11 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(ty: GgmlType, rows: [&[u8]; R
             } else {
                 let bytes = load(b, 2);
                 let eight = i8x16_splat(8);
-                (f16_at(b, 0), i8x16_sub(v128_and(bytes, i8x16_splat(0x0f)), eight), i8x16_sub(u8x16_shr(bytes, 4), eight))
+                (
+                    f16_at(b, 0),
+                    i8x16_sub(v128_and(bytes, i8x16_splat(0x0f)), eight),
+                    i8x16_sub(u8x16_shr(bytes, 4), eight),
+                )
             }
         });
         for t in 0..T {
@@ -198,7 +218,8 @@ pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out:
         let kr = &k[p * stride..][..d];
         let mut acc = f32x4_splat(0.0);
         for i in (0..d).step_by(4) {
-            acc = f32x4_add(acc, f32x4_mul(load_f32x4_f(&q[i..i + 4]), load_f32x4_f(&kr[i..i + 4])));
+            acc =
+                f32x4_add(acc, f32x4_mul(load_f32x4_f(&q[i..i + 4]), load_f32x4_f(&kr[i..i + 4])));
         }
         *s = hsum_f32(acc) * scale;
     }
@@ -207,7 +228,9 @@ pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out:
 /// f32 values, `out.len()` a multiple of 4: the output stays in registers (16 floats at a time)
 /// while the values stream past.
 pub fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mut [f32]) {
-    let KvRows::F32(v) = values else { return scalar::attention_values(weights, values, stride, out) };
+    let KvRows::F32(v) = values else {
+        return scalar::attention_values(weights, values, stride, out);
+    };
     for (c, oc) in out.chunks_mut(16).enumerate() {
         let mut acc = [f32x4_splat(0.0); 4];
         let width = oc.len() / 4;

@@ -55,6 +55,84 @@ pub enum RopeStyle {
     None,
 }
 
+impl RopeStyle {
+    /// The two dimensions of a head that rotated pair `i` of `pairs` moves.
+    pub fn pair(self, i: usize, pairs: usize) -> (usize, usize) {
+        match self {
+            RopeStyle::Interleaved | RopeStyle::None => (2 * i, 2 * i + 1),
+            RopeStyle::HalfSplit => (i, i + pairs),
+        }
+    }
+}
+
+/// How a block normalises its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    /// x / rms(x) * weight (llama, qwen2).
+    Rms,
+    /// (x - mean) / std * weight + bias (gpt2).
+    Layer,
+}
+
+/// The feed-forward block's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mlp {
+    /// down(silu(gate(x)) * up(x)) (llama, qwen2).
+    GatedSilu,
+    /// down(gelu(up(x))), GELU's tanh approximation (gpt2).
+    Gelu,
+}
+
+/// RoPE as this model applies it: which dimensions pair up, and each pair's inverse frequency.
+/// Every backend rotates with the table [`Rope::fill_cos_sin`] writes, so they agree bit for bit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    pub style: RopeStyle,
+    /// theta^(-2i/d) per rotated pair, divided by Llama 3's `rope_freqs` where the file has them.
+    pub inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    /// Rotated pairs per head (0 without RoPE).
+    pub fn pairs(&self) -> usize {
+        self.inv_freq.len()
+    }
+
+    /// (cos, sin) of every rotated pair at positions `pos0..`: `out` is filled as rows of
+    /// `2 * pairs()` floats, one row per position (computed in f32 from the f32 inverse
+    /// frequency, the same arithmetic everywhere).
+    pub fn fill_cos_sin(&self, pos0: usize, out: &mut [f32]) {
+        let row = 2 * self.pairs();
+        if row == 0 {
+            return;
+        }
+        for (p, cs) in out.chunks_exact_mut(row).enumerate() {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let (sin, cos) = ((pos0 + p) as f32 * f).sin_cos();
+                cs[2 * i] = cos;
+                cs[2 * i + 1] = sin;
+            }
+        }
+    }
+
+    /// Rotate every head of one token's q or k vector by `cs`, one row of the table.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, cs: &[f32]) {
+        let pairs = self.pairs();
+        if self.style == RopeStyle::None {
+            return;
+        }
+        for head in x.chunks_exact_mut(head_dim) {
+            for i in 0..pairs {
+                let (cos, sin) = (cs[2 * i], cs[2 * i + 1]);
+                let (a, b) = self.style.pair(i, pairs);
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub arch: Arch,
@@ -66,6 +144,8 @@ pub struct Config {
     pub head_dim: usize,
     pub n_ff: usize,
     pub n_ctx: usize,
+    pub norm: Norm,
+    pub mlp: Mlp,
     pub rope: RopeStyle,
     pub rope_theta: f32,
     /// Number of head dimensions RoPE rotates (usually all of them).
@@ -139,44 +219,135 @@ impl Tensor {
     }
 }
 
-/// The weights of one transformer block. Which ones exist depends on the architecture.
-#[derive(Debug, Clone)]
-pub struct LayerWeights {
-    pub attn_norm: Tensor,
-    pub attn_norm_b: Option<Tensor>,
-    /// Separate projections (llama, qwen2) ...
-    pub wq: Option<Tensor>,
-    pub wk: Option<Tensor>,
-    pub wv: Option<Tensor>,
-    pub bq: Option<Tensor>,
-    pub bk: Option<Tensor>,
-    pub bv: Option<Tensor>,
-    /// ... or one fused q|k|v projection (gpt2).
-    pub wqkv: Option<Tensor>,
-    pub bqkv: Option<Tensor>,
-    pub wo: Tensor,
-    pub bo: Option<Tensor>,
-    pub ffn_norm: Tensor,
-    pub ffn_norm_b: Option<Tensor>,
-    /// SiLU gate (llama, qwen2); absent for gpt2's plain GELU MLP.
-    pub ffn_gate: Option<Tensor>,
-    pub ffn_up: Tensor,
-    pub ffn_up_b: Option<Tensor>,
-    pub ffn_down: Tensor,
-    pub ffn_down_b: Option<Tensor>,
+/// A projection `y = W x (+ b)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Linear<T = Tensor> {
+    pub weight: T,
+    pub bias: Option<T>,
 }
 
-#[derive(Debug, Clone)]
-pub struct Weights {
-    pub token_embd: Tensor,
-    pub pos_embd: Option<Tensor>,
-    pub layers: Vec<LayerWeights>,
-    pub output_norm: Tensor,
-    pub output_norm_b: Option<Tensor>,
+/// A norm's scale and, for LayerNorm, its shift.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NormWeights<T = Tensor> {
+    pub weight: T,
+    pub bias: Option<T>,
+}
+
+/// How a block projects its input to queries, keys and values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Qkv<T = Tensor> {
+    /// One projection each (llama, qwen2; qwen2's have biases).
+    Separate { q: Linear<T>, k: Linear<T>, v: Linear<T> },
+    /// One projection whose output rows are q, then k, then v (gpt2).
+    Fused(Linear<T>),
+}
+
+/// The feed-forward weights; the variant follows [`Config::mlp`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ffn<T = Tensor> {
+    GatedSilu { gate: Linear<T>, up: Linear<T>, down: Linear<T> },
+    Gelu { up: Linear<T>, down: Linear<T> },
+}
+
+/// The weights of one transformer block. `T` is a tensor in the file ([`Tensor`]) or, once a
+/// backend has uploaded it, that backend's handle (see [`LayerWeights::try_map`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerWeights<T = Tensor> {
+    pub attn_norm: NormWeights<T>,
+    pub qkv: Qkv<T>,
+    pub attn_output: Linear<T>,
+    pub ffn_norm: NormWeights<T>,
+    pub ffn: Ffn<T>,
+}
+
+/// Every weight of the model by role.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weights<T = Tensor> {
+    pub token_embd: T,
+    /// Learned absolute positions (gpt2).
+    pub pos_embd: Option<T>,
+    pub layers: Vec<LayerWeights<T>>,
+    pub output_norm: NormWeights<T>,
     /// The output projection; `token_embd` itself when the embeddings are tied.
-    pub output: Tensor,
-    /// Llama 3's per-dimension RoPE frequency divisors (`rope_freqs.weight`), if present.
-    pub rope_freqs: Option<Tensor>,
+    pub output: T,
+}
+
+impl<T> Linear<T> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<Linear<U>> {
+        Ok(Linear { weight: f(&self.weight)?, bias: self.bias.as_ref().map(&mut *f).transpose()? })
+    }
+    fn tensors(&self) -> impl Iterator<Item = &T> {
+        std::iter::once(&self.weight).chain(&self.bias)
+    }
+}
+
+impl<T> NormWeights<T> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<NormWeights<U>> {
+        let bias = self.bias.as_ref().map(&mut *f).transpose()?;
+        Ok(NormWeights { weight: f(&self.weight)?, bias })
+    }
+}
+
+impl<T> LayerWeights<T> {
+    /// The same layer with every tensor turned into `f(tensor)` (a backend's upload).
+    pub fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<LayerWeights<U>> {
+        Ok(LayerWeights {
+            attn_norm: self.attn_norm.try_map(f)?,
+            qkv: match &self.qkv {
+                Qkv::Separate { q, k, v } => {
+                    Qkv::Separate { q: q.try_map(f)?, k: k.try_map(f)?, v: v.try_map(f)? }
+                }
+                Qkv::Fused(qkv) => Qkv::Fused(qkv.try_map(f)?),
+            },
+            attn_output: self.attn_output.try_map(f)?,
+            ffn_norm: self.ffn_norm.try_map(f)?,
+            ffn: match &self.ffn {
+                Ffn::GatedSilu { gate, up, down } => Ffn::GatedSilu {
+                    gate: gate.try_map(f)?,
+                    up: up.try_map(f)?,
+                    down: down.try_map(f)?,
+                },
+                Ffn::Gelu { up, down } => Ffn::Gelu { up: up.try_map(f)?, down: down.try_map(f)? },
+            },
+        })
+    }
+
+    /// Every projection of the layer (not the norms).
+    pub fn projections(&self) -> Vec<&Linear<T>> {
+        let mut out = match &self.qkv {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(qkv) => vec![qkv],
+        };
+        out.push(&self.attn_output);
+        match &self.ffn {
+            Ffn::GatedSilu { gate, up, down } => out.extend([gate, up, down]),
+            Ffn::Gelu { up, down } => out.extend([up, down]),
+        }
+        out
+    }
+
+    /// Every tensor of the layer.
+    pub fn tensors(&self) -> Vec<&T> {
+        let norms = [&self.attn_norm, &self.ffn_norm];
+        let mut out: Vec<&T> =
+            norms.iter().flat_map(|n| std::iter::once(&n.weight).chain(&n.bias)).collect();
+        out.extend(self.projections().into_iter().flat_map(Linear::tensors));
+        out
+    }
+}
+
+impl<T> Weights<T> {
+    /// The same weights with every tensor turned into `f(tensor)` (a backend's upload; `f` sees
+    /// a tied output projection twice).
+    pub fn try_map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Weights<U>> {
+        Ok(Weights {
+            token_embd: f(&self.token_embd)?,
+            pos_embd: self.pos_embd.as_ref().map(&mut f).transpose()?,
+            layers: self.layers.iter().map(|l| l.try_map(&mut f)).collect::<Result<_>>()?,
+            output_norm: self.output_norm.try_map(&mut f)?,
+            output: f(&self.output)?,
+        })
+    }
 }
 
 /// The bytes of a model file: mapped natively, owned in the browser. Never copied.
@@ -204,6 +375,7 @@ impl std::ops::Deref for Storage {
 pub struct Model {
     pub config: Config,
     pub weights: Weights,
+    pub rope: Rope,
     pub storage: Arc<Storage>,
     /// Every tensor of the file, for `info`.
     pub tensors: Vec<Tensor>,
@@ -214,41 +386,22 @@ impl Model {
     pub fn from_storage(storage: Storage) -> Result<Model> {
         let gguf = Gguf::parse(&storage)?;
         let config = read_config(&gguf)?;
-        let weights = read_weights(&gguf, &config)?;
+        let (weights, rope_freqs) = read_weights(&gguf, &config)?;
+        let rope = read_rope(&config, rope_freqs.map(|t| &storage[t.offset..][..t.size_bytes]));
         let tensors = gguf.tensors.iter().map(Tensor::from_info).collect();
-        Ok(Model { config, weights, storage: Arc::new(storage), tensors })
+        Ok(Model { config, weights, rope, storage: Arc::new(storage), tensors })
     }
 
     /// Bytes of weights one decode step reads: every layer's tensors, the output projection, the
     /// output norm, one embedding row (and one position row).
     pub fn weight_bytes_per_token(&self) -> usize {
         let w = &self.weights;
-        let mut total = w.output.size_bytes + w.token_embd.row_bytes() + w.output_norm.size_bytes;
+        let norm = &w.output_norm;
+        let mut total = w.output.size_bytes + w.token_embd.row_bytes() + norm.weight.size_bytes;
         total += w.pos_embd.as_ref().map_or(0, |t| t.row_bytes());
-        total += w.output_norm_b.as_ref().map_or(0, |t| t.size_bytes);
+        total += norm.bias.as_ref().map_or(0, |t| t.size_bytes);
         for l in &w.layers {
-            let ts = [
-                Some(&l.attn_norm),
-                l.attn_norm_b.as_ref(),
-                l.wq.as_ref(),
-                l.wk.as_ref(),
-                l.wv.as_ref(),
-                l.bq.as_ref(),
-                l.bk.as_ref(),
-                l.bv.as_ref(),
-                l.wqkv.as_ref(),
-                l.bqkv.as_ref(),
-                Some(&l.wo),
-                l.bo.as_ref(),
-                Some(&l.ffn_norm),
-                l.ffn_norm_b.as_ref(),
-                l.ffn_gate.as_ref(),
-                Some(&l.ffn_up),
-                l.ffn_up_b.as_ref(),
-                Some(&l.ffn_down),
-                l.ffn_down_b.as_ref(),
-            ];
-            total += ts.iter().flatten().map(|t| t.size_bytes).sum::<usize>();
+            total += l.tensors().iter().map(|t| t.size_bytes).sum::<usize>();
         }
         total
     }
@@ -316,10 +469,15 @@ fn read_config(g: &Gguf) -> Result<Config> {
             "{n_head} attention heads cannot be shared by {n_head_kv} key/value heads"
         )));
     }
-    let (rope, norm_eps_key, add_bos_default) = match arch {
-        Arch::Llama => (RopeStyle::Interleaved, "attention.layer_norm_rms_epsilon", true),
-        Arch::Qwen2 => (RopeStyle::HalfSplit, "attention.layer_norm_rms_epsilon", false),
-        Arch::Gpt2 => (RopeStyle::None, "attention.layer_norm_epsilon", false),
+    // Each architecture's choices, made here once: every backend branches on these fields.
+    let (rope, norm, mlp, add_bos_default) = match arch {
+        Arch::Llama => (RopeStyle::Interleaved, Norm::Rms, Mlp::GatedSilu, true),
+        Arch::Qwen2 => (RopeStyle::HalfSplit, Norm::Rms, Mlp::GatedSilu, false),
+        Arch::Gpt2 => (RopeStyle::None, Norm::Layer, Mlp::Gelu, false),
+    };
+    let norm_eps_key = match norm {
+        Norm::Rms => "attention.layer_norm_rms_epsilon",
+        Norm::Layer => "attention.layer_norm_epsilon",
     };
     let rope_dims = match g.get(&key("rope.dimension_count")) {
         None => head_dim,
@@ -353,6 +511,8 @@ fn read_config(g: &Gguf) -> Result<Config> {
         head_dim,
         n_ff: req("feed_forward_length")?,
         n_ctx: req("context_length")?,
+        norm,
+        mlp,
         rope,
         rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0) as f32,
         rope_dims,
@@ -367,7 +527,8 @@ fn read_config(g: &Gguf) -> Result<Config> {
     Ok(config)
 }
 
-fn read_weights(g: &Gguf, c: &Config) -> Result<Weights> {
+/// The weights by role, and Llama 3's `rope_freqs` (which only [`read_rope`] reads).
+fn read_weights(g: &Gguf, c: &Config) -> Result<(Weights, Option<Tensor>)> {
     // Look a tensor up and check its shape: `[cols, rows]` as GGUF writes it.
     let get = |name: &str, cols: usize, rows: usize| -> Result<Option<Tensor>> {
         let Some(info) = g.tensor(name) else { return Ok(None) };
@@ -397,55 +558,101 @@ fn read_weights(g: &Gguf, c: &Config) -> Result<Weights> {
         vector(name, n)?.ok_or_else(|| Error::Model(format!("missing tensor {name}")))
     };
 
+    let linear = |name: &str, cols: usize, rows: usize, bias: Option<Tensor>| -> Result<Linear> {
+        Ok(Linear { weight: req(&format!("{name}.weight"), cols, rows)?, bias })
+    };
     let (e, q, kv, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
-    let is_gpt2 = c.arch == Arch::Gpt2;
+    // LayerNorm models (gpt2) have biases on their norms and projections.
+    let biased = c.norm == Norm::Layer;
     let mut layers = Vec::with_capacity(c.n_layer);
     for i in 0..c.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let bias = |s: &str, len: usize| if is_gpt2 { vector(&n(s), len) } else { Ok(None) };
-        let layer = LayerWeights {
-            attn_norm: req_vector(&n("attn_norm.weight"), e)?,
-            attn_norm_b: bias("attn_norm.bias", e)?,
-            wq: get(&n("attn_q.weight"), e, q)?,
-            wk: get(&n("attn_k.weight"), e, kv)?,
-            wv: get(&n("attn_v.weight"), e, kv)?,
-            bq: vector(&n("attn_q.bias"), q)?,
-            bk: vector(&n("attn_k.bias"), kv)?,
-            bv: vector(&n("attn_v.bias"), kv)?,
-            wqkv: get(&n("attn_qkv.weight"), e, q + 2 * kv)?,
-            bqkv: vector(&n("attn_qkv.bias"), q + 2 * kv)?,
-            wo: req(&n("attn_output.weight"), q, e)?,
-            bo: bias("attn_output.bias", e)?,
-            ffn_norm: req_vector(&n("ffn_norm.weight"), e)?,
-            ffn_norm_b: bias("ffn_norm.bias", e)?,
-            ffn_gate: if is_gpt2 { None } else { Some(req(&n("ffn_gate.weight"), e, ff)?) },
-            ffn_up: req(&n("ffn_up.weight"), e, ff)?,
-            ffn_up_b: bias("ffn_up.bias", ff)?,
-            ffn_down: req(&n("ffn_down.weight"), ff, e)?,
-            ffn_down_b: bias("ffn_down.bias", e)?,
+        let bias = |s: &str, len: usize| if biased { vector(&n(s), len) } else { Ok(None) };
+        let norm = |s: &str| -> Result<NormWeights> {
+            Ok(NormWeights {
+                weight: req_vector(&n(&format!("{s}.weight")), e)?,
+                bias: bias(&format!("{s}.bias"), e)?,
+            })
         };
-        let separate = layer.wq.is_some() && layer.wk.is_some() && layer.wv.is_some();
-        if !separate && layer.wqkv.is_none() {
-            return Err(Error::Model(format!(
-                "layer {i} has neither attn_q/attn_k/attn_v nor a fused attn_qkv weight"
-            )));
-        }
-        if c.arch == Arch::Qwen2 && (layer.bq.is_none() || layer.bk.is_none() || layer.bv.is_none())
-        {
-            return Err(Error::Model(format!("qwen2 layer {i} is missing its q/k/v biases")));
-        }
-        layers.push(layer);
+        let qkv = match get(&n("attn_qkv.weight"), e, q + 2 * kv)? {
+            Some(weight) => {
+                Qkv::Fused(Linear { weight, bias: vector(&n("attn_qkv.bias"), q + 2 * kv)? })
+            }
+            None => {
+                let proj = |s: &str, rows: usize| -> Result<Linear> {
+                    let weight = get(&n(&format!("{s}.weight")), e, rows)?.ok_or_else(|| {
+                        Error::Model(format!(
+                            "layer {i}: missing tensor blk.{i}.{s}.weight (and no fused attn_qkv)"
+                        ))
+                    })?;
+                    let bias = vector(&n(&format!("{s}.bias")), rows)?;
+                    if c.arch == Arch::Qwen2 && bias.is_none() {
+                        return Err(Error::Model(format!(
+                            "qwen2 layer {i} is missing its q/k/v biases"
+                        )));
+                    }
+                    Ok(Linear { weight, bias })
+                };
+                Qkv::Separate {
+                    q: proj("attn_q", q)?,
+                    k: proj("attn_k", kv)?,
+                    v: proj("attn_v", kv)?,
+                }
+            }
+        };
+        let up = || linear(&n("ffn_up"), e, ff, bias("ffn_up.bias", ff)?);
+        let down = || linear(&n("ffn_down"), ff, e, bias("ffn_down.bias", e)?);
+        let ffn = match c.mlp {
+            Mlp::GatedSilu => Ffn::GatedSilu {
+                gate: linear(&n("ffn_gate"), e, ff, None)?,
+                up: up()?,
+                down: down()?,
+            },
+            Mlp::Gelu => Ffn::Gelu { up: up()?, down: down()? },
+        };
+        layers.push(LayerWeights {
+            attn_norm: norm("attn_norm")?,
+            qkv,
+            attn_output: linear(&n("attn_output"), q, e, bias("attn_output.bias", e)?)?,
+            ffn_norm: norm("ffn_norm")?,
+            ffn,
+        });
     }
 
     let token_embd = req("token_embd.weight", e, c.n_vocab)?;
     let output = get("output.weight", e, c.n_vocab)?.unwrap_or_else(|| token_embd.clone());
-    Ok(Weights {
-        pos_embd: if is_gpt2 { Some(req("position_embd.weight", e, c.n_ctx)?) } else { None },
+    let learned_positions = c.rope == RopeStyle::None;
+    let weights = Weights {
+        pos_embd: if learned_positions {
+            Some(req("position_embd.weight", e, c.n_ctx)?)
+        } else {
+            None
+        },
         token_embd,
         layers,
-        output_norm: req_vector("output_norm.weight", e)?,
-        output_norm_b: if is_gpt2 { vector("output_norm.bias", e)? } else { None },
+        output_norm: NormWeights {
+            weight: req_vector("output_norm.weight", e)?,
+            bias: if biased { vector("output_norm.bias", e)? } else { None },
+        },
         output,
-        rope_freqs: vector("rope_freqs.weight", c.rope_dims / 2)?,
-    })
+    };
+    Ok((weights, vector("rope_freqs.weight", c.rope_dims / 2)?))
+}
+
+/// RoPE's inverse frequencies: theta^(-2i/d), divided by Llama 3's per-pair factors
+/// (`rope_freqs`, F32 bytes) when the file has them; computed in f64, used in f32.
+fn read_rope(c: &Config, rope_freqs: Option<&[u8]>) -> Rope {
+    let pairs = if c.rope == RopeStyle::None { 0 } else { c.rope_dims / 2 };
+    let factor = |i: usize| {
+        rope_freqs.map_or(1.0, |b| {
+            f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]) as f64
+        })
+    };
+    let inv_freq = (0..pairs)
+        .map(|i| {
+            let f = (c.rope_theta as f64).powf(-((2 * i) as f64) / c.rope_dims as f64);
+            (f / factor(i)) as f32
+        })
+        .collect();
+    Rope { style: c.rope, inv_freq }
 }

@@ -390,6 +390,7 @@ fn share(model: &Model) -> Model {
     Model {
         config: model.config.clone(),
         weights: model.weights.clone(),
+        rope: model.rope.clone(),
         storage: model.storage.clone(),
         tensors: model.tensors.clone(),
     }

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use crate::error::Result;
 use crate::lm::LanguageModel;
-use crate::model::{Arch, Model, RopeStyle, Tensor};
+use crate::model::{Ffn, Linear, Model, Norm, NormWeights, Qkv, Tensor};
 use crate::quant::{dequantize_row, GgmlType};
 use half::{f16, slice::HalfFloatSliceExt};
 use kernels::{BlockQ8, Isa, KvRows, QK8};
@@ -36,8 +36,6 @@ pub enum Precision {
 /// A model ready to run on the CPU.
 pub struct CpuModel {
     pub model: Model,
-    /// RoPE inverse frequency of each rotated pair (Llama 3's `rope_freqs` already applied).
-    inv_freq: Vec<f32>,
     /// Sequence length the KV cache may grow to (the model's context unless capped).
     max_seq: usize,
     precision: Precision,
@@ -146,6 +144,19 @@ const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
 /// untouched pages cost no memory); larger contexts grow on demand.
 const KV_RESERVE_LIMIT: usize = 1 << 30;
 
+/// One matmul input quantised to Q8 blocks (fast path), made by the first multiply that wants
+/// it and reused by the others that read the same input.
+struct QuantisedInput<'a> {
+    blocks: &'a mut [BlockQ8],
+    filled: bool,
+}
+
+impl<'a> QuantisedInput<'a> {
+    fn new(blocks: &'a mut [BlockQ8]) -> Self {
+        QuantisedInput { blocks, filled: false }
+    }
+}
+
 /// A raw pointer that tasks writing disjoint elements of one output may share.
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);
@@ -156,20 +167,9 @@ unsafe impl Sync for SyncPtr {}
 impl CpuModel {
     /// The reference model: exact precision, one thread.
     pub fn new(model: Model) -> CpuModel {
-        let c = &model.config;
-        let half = c.rope_dims / 2;
-        let factors = model.weights.rope_freqs.as_ref().map(|t| read_f32(&model, t));
-        let inv_freq = (0..half)
-            .map(|i| {
-                let f = (c.rope_theta as f64).powf(-((2 * i) as f64) / c.rope_dims as f64);
-                let divisor = factors.as_ref().map_or(1.0, |f| f[i] as f64);
-                (f / divisor) as f32
-            })
-            .collect();
-        let max_seq = c.n_ctx;
+        let max_seq = model.config.n_ctx;
         CpuModel {
             model,
-            inv_freq,
             max_seq,
             precision: Precision::Exact,
             isa: Isa::detect(),
@@ -244,7 +244,7 @@ impl CpuModel {
     /// Whether the KV cache holds f16 (see `KvStore`): fast path, quantised weights, F16C.
     fn kv_f16(&self) -> bool {
         let quantised = kernels::uses_q8_activations(
-            self.model.weights.layers.first().map_or(GgmlType::F32, |l| l.wo.ty),
+            self.model.weights.layers.first().map_or(GgmlType::F32, |l| l.attn_output.weight.ty),
         );
         self.precision == Precision::Fast
             && matches!(self.isa, Isa::Avx2 | Isa::Avx512Vnni)
@@ -302,24 +302,6 @@ impl CpuModel {
             return out.expect("the pool ran the job");
         }
         f()
-    }
-
-    /// Quantise the rows of `x` for a matmul with `w` when the fast path wants Q8 activations.
-    fn quantize_input<'a>(
-        &self,
-        w: &Tensor,
-        x: &[f32],
-        act: &'a mut [BlockQ8],
-    ) -> Option<&'a [BlockQ8]> {
-        if self.precision != Precision::Fast
-            || !kernels::uses_q8_activations(w.ty)
-            || !w.cols.is_multiple_of(QK8)
-        {
-            return None;
-        }
-        let blocks = x.len() / QK8;
-        kernels::quantize_activations(x, &mut act[..blocks]);
-        Some(&act[..blocks])
     }
 
     /// `out[t][r] = dot(W[r], x[t])` for a batch of token vectors, plus the bias if any. `xq` is
@@ -441,7 +423,7 @@ impl CpuModel {
         let (n, e) = (tokens.len(), c.n_embd);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let pos0 = cache.pos;
-        let half = c.rope_dims / 2;
+        let rope_row = 2 * m.rope.pairs();
 
         if cache.k.len() != c.n_layer {
             let fits = c.n_layer * self.max_seq * kv_dim * 8 <= KV_RESERVE_LIMIT;
@@ -454,7 +436,10 @@ impl CpuModel {
         let s = &mut cache.scratch;
         if s.n < n || s.scores.len() < c.n_head * self.max_seq {
             let big = n.max(s.n);
-            let qkv_rows = w.layers.first().and_then(|l| l.wqkv.as_ref()).map_or(0, |t| t.rows);
+            let qkv_rows = match w.layers.first().map(|l| &l.qkv) {
+                Some(Qkv::Fused(qkv)) => qkv.weight.rows,
+                _ => 0,
+            };
             let max_cols = e.max(q_dim).max(c.n_ff);
             s.n = big;
             s.x = vec![0.0; big * e];
@@ -469,7 +454,7 @@ impl CpuModel {
             s.gate = vec![0.0; big * c.n_ff];
             s.act = vec![BlockQ8::default(); big * max_cols.div_ceil(QK8)];
             s.scores = vec![0.0; c.n_head * self.max_seq];
-            s.rope = vec![0.0; big * half * 2];
+            s.rope = vec![0.0; big * rope_row];
         }
         let x = &mut s.x[..n * e];
         let h = &mut s.h[..n * e];
@@ -481,7 +466,7 @@ impl CpuModel {
         let up = &mut s.up[..n * c.n_ff];
         let gate = &mut s.gate[..n * c.n_ff];
         let act = &mut s.act[..];
-        let rope_cs = &mut s.rope[..n * half * 2];
+        let rope_cs = &mut s.rope[..n * rope_row];
 
         // Embedding lookup: decode the token's row (works for quantised embeddings too).
         let embd_bytes = m.bytes(&w.token_embd);
@@ -504,128 +489,117 @@ impl CpuModel {
             }
         }
         // cos/sin of every rotated pair at each position, shared by all heads and layers.
-        for t in 0..n {
-            for i in 0..half {
-                let angle = (pos0 + t) as f32 * self.inv_freq[i];
-                let (sin, cos) = angle.sin_cos();
-                rope_cs[(t * half + i) * 2] = cos;
-                rope_cs[(t * half + i) * 2 + 1] = sin;
-            }
-        }
+        m.rope.fill_cos_sin(pos0, rope_cs);
 
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
-            self.norm(x, &lw.attn_norm, lw.attn_norm_b.as_ref(), h);
-            if let Some(wqkv) = &lw.wqkv {
-                let qkv = &mut s.qkv[..n * wqkv.rows];
-                let hq = self.quantize_input(wqkv, h, act);
-                self.matmul(wqkv, lw.bqkv.as_ref(), h, hq, qkv);
-                for (t, row) in qkv.chunks_exact(wqkv.rows).enumerate() {
-                    q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
-                    k[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
-                    v[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+            self.norm(x, &lw.attn_norm, h);
+            match &lw.qkv {
+                Qkv::Fused(wqkv) => {
+                    let qkv = &mut s.qkv[..n * wqkv.weight.rows];
+                    self.linear(wqkv, h, &mut QuantisedInput::new(act), qkv);
+                    for (t, row) in qkv.chunks_exact(wqkv.weight.rows).enumerate() {
+                        q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
+                        k[t * kv_dim..(t + 1) * kv_dim]
+                            .copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+                        v[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+                    }
                 }
-            } else {
-                fn get(t: &Option<Tensor>) -> &Tensor {
-                    t.as_ref().expect("checked at load")
-                }
-                let (wq, wk, wv) = (get(&lw.wq), get(&lw.wk), get(&lw.wv));
-                let hq = self.quantize_input(wq, h, act);
-                self.matmul(wq, lw.bq.as_ref(), h, hq, q);
-                let same = |t: &Tensor| {
-                    kernels::uses_q8_activations(t.ty) == kernels::uses_q8_activations(wq.ty)
-                };
-                if same(wk) && same(wv) {
-                    self.matmul(wk, lw.bk.as_ref(), h, hq, k);
-                    self.matmul(wv, lw.bv.as_ref(), h, hq, v);
-                } else {
-                    let hq = self.quantize_input(wk, h, act);
-                    self.matmul(wk, lw.bk.as_ref(), h, hq, k);
-                    let hq = self.quantize_input(wv, h, act);
-                    self.matmul(wv, lw.bv.as_ref(), h, hq, v);
+                Qkv::Separate { q: wq, k: wk, v: wv } => {
+                    let hq = &mut QuantisedInput::new(act);
+                    self.linear(wq, h, hq, q);
+                    self.linear(wk, h, hq, k);
+                    self.linear(wv, h, hq, v);
                 }
             }
             for t in 0..n {
-                let cs = &rope_cs[t * half * 2..(t + 1) * half * 2];
-                self.rope(&mut q[t * q_dim..(t + 1) * q_dim], cs);
-                self.rope(&mut k[t * kv_dim..(t + 1) * kv_dim], cs);
+                let cs = &rope_cs[t * rope_row..(t + 1) * rope_row];
+                m.rope.apply(&mut q[t * q_dim..(t + 1) * q_dim], c.head_dim, cs);
+                m.rope.apply(&mut k[t * kv_dim..(t + 1) * kv_dim], c.head_dim, cs);
             }
             cache.k[l].push(k);
             cache.v[l].push(v);
             self.attention(pos0, q, cache.k[l].rows(), cache.v[l].rows(), &mut s.scores, attn);
-            let aq = self.quantize_input(&lw.wo, attn, act);
-            self.matmul(&lw.wo, lw.bo.as_ref(), attn, aq, proj);
+            self.linear(&lw.attn_output, attn, &mut QuantisedInput::new(act), proj);
             add_assign(x, proj);
 
             // Feed-forward block.
-            self.norm(x, &lw.ffn_norm, lw.ffn_norm_b.as_ref(), h);
-            let hq = self.quantize_input(&lw.ffn_up, h, act);
-            self.matmul(&lw.ffn_up, lw.ffn_up_b.as_ref(), h, hq, up);
-            match &lw.ffn_gate {
-                Some(g) => {
-                    if kernels::uses_q8_activations(g.ty)
-                        == kernels::uses_q8_activations(lw.ffn_up.ty)
-                    {
-                        self.matmul(g, None, h, hq, gate);
-                    } else {
-                        let gq = self.quantize_input(g, h, act);
-                        self.matmul(g, None, h, gq, gate);
-                    }
+            self.norm(x, &lw.ffn_norm, h);
+            let down = match &lw.ffn {
+                Ffn::GatedSilu { gate: wg, up: wu, down } => {
+                    let hq = &mut QuantisedInput::new(act);
+                    self.linear(wu, h, hq, up);
+                    self.linear(wg, h, hq, gate);
                     for (u, g) in up.iter_mut().zip(gate.iter()) {
                         *u *= silu(*g);
                     }
+                    down
                 }
-                None => up.iter_mut().for_each(|u| *u = gelu(*u)),
-            }
-            let uq = self.quantize_input(&lw.ffn_down, up, act);
-            self.matmul(&lw.ffn_down, lw.ffn_down_b.as_ref(), up, uq, proj);
+                Ffn::Gelu { up: wu, down } => {
+                    self.linear(wu, h, &mut QuantisedInput::new(act), up);
+                    up.iter_mut().for_each(|u| *u = gelu(*u));
+                    down
+                }
+            };
+            self.linear(down, up, &mut QuantisedInput::new(act), proj);
             add_assign(x, proj);
         }
         cache.pos += n;
 
-        self.norm(x, &w.output_norm, w.output_norm_b.as_ref(), h);
+        self.norm(x, &w.output_norm, h);
     }
 
-    /// RMSNorm (llama, qwen2) or LayerNorm with bias (gpt2), row by row.
-    fn norm(&self, x: &[f32], weight: &Tensor, bias: Option<&Tensor>, out: &mut [f32]) {
-        let e = self.model.config.n_embd;
-        let eps = self.model.config.norm_eps;
-        let wt = self.model.bytes(weight);
-        let b = bias.map(|b| self.model.bytes(b));
-        let layer_norm = self.model.config.arch == Arch::Gpt2;
-        for (xr, o) in x.chunks_exact(e).zip(out.chunks_exact_mut(e)) {
-            if layer_norm {
-                let mean = xr.iter().sum::<f32>() / e as f32;
-                let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / e as f32;
-                let inv = 1.0 / (var + eps).sqrt();
-                for i in 0..e {
-                    o[i] = (xr[i] - mean) * inv * f32_at(wt, i) + b.map_or(0.0, |b| f32_at(b, i));
-                }
-            } else {
-                let ms = xr.iter().map(|v| v * v).sum::<f32>() / e as f32;
-                let inv = 1.0 / (ms + eps).sqrt();
-                for i in 0..e {
-                    o[i] = xr[i] * inv * f32_at(wt, i);
-                }
-            }
+    /// `out = W x + b` for a batch of token vectors `x` (see [`QuantisedInput`] for `xq`).
+    fn linear(&self, w: &Linear, x: &[f32], xq: &mut QuantisedInput, out: &mut [f32]) {
+        let quantised = self.quantised(&w.weight, x, xq);
+        self.matmul(&w.weight, w.bias.as_ref(), x, quantised, out);
+    }
+
+    /// `x` quantised to Q8 blocks when the fast path multiplies `w` in int8 (made on first use).
+    fn quantised<'b>(
+        &self,
+        w: &Tensor,
+        x: &[f32],
+        xq: &'b mut QuantisedInput,
+    ) -> Option<&'b [BlockQ8]> {
+        let wants_q8 = self.precision == Precision::Fast
+            && kernels::uses_q8_activations(w.ty)
+            && w.cols.is_multiple_of(QK8);
+        if !wants_q8 {
+            return None;
         }
+        let blocks = x.len() / QK8;
+        if !xq.filled {
+            kernels::quantize_activations(x, &mut xq.blocks[..blocks]);
+            xq.filled = true;
+        }
+        Some(&xq.blocks[..blocks])
     }
 
-    /// Rotate every head of one token's q or k vector; `cs` holds (cos, sin) per rotated pair.
-    fn rope(&self, x: &mut [f32], cs: &[f32]) {
+    /// Normalise each row of `x` as the model's [`Norm`] says.
+    fn norm(&self, x: &[f32], weights: &NormWeights, out: &mut [f32]) {
         let c = &self.model.config;
-        let half = c.rope_dims / 2;
-        for head in x.chunks_exact_mut(c.head_dim) {
-            for i in 0..half {
-                let (cos, sin) = (cs[2 * i], cs[2 * i + 1]);
-                let (a, b) = match c.rope {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::HalfSplit => (i, i + half),
-                    RopeStyle::None => return,
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+        let (e, eps) = (c.n_embd, c.norm_eps);
+        let wt = self.model.bytes(&weights.weight);
+        let b = weights.bias.as_ref().map(|b| self.model.bytes(b));
+        for (xr, o) in x.chunks_exact(e).zip(out.chunks_exact_mut(e)) {
+            match c.norm {
+                Norm::Layer => {
+                    let mean = xr.iter().sum::<f32>() / e as f32;
+                    let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / e as f32;
+                    let inv = 1.0 / (var + eps).sqrt();
+                    for i in 0..e {
+                        o[i] =
+                            (xr[i] - mean) * inv * f32_at(wt, i) + b.map_or(0.0, |b| f32_at(b, i));
+                    }
+                }
+                Norm::Rms => {
+                    let ms = xr.iter().map(|v| v * v).sum::<f32>() / e as f32;
+                    let inv = 1.0 / (ms + eps).sqrt();
+                    for i in 0..e {
+                        o[i] = xr[i] * inv * f32_at(wt, i);
+                    }
+                }
             }
         }
     }
@@ -729,7 +703,8 @@ impl LanguageModel for CpuModel {
             let rows = if all_logits { &s.h[..n * e] } else { &s.h[(n - 1) * e..n * e] };
             let out = &self.model.weights.output;
             let mut logits = vec![0f32; rows.len() / e * self.model.config.n_vocab];
-            let xq = self.quantize_input(out, rows, &mut s.act);
+            let xq = &mut QuantisedInput::new(&mut s.act);
+            let xq = self.quantised(out, rows, xq);
             self.matmul(out, None, rows, xq, &mut logits);
             Ok(logits)
         })
@@ -771,11 +746,4 @@ fn gelu(x: f32) -> f32 {
 
 fn f32_at(b: &[u8], i: usize) -> f32 {
     f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-}
-
-/// A small F32 tensor (norm weight, bias) as floats.
-fn read_f32(model: &Model, t: &Tensor) -> Vec<f32> {
-    let mut out = vec![0f32; t.rows * t.cols];
-    dequantize_row(t.ty, model.bytes(t), &mut out);
-    out
 }

@@ -21,11 +21,8 @@ pub struct GpuContext {
     lost: Arc<Mutex<Option<String>>>,
     /// The last error no error scope caught (instead of wgpu's default handler, which panics).
     uncaptured: Arc<Mutex<Option<String>>>,
-    /// Buffers created on this device so far, and the sum of their sizes in bytes.
+    /// Buffers created on this device so far (`GpuStats` shows that decode steps make none).
     pub buffers_created: AtomicU64,
-    pub bytes_allocated: AtomicU64,
-    /// Command buffer submissions by the kernels so far.
-    pub submissions: AtomicU64,
 }
 
 /// Prefix of the error a lost device gives (the caller can fall back to the CPU path).
@@ -100,8 +97,6 @@ impl GpuContext {
             lost,
             uncaptured,
             buffers_created: AtomicU64::new(0),
-            bytes_allocated: AtomicU64::new(0),
-            submissions: AtomicU64::new(0),
         }))
     }
 
@@ -137,7 +132,7 @@ impl GpuContext {
 
     /// A buffer on this device, counted in the statistics.
     pub fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
-        self.count(size);
+        self.count();
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
@@ -153,7 +148,7 @@ impl GpuContext {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> wgpu::Buffer {
-        self.count(size);
+        self.count();
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
@@ -162,9 +157,8 @@ impl GpuContext {
         })
     }
 
-    fn count(&self, size: u64) {
+    fn count(&self) {
         self.buffers_created.fetch_add(1, Ordering::Relaxed);
-        self.bytes_allocated.fetch_add(size, Ordering::Relaxed);
     }
 
     /// Blocking version of [`GpuContext::new_async`] (native only; the browser must await).

@@ -10,7 +10,6 @@
 //! no bind group.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::context::GpuContext;
@@ -283,7 +282,7 @@ impl Binder {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PassStats {
     pub dispatches: usize,
-    pub copies: usize,
+    pub submissions: usize,
 }
 
 /// Work recorded for one submission.
@@ -387,7 +386,6 @@ impl<'a> Pass<'a> {
         while i < self.ops.len() {
             if let Op::Copy { src, src_off, dst, dst_off, size } = &self.ops[i] {
                 encoder.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
-                stats.copies += 1;
                 i += 1;
                 continue;
             }
@@ -437,7 +435,7 @@ impl<'a> Pass<'a> {
             }
         }
         ctx.queue.submit([encoder.finish()]);
-        ctx.submissions.fetch_add(1, Ordering::Relaxed);
+        stats.submissions += 1;
         stats
     }
 }

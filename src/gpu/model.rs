@@ -1,7 +1,7 @@
 //! The transformer on the GPU: every weight uploaded once in its GGUF encoding, activations
-//! allocated once, and each `forward` recorded into one command buffer and one submission. It
-//! follows `cpu.rs` step by step (same RoPE table, same norms, same order of operations), so the
-//! CPU path is its oracle.
+//! allocated once, and each `forward` recorded into one command buffer and one submission. The
+//! model description (`crate::model`: norm, MLP, q/k/v layout, the RoPE table) decides what to
+//! compute, as for the CPU path in `crate::cpu`, which is this path's oracle.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,28 +11,10 @@ use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEA
 use super::ops::{self, floats, GpuTensor, Out, RopeMode, RopeOut};
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
-use crate::model::{Arch, Model, RopeStyle, Tensor};
-use crate::quant::dequantize_row;
+use crate::model::{Ffn, Linear, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
 
 /// Most tokens one pass over the layers handles (longer prompts run in several, in one submission).
 const MAX_BATCH: usize = 64;
-
-struct Layer {
-    attn_norm: Arc<GpuTensor>,
-    attn_norm_b: Option<Arc<GpuTensor>>,
-    /// q, k, v projections (or the one fused qkv) with their biases and the column of the
-    /// qkv activation they write at.
-    qkv: Vec<(Arc<GpuTensor>, Option<Arc<GpuTensor>>, usize)>,
-    wo: Arc<GpuTensor>,
-    bo: Option<Arc<GpuTensor>>,
-    ffn_norm: Arc<GpuTensor>,
-    ffn_norm_b: Option<Arc<GpuTensor>>,
-    gate: Option<Arc<GpuTensor>>,
-    up: Arc<GpuTensor>,
-    up_b: Option<Arc<GpuTensor>>,
-    down: Arc<GpuTensor>,
-    down_b: Option<Arc<GpuTensor>>,
-}
 
 /// Activations for up to `batch` tokens, reused by every pass.
 struct Scratch {
@@ -77,7 +59,7 @@ impl GpuOptions {
 pub struct GpuStats {
     /// Kernel dispatches recorded by the last forward (for a one-token forward: per decode step).
     pub dispatches_last: usize,
-    /// Command buffer submissions of the last forward (always 1).
+    /// Command buffer submissions of the last forward (one: a forward is recorded whole).
     pub submissions_last: usize,
     /// Bytes the last forward read back from the GPU: the full logits row, or for the top-k and
     /// greedy forwards only the picks.
@@ -147,13 +129,8 @@ pub struct GpuModel {
     pub model: Model,
     ctx: Arc<GpuContext>,
     kernels: Kernels,
-    token_embd: Arc<GpuTensor>,
-    pos_embd: Option<Arc<GpuTensor>>,
-    layers: Vec<Layer>,
-    output_norm: Arc<GpuTensor>,
-    output_norm_b: Option<Arc<GpuTensor>>,
-    output: Arc<GpuTensor>,
-    inv_freq: Vec<f32>,
+    /// The model's weights, uploaded (a tied output projection shares its embedding's buffer).
+    weights: Weights<Arc<GpuTensor>>,
     max_seq: usize,
     batch: usize,
     scratch: Scratch,
@@ -264,7 +241,6 @@ impl GpuModel {
             return Err(gpu_err("the f16 KV cache needs shader-f16, which this device lacks"));
         }
         let c = model.config.clone();
-        let w = &model.weights;
         if c.head_dim > MAX_HEAD_DIM {
             return Err(gpu_err(format!(
                 "head size {} exceeds the kernels' {MAX_HEAD_DIM}",
@@ -272,7 +248,7 @@ impl GpuModel {
             )));
         }
         let mut cache: HashMap<(usize, usize), Arc<GpuTensor>> = HashMap::new();
-        let mut up = |t: &Tensor| -> Result<Arc<GpuTensor>> {
+        let weights = model.weights.try_map(|t: &Tensor| -> Result<Arc<GpuTensor>> {
             if let Some(g) = cache.get(&(t.offset, t.size_bytes)) {
                 return Ok(g.clone());
             }
@@ -280,59 +256,8 @@ impl GpuModel {
                 Arc::new(GpuTensor::upload(&ctx, &t.name, t.ty, t.rows, t.cols, model.bytes(t))?);
             cache.insert((t.offset, t.size_bytes), g.clone());
             Ok(g)
-        };
-        let opt = |t: &Option<Tensor>, up: &mut dyn FnMut(&Tensor) -> Result<Arc<GpuTensor>>| {
-            t.as_ref().map(&mut *up).transpose()
-        };
+        })?;
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-        let mut layers = Vec::with_capacity(c.n_layer);
-        for lw in &w.layers {
-            let qkv = match &lw.wqkv {
-                Some(wqkv) => vec![(up(wqkv)?, opt(&lw.bqkv, &mut up)?, 0)],
-                None => {
-                    let get = |t: &Option<Tensor>| t.clone().expect("checked at load");
-                    vec![
-                        (up(&get(&lw.wq))?, opt(&lw.bq, &mut up)?, 0),
-                        (up(&get(&lw.wk))?, opt(&lw.bk, &mut up)?, q_dim),
-                        (up(&get(&lw.wv))?, opt(&lw.bv, &mut up)?, q_dim + kv_dim),
-                    ]
-                }
-            };
-            layers.push(Layer {
-                attn_norm: up(&lw.attn_norm)?,
-                attn_norm_b: opt(&lw.attn_norm_b, &mut up)?,
-                qkv,
-                wo: up(&lw.wo)?,
-                bo: opt(&lw.bo, &mut up)?,
-                ffn_norm: up(&lw.ffn_norm)?,
-                ffn_norm_b: opt(&lw.ffn_norm_b, &mut up)?,
-                gate: opt(&lw.ffn_gate, &mut up)?,
-                up: up(&lw.ffn_up)?,
-                up_b: opt(&lw.ffn_up_b, &mut up)?,
-                down: up(&lw.ffn_down)?,
-                down_b: opt(&lw.ffn_down_b, &mut up)?,
-            });
-        }
-        let token_embd = up(&w.token_embd)?;
-        let pos_embd = opt(&w.pos_embd, &mut up)?;
-        let output_norm = up(&w.output_norm)?;
-        let output_norm_b = opt(&w.output_norm_b, &mut up)?;
-        let output = up(&w.output)?;
-
-        // RoPE inverse frequencies exactly as cpu.rs computes them.
-        let half = c.rope_dims / 2;
-        let factors = w.rope_freqs.as_ref().map(|t| {
-            let mut out = vec![0f32; t.rows * t.cols];
-            dequantize_row(t.ty, model.bytes(t), &mut out);
-            out
-        });
-        let inv_freq = (0..half)
-            .map(|i| {
-                let f = (c.rope_theta as f64).powf(-((2 * i) as f64) / c.rope_dims as f64);
-                let divisor = factors.as_ref().map_or(1.0, |f| f[i] as f64);
-                (f / divisor) as f32
-            })
-            .collect();
 
         let limit = ctx.max_binding();
         let widest =
@@ -359,12 +284,18 @@ impl GpuModel {
             Kernel::Rope(h),
             Kernel::Attention(h),
             Kernel::Add,
-            Kernel::Embedding(token_embd.ty),
+            Kernel::Embedding(weights.token_embd.ty),
         ];
         needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
-        needed.push(if c.arch == Arch::Gpt2 { Kernel::LayerNorm } else { Kernel::RmsNorm });
-        needed.push(if c.arch == Arch::Gpt2 { Kernel::Gelu } else { Kernel::SiluMul });
-        if let Some(p) = &pos_embd {
+        needed.push(match c.norm {
+            Norm::Rms => Kernel::RmsNorm,
+            Norm::Layer => Kernel::LayerNorm,
+        });
+        needed.push(match c.mlp {
+            Mlp::GatedSilu => Kernel::SiluMul,
+            Mlp::Gelu => Kernel::Gelu,
+        });
+        if let Some(p) = &weights.pos_embd {
             needed.push(Kernel::Embedding(p.ty));
         }
         for t in cache.values() {
@@ -385,13 +316,7 @@ impl GpuModel {
             model,
             ctx,
             kernels,
-            token_embd,
-            pos_embd,
-            layers,
-            output_norm,
-            output_norm_b,
-            output,
-            inv_freq,
+            weights,
             max_seq,
             batch,
             scratch,
@@ -610,11 +535,29 @@ impl GpuModel {
             let logits = Out { buf: &s.logits, stride: vocab, col0: 0 };
             match output {
                 Output::Logits { all: true } => {
-                    ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, 0, len, logits);
+                    ops::matmul(
+                        &mut pass,
+                        &self.weights.output,
+                        None,
+                        &s.zeros,
+                        &s.h,
+                        0,
+                        len,
+                        logits,
+                    );
                     pass.copy(&s.logits, 0, &rb, start as u64 * row_bytes, len as u64 * row_bytes);
                 }
                 _ if start + len == n => {
-                    ops::matmul(&mut pass, &self.output, None, &s.zeros, &s.h, len - 1, 1, logits);
+                    ops::matmul(
+                        &mut pass,
+                        &self.weights.output,
+                        None,
+                        &s.zeros,
+                        &s.h,
+                        len - 1,
+                        1,
+                        logits,
+                    );
                     match output {
                         Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
                         Output::TopK { k } => {
@@ -638,7 +581,7 @@ impl GpuModel {
                                 self.encode_layers(&mut pass, state, &step, &table, 0, 1);
                                 ops::matmul(
                                     &mut pass,
-                                    &self.output,
+                                    &self.weights.output,
                                     None,
                                     &s.zeros,
                                     &s.h,
@@ -663,7 +606,7 @@ impl GpuModel {
         let stats = pass.submit_with(&mut rt.binder, Some((&state_bufs, &mut groups)));
         rt.last = GpuStats {
             dispatches_last: stats.dispatches,
-            submissions_last: 1,
+            submissions_last: stats.submissions,
             readback_bytes_last: out_len as u64,
             ..GpuStats::default()
         };
@@ -674,7 +617,8 @@ impl GpuModel {
     /// positions.
     fn ensure_runtime(&self, rt: &mut Runtime, rows: usize) {
         let ctx = &self.ctx;
-        let half = self.inv_freq.len();
+        let rope = &self.model.rope;
+        let half = rope.pairs();
         if rt.step.is_none() {
             let mk = |rt: &mut Runtime, label: &str, bytes: u64| {
                 let b = super::kernels::storage(ctx, label, bytes);
@@ -693,15 +637,9 @@ impl GpuModel {
         if rows > rt.table_rows && half > 0 {
             // In blocks of 256 positions, so decoding uploads a block every 256 tokens.
             let to = rows.next_multiple_of(256).min(self.max_seq);
-            let mut bytes = Vec::with_capacity((to - rt.table_rows) * half * 8);
-            for p in rt.table_rows..to {
-                for &f in &self.inv_freq {
-                    // (cos, sin) from the same f32 arithmetic as cpu.rs.
-                    let (sin, cos) = (p as f32 * f).sin_cos();
-                    bytes.extend_from_slice(&cos.to_le_bytes());
-                    bytes.extend_from_slice(&sin.to_le_bytes());
-                }
-            }
+            let mut cos_sin = vec![0f32; (to - rt.table_rows) * half * 2];
+            rope.fill_cos_sin(rt.table_rows, &mut cos_sin);
+            let bytes: Vec<u8> = cos_sin.iter().flat_map(|v| v.to_le_bytes()).collect();
             let table = rt.table.as_ref().expect("made");
             ctx.queue.write_buffer(table, (rt.table_rows * half * 8) as u64, &bytes);
             rt.table_rows = to;
@@ -721,154 +659,90 @@ impl GpuModel {
         len: usize,
     ) {
         let c = &self.model.config;
+        let w = &self.weights;
         let s = &self.scratch;
         let (e, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let qkv_w = q_dim + 2 * kv_dim;
-        let layer_norm = c.arch == Arch::Gpt2;
         let h16 = self.opts.f16_kv;
         let mode = match c.rope {
             RopeStyle::Interleaved => RopeMode::Interleaved,
             RopeStyle::HalfSplit => RopeMode::HalfSplit,
             RopeStyle::None => RopeMode::Copy,
         };
-        let bias = |b: &'a Option<Arc<GpuTensor>>| b.as_ref().map(|b| b.buffer());
-        let norm_bias = |b: &'a Option<Arc<GpuTensor>>| Some(bias(b).unwrap_or(&s.zeros));
+        let linear = |pass: &mut Pass<'a>, l: &'a Linear<Arc<GpuTensor>>, x, out| {
+            let bias = l.bias.as_ref().map(|b| b.buffer());
+            ops::matmul(pass, &l.weight, bias, &s.zeros, x, 0, len, out);
+        };
+        // A LayerNorm without a bias adds zeros.
+        let norm = |pass: &mut Pass<'a>, n: &'a NormWeights<Arc<GpuTensor>>| {
+            let bias = n.bias.as_ref().map_or(&s.zeros, |b| b.buffer());
+            let layer_norm = c.norm == Norm::Layer;
+            ops::norm(
+                pass,
+                &s.x,
+                n.weight.buffer(),
+                Some(bias),
+                layer_norm,
+                e,
+                len,
+                c.norm_eps,
+                &s.h,
+            );
+        };
+        let out = |buf, stride, col0| Out { buf, stride, col0 };
 
-        ops::embedding(pass, &self.token_embd, step, start, None, len, false, &s.x);
-        if let Some(pe) = &self.pos_embd {
+        ops::embedding(pass, &w.token_embd, step, start, None, len, false, &s.x);
+        if let Some(pe) = &w.pos_embd {
             ops::embedding(pass, pe, step, 0, Some(start), len, true, &s.x);
         }
-        for (l, lw) in self.layers.iter().enumerate() {
-            ops::norm(
-                pass,
-                &s.x,
-                lw.attn_norm.buffer(),
-                norm_bias(&lw.attn_norm_b),
-                layer_norm,
-                e,
-                len,
-                c.norm_eps,
-                &s.h,
-            );
-            for (w, b, col0) in &lw.qkv {
-                let out = Out { buf: &s.qkv, stride: qkv_w, col0: *col0 };
-                ops::matmul(pass, w, bias(b), &s.zeros, &s.h, 0, len, out);
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention block: q|k|v side by side in one row per token.
+            norm(pass, &lw.attn_norm);
+            match &lw.qkv {
+                Qkv::Fused(qkv) => linear(pass, qkv, &s.h, out(&s.qkv, qkv_w, 0)),
+                Qkv::Separate { q, k, v } => {
+                    linear(pass, q, &s.h, out(&s.qkv, qkv_w, 0));
+                    linear(pass, k, &s.h, out(&s.qkv, qkv_w, q_dim));
+                    linear(pass, v, &s.h, out(&s.qkv, qkv_w, q_dim + kv_dim));
+                }
             }
             let rd = c.rope_dims;
+            let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
+                ops::rope(
+                    pass, mode, &s.qkv, qkv_w, col0, table, step, start, len, n_head, hd, rd, y,
+                );
+            };
             let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
-            ops::rope(
-                pass, mode, &s.qkv, qkv_w, 0, table, step, start, len, c.n_head, hd, rd, q_out,
-            );
+            rope(pass, mode, 0, c.n_head, q_out);
             let k_out = RopeOut { buf: &state.k[l], row0: 0, at_pos: true, f16: h16 };
-            ops::rope(
-                pass,
-                mode,
-                &s.qkv,
-                qkv_w,
-                q_dim,
-                table,
-                step,
-                start,
-                len,
-                c.n_head_kv,
-                hd,
-                rd,
-                k_out,
-            );
+            rope(pass, mode, q_dim, c.n_head_kv, k_out);
             let v_out = RopeOut { buf: &state.v[l], row0: 0, at_pos: true, f16: h16 };
-            ops::rope(
-                pass,
-                RopeMode::Copy,
-                &s.qkv,
-                qkv_w,
-                q_dim + kv_dim,
-                table,
-                step,
-                start,
-                len,
-                c.n_head_kv,
-                hd,
-                rd,
-                v_out,
-            );
-            ops::attention(
-                pass,
-                &s.q,
-                &state.k[l],
-                &state.v[l],
-                h16,
-                step,
-                start,
-                len,
-                c.n_head,
-                c.n_head_kv,
-                hd,
-                &s.attn,
-            );
-            ops::matmul(
-                pass,
-                &lw.wo,
-                bias(&lw.bo),
-                &s.zeros,
-                &s.attn,
-                0,
-                len,
-                Out { buf: &s.proj, stride: e, col0: 0 },
-            );
+            rope(pass, RopeMode::Copy, q_dim + kv_dim, c.n_head_kv, v_out);
+            let (k, v) = (&state.k[l], &state.v[l]);
+            let (n_head, n_head_kv) = (c.n_head, c.n_head_kv);
+            ops::attention(pass, &s.q, k, v, h16, step, start, len, n_head, n_head_kv, hd, &s.attn);
+            linear(pass, &lw.attn_output, &s.attn, out(&s.proj, e, 0));
             ops::add(pass, &s.proj, &s.x, len * e);
 
-            ops::norm(
-                pass,
-                &s.x,
-                lw.ffn_norm.buffer(),
-                norm_bias(&lw.ffn_norm_b),
-                layer_norm,
-                e,
-                len,
-                c.norm_eps,
-                &s.h,
-            );
-            ops::matmul(
-                pass,
-                &lw.up,
-                bias(&lw.up_b),
-                &s.zeros,
-                &s.h,
-                0,
-                len,
-                Out { buf: &s.up, stride: ff, col0: 0 },
-            );
-            match &lw.gate {
-                Some(g) => {
-                    ops::matmul(
-                        pass,
-                        g,
-                        None,
-                        &s.zeros,
-                        &s.h,
-                        0,
-                        len,
-                        Out { buf: &s.gate, stride: ff, col0: 0 },
-                    );
+            // Feed-forward block.
+            norm(pass, &lw.ffn_norm);
+            match &lw.ffn {
+                Ffn::GatedSilu { gate, up, down } => {
+                    linear(pass, up, &s.h, out(&s.up, ff, 0));
+                    linear(pass, gate, &s.h, out(&s.gate, ff, 0));
                     ops::silu_mul(pass, &s.gate, &s.up, len * ff);
+                    linear(pass, down, &s.up, out(&s.proj, e, 0));
                 }
-                None => ops::gelu(pass, &s.up, len * ff),
+                Ffn::Gelu { up, down } => {
+                    linear(pass, up, &s.h, out(&s.up, ff, 0));
+                    ops::gelu(pass, &s.up, len * ff);
+                    linear(pass, down, &s.up, out(&s.proj, e, 0));
+                }
             }
-            ops::matmul(
-                pass,
-                &lw.down,
-                bias(&lw.down_b),
-                &s.zeros,
-                &s.up,
-                0,
-                len,
-                Out { buf: &s.proj, stride: e, col0: 0 },
-            );
             ops::add(pass, &s.proj, &s.x, len * e);
         }
-        let ob = norm_bias(&self.output_norm_b);
-        ops::norm(pass, &s.x, self.output_norm.buffer(), ob, layer_norm, e, len, c.norm_eps, &s.h);
+        norm(pass, &w.output_norm);
     }
 }
 

@@ -19,9 +19,10 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             .map(|(b, a)| {
                 let qs = &b[2..18];
                 let mut s = 0i32;
-                for j in 0..16 {
-                    s += ((qs[j] & 0x0f) as i32 - 8) * a.qs[j] as i32;
-                    s += ((qs[j] >> 4) as i32 - 8) * a.qs[j + 16] as i32;
+                // Byte j holds element j (low nibble) and element j + 16 (high nibble).
+                for (j, &q) in qs.iter().enumerate() {
+                    s += ((q & 0x0f) as i32 - 8) * a.qs[j] as i32;
+                    s += ((q >> 4) as i32 - 8) * a.qs[j + 16] as i32;
                 }
                 f16_at(b, 0) * a.d * s as f32
             })

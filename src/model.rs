@@ -65,6 +65,22 @@ impl RopeStyle {
     }
 }
 
+/// The RoPE table every backend rotates with: `out` is filled as rows of `2 * inv_freq.len()`
+/// floats, (cos, sin) per rotated pair, one row per position from `pos0` on; computed in f32
+/// from the f32 inverse frequencies, the same arithmetic everywhere.
+pub fn cos_sin_table(inv_freq: &[f32], pos0: usize, out: &mut [f32]) {
+    if inv_freq.is_empty() {
+        return;
+    }
+    for (p, cs) in out.chunks_exact_mut(2 * inv_freq.len()).enumerate() {
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let (sin, cos) = ((pos0 + p) as f32 * f).sin_cos();
+            cs[2 * i] = cos;
+            cs[2 * i + 1] = sin;
+        }
+    }
+}
+
 /// How a block normalises its input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Norm {
@@ -98,21 +114,9 @@ impl Rope {
         self.inv_freq.len()
     }
 
-    /// (cos, sin) of every rotated pair at positions `pos0..`: `out` is filled as rows of
-    /// `2 * pairs()` floats, one row per position (computed in f32 from the f32 inverse
-    /// frequency, the same arithmetic everywhere).
+    /// (cos, sin) of every rotated pair at positions `pos0..` (see [`cos_sin_table`]).
     pub fn fill_cos_sin(&self, pos0: usize, out: &mut [f32]) {
-        let row = 2 * self.pairs();
-        if row == 0 {
-            return;
-        }
-        for (p, cs) in out.chunks_exact_mut(row).enumerate() {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let (sin, cos) = ((pos0 + p) as f32 * f).sin_cos();
-                cs[2 * i] = cos;
-                cs[2 * i + 1] = sin;
-            }
-        }
+        cos_sin_table(&self.inv_freq, pos0, out);
     }
 
     /// Rotate every head of one token's q or k vector by `cs`, one row of the table.

@@ -3,8 +3,12 @@
 
 use super::context::GpuContext;
 use super::kernels::{readback, storage, upload, Kernels, Pass};
-use super::ops::{self, floats, step_words, GpuTensor, Out, RopeMode, RopeOut};
+use super::ops::{
+    self, floats, step_words, AttentionShape, Columns, GpuTensor, Heads, KvBuffers, Lookup, NormOp,
+    Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+};
 use crate::error::Result;
+use crate::model::{cos_sin_table, Norm};
 use crate::quant::GgmlType;
 
 fn f32_bytes(x: &[f32]) -> Vec<u8> {
@@ -63,20 +67,10 @@ pub fn matmul_with(
     let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
     let xb = upload_f32(ctx, x);
     let bb = bias.map(|b| upload_f32(ctx, b));
-    let dummy = floats(ctx, "dummy", 4);
     let y = floats(ctx, "y", n_tok * rows);
     let mut pass = Pass::new(k);
-    ops::matmul_with(
-        &mut pass,
-        &wt,
-        bb.as_ref(),
-        &dummy,
-        &xb,
-        0,
-        n_tok,
-        Out { buf: &y, stride: rows, col0: 0 },
-        tiled,
-    );
+    let x = Rows { buf: &xb, row0: 0, n: n_tok };
+    ops::matmul_with(&mut pass, &wt, bb.as_ref(), x, Out { buf: &y, stride: rows, col0: 0 }, tiled);
     pass.submit();
     read(ctx, &y, n_tok * rows)
 }
@@ -108,23 +102,15 @@ pub fn matmul_split(
         .collect();
     let wt = GpuTensor { ty, rows, cols, row_bytes: rb, parts };
     let xb = upload_f32(ctx, x);
-    let dummy = floats(ctx, "dummy", 4);
     let y = floats(ctx, "y", n_tok * rows);
     let mut pass = Pass::new(k);
-    ops::matmul(
-        &mut pass,
-        &wt,
-        None,
-        &dummy,
-        &xb,
-        0,
-        n_tok,
-        Out { buf: &y, stride: rows, col0: 0 },
-    );
+    let x = Rows { buf: &xb, row0: 0, n: n_tok };
+    ops::matmul(&mut pass, &wt, None, x, Out { buf: &y, stride: rows, col0: 0 });
     let emb = floats(ctx, "emb", n_tok.min(rows) * cols);
     let ids: Vec<u32> = (0..n_tok.min(rows) as u32).rev().collect();
     let idb = upload(ctx, "step", &step_words(0, &ids));
-    ops::embedding(&mut pass, &wt, &idb, 0, None, n_tok.min(rows), false, &emb);
+    let tokens = Tokens { step: &idb, start: 0, n: n_tok.min(rows) };
+    ops::embedding(&mut pass, &wt, tokens, Lookup::Ids, &emb);
     pass.submit();
     read(ctx, &y, n_tok * rows)
 }
@@ -143,7 +129,8 @@ pub fn embedding(
     let idb = upload(ctx, "step", &step_words(0, ids));
     let y = floats(ctx, "y", ids.len() * cols);
     let mut pass = Pass::new(k);
-    ops::embedding(&mut pass, &wt, &idb, 0, None, ids.len(), false, &y);
+    let tokens = Tokens { step: &idb, start: 0, n: ids.len() };
+    ops::embedding(&mut pass, &wt, tokens, Lookup::Ids, &y);
     pass.submit();
     read(ctx, &y, ids.len() * cols)
 }
@@ -156,7 +143,9 @@ pub fn norm(k: &Kernels, x: &[f32], w: &[f32], bias: Option<&[f32]>, eps: f32) -
     let bb = bias.map(|b| upload_f32(ctx, b));
     let y = floats(ctx, "y", x.len());
     let mut pass = Pass::new(k);
-    ops::norm(&mut pass, &xb, &wb, bb.as_ref(), bias.is_some(), n, x.len() / n, eps, &y);
+    let kind = if bias.is_some() { Norm::Layer } else { Norm::Rms };
+    let op = NormOp { kind, eps, weight: &wb, bias: bb.as_ref() };
+    ops::norm(&mut pass, op, &xb, n, x.len() / n, &y);
     pass.submit();
     read(ctx, &y, x.len())
 }
@@ -177,21 +166,17 @@ pub fn rope(
     let width = n_head * head_dim;
     let n_tok = x.len() / width;
     // The table holds every position up to the last (as the model's does).
-    let mut table = Vec::new();
-    for p in 0..pos0 + n_tok {
-        for &f in inv_freq {
-            let (sin, cos) = (p as f32 * f).sin_cos();
-            table.extend_from_slice(&[cos, sin]);
-        }
-    }
+    let mut table = vec![0f32; (pos0 + n_tok) * inv_freq.len() * 2];
+    cos_sin_table(inv_freq, 0, &mut table);
     let (xb, tb) = (upload_f32(ctx, x), upload_f32(ctx, &table));
     let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", x.len());
     let mut pass = Pass::new(k);
     let out = RopeOut { buf: &y, row0: 0, at_pos: false, f16: false };
-    ops::rope(
-        &mut pass, mode, &xb, width, 0, &tb, &step, 0, n_tok, n_head, head_dim, rope_dims, out,
-    );
+    let input = Columns { buf: &xb, stride: width, col0: 0 };
+    let tokens = Tokens { step: &step, start: 0, n: n_tok };
+    let heads = Heads { n: n_head, dim: head_dim, rotated: rope_dims };
+    ops::rope(&mut pass, mode, input, &tb, tokens, heads, out);
     pass.submit();
     read(ctx, &y, x.len())
 }
@@ -214,9 +199,10 @@ pub fn attention(
     let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", q.len());
     let mut pass = Pass::new(k);
-    ops::attention(
-        &mut pass, &qb, &kb, &vb, false, &step, 0, n_tok, n_head, n_head_kv, head_dim, &y,
-    );
+    let kv = KvBuffers { k: &kb, v: &vb, f16: false };
+    let tokens = Tokens { step: &step, start: 0, n: n_tok };
+    let shape = AttentionShape { n_head, n_head_kv, head_dim };
+    ops::attention(&mut pass, &qb, kv, tokens, shape, &y);
     pass.submit();
     read(ctx, &y, q.len())
 }
@@ -230,7 +216,8 @@ pub fn topk(k: &Kernels, x: &[f32], top: usize) -> Result<(Vec<(u32, f32)>, f32)
     let out = storage(ctx, "out", (2 + 2 * top as u64) * 4);
     let step = upload(ctx, "step", &step_words(0, &[0]));
     let mut pass = Pass::new(k);
-    ops::topk(&mut pass, &xb, 0, x.len(), top, &cand, &out, &step, false);
+    let bufs = TopkBuffers { cand: &cand, out: &out, step: &step };
+    ops::topk(&mut pass, &xb, 0, x.len(), top, &bufs, false);
     pass.submit();
     let w = read(ctx, &out, 2 + 2 * top)?;
     let count = w[1].to_bits() as usize;

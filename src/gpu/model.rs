@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEAD_DIM, MAX_TOP_K};
-use super::ops::{self, floats, GpuTensor, Out, RopeMode, RopeOut};
+use super::ops::{
+    self, floats, AttentionShape, Columns, GpuTensor, Heads, KvBuffers, Lookup, NormOp, Out,
+    RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+};
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
 use crate::model::{Ffn, Linear, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
@@ -27,7 +30,7 @@ struct Scratch {
     up: wgpu::Buffer,
     gate: wgpu::Buffer,
     logits: wgpu::Buffer,
-    /// Zeros of n_embd: the bias of a LayerNorm that has none; also the stand-in for absent biases.
+    /// Zeros of n_embd: the bias of a LayerNorm that has none.
     zeros: wgpu::Buffer,
 }
 
@@ -528,70 +531,48 @@ impl GpuModel {
 
         let mut pass = Pass::new(&self.kernels);
         let s = &self.scratch;
+        let picks = TopkBuffers { cand: &cand, out: &pick, step: &step };
+        let hidden = |row0, n| Rows { buf: &s.h, row0, n };
         let mut start = 0;
         while start < n {
             let len = self.batch.min(n - start);
-            self.encode_layers(&mut pass, state, &step, &table, start, len);
+            self.encode_layers(&mut pass, state, &table, Tokens { step: &step, start, n: len });
             let logits = Out { buf: &s.logits, stride: vocab, col0: 0 };
             match output {
                 Output::Logits { all: true } => {
-                    ops::matmul(
-                        &mut pass,
-                        &self.weights.output,
-                        None,
-                        &s.zeros,
-                        &s.h,
-                        0,
-                        len,
-                        logits,
-                    );
+                    ops::matmul(&mut pass, &self.weights.output, None, hidden(0, len), logits);
                     pass.copy(&s.logits, 0, &rb, start as u64 * row_bytes, len as u64 * row_bytes);
                 }
                 _ if start + len == n => {
-                    ops::matmul(
-                        &mut pass,
-                        &self.weights.output,
-                        None,
-                        &s.zeros,
-                        &s.h,
-                        len - 1,
-                        1,
-                        logits,
-                    );
+                    let last = hidden(len - 1, 1);
+                    ops::matmul(&mut pass, &self.weights.output, None, last, logits);
                     match output {
                         Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
                         Output::TopK { k } => {
-                            ops::topk(
-                                &mut pass, &s.logits, 0, vocab, k, &cand, &pick, &step, false,
-                            );
+                            ops::topk(&mut pass, &s.logits, 0, vocab, k, &picks, false);
                             pass.copy(&pick, 0, &rb, 0, out_len as u64);
                         }
                         Output::Greedy => {
-                            ops::topk(
-                                &mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, false,
-                            );
+                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, false);
                             pass.copy(&pick, 8, &rb, 0, 4);
                         }
                         Output::Chain { steps } => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, true);
+                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
                             pass.copy(&pick, 8, &rb, 0, 4);
                             // Each further step reads its token and position from the step buffer
                             // the previous pick wrote.
                             for i in 1..steps {
-                                self.encode_layers(&mut pass, state, &step, &table, 0, 1);
+                                let next = Tokens { step: &step, start: 0, n: 1 };
+                                self.encode_layers(&mut pass, state, &table, next);
+                                let logits = Out { buf: &s.logits, stride: vocab, col0: 0 };
                                 ops::matmul(
                                     &mut pass,
                                     &self.weights.output,
                                     None,
-                                    &s.zeros,
-                                    &s.h,
-                                    0,
-                                    1,
-                                    Out { buf: &s.logits, stride: vocab, col0: 0 },
+                                    hidden(0, 1),
+                                    logits,
                                 );
-                                ops::topk(
-                                    &mut pass, &s.logits, 0, vocab, 1, &cand, &pick, &step, true,
-                                );
+                                ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
                                 pass.copy(&pick, 8, &rb, 4 * i as u64, 4);
                             }
                         }
@@ -646,22 +627,21 @@ impl GpuModel {
         }
     }
 
-    /// Record the layers for `len` tokens (call tokens `start..`, positions `step[0] + start..`),
-    /// leaving the normed final hidden states in `scratch.h`.
-    #[allow(clippy::too_many_arguments)]
+    /// Record the layers for `tokens`, leaving the normed final hidden states in `scratch.h`.
     fn encode_layers<'a>(
         &'a self,
         pass: &mut Pass<'a>,
         state: &'a GpuState,
-        step: &'a wgpu::Buffer,
         table: &'a wgpu::Buffer,
-        start: usize,
-        len: usize,
+        tokens: Tokens<'a>,
     ) {
+        let len = tokens.n;
         let c = &self.model.config;
         let w = &self.weights;
         let s = &self.scratch;
-        let (e, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
+        let (e, ff) = (c.n_embd, c.n_ff);
+        let attention_shape =
+            AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let qkv_w = q_dim + 2 * kv_dim;
         let h16 = self.opts.f16_kv;
@@ -672,29 +652,19 @@ impl GpuModel {
         };
         let linear = |pass: &mut Pass<'a>, l: &'a Linear<Arc<GpuTensor>>, x, out| {
             let bias = l.bias.as_ref().map(|b| b.buffer());
-            ops::matmul(pass, &l.weight, bias, &s.zeros, x, 0, len, out);
+            ops::matmul(pass, &l.weight, bias, Rows { buf: x, row0: 0, n: len }, out);
         };
         // A LayerNorm without a bias adds zeros.
         let norm = |pass: &mut Pass<'a>, n: &'a NormWeights<Arc<GpuTensor>>| {
-            let bias = n.bias.as_ref().map_or(&s.zeros, |b| b.buffer());
-            let layer_norm = c.norm == Norm::Layer;
-            ops::norm(
-                pass,
-                &s.x,
-                n.weight.buffer(),
-                Some(bias),
-                layer_norm,
-                e,
-                len,
-                c.norm_eps,
-                &s.h,
-            );
+            let bias = Some(n.bias.as_ref().map_or(&s.zeros, |b| b.buffer()));
+            let op = NormOp { kind: c.norm, eps: c.norm_eps, weight: n.weight.buffer(), bias };
+            ops::norm(pass, op, &s.x, e, len, &s.h);
         };
         let out = |buf, stride, col0| Out { buf, stride, col0 };
 
-        ops::embedding(pass, &w.token_embd, step, start, None, len, false, &s.x);
+        ops::embedding(pass, &w.token_embd, tokens, Lookup::Ids, &s.x);
         if let Some(pe) = &w.pos_embd {
-            ops::embedding(pass, pe, step, 0, Some(start), len, true, &s.x);
+            ops::embedding(pass, pe, tokens, Lookup::Positions, &s.x);
         }
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block: q|k|v side by side in one row per token.
@@ -707,11 +677,10 @@ impl GpuModel {
                     linear(pass, v, &s.h, out(&s.qkv, qkv_w, q_dim + kv_dim));
                 }
             }
-            let rd = c.rope_dims;
             let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
-                ops::rope(
-                    pass, mode, &s.qkv, qkv_w, col0, table, step, start, len, n_head, hd, rd, y,
-                );
+                let x = Columns { buf: &s.qkv, stride: qkv_w, col0 };
+                let heads = Heads { n: n_head, dim: c.head_dim, rotated: c.rope_dims };
+                ops::rope(pass, mode, x, table, tokens, heads, y);
             };
             let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
             rope(pass, mode, 0, c.n_head, q_out);
@@ -719,9 +688,8 @@ impl GpuModel {
             rope(pass, mode, q_dim, c.n_head_kv, k_out);
             let v_out = RopeOut { buf: &state.v[l], row0: 0, at_pos: true, f16: h16 };
             rope(pass, RopeMode::Copy, q_dim + kv_dim, c.n_head_kv, v_out);
-            let (k, v) = (&state.k[l], &state.v[l]);
-            let (n_head, n_head_kv) = (c.n_head, c.n_head_kv);
-            ops::attention(pass, &s.q, k, v, h16, step, start, len, n_head, n_head_kv, hd, &s.attn);
+            let kv = KvBuffers { k: &state.k[l], v: &state.v[l], f16: h16 };
+            ops::attention(pass, &s.q, kv, tokens, attention_shape, &s.attn);
             linear(pass, &lw.attn_output, &s.attn, out(&s.proj, e, 0));
             ops::add(pass, &s.proj, &s.x, len * e);
 

@@ -7,6 +7,7 @@ use super::kernels::{
     TILED_TOKENS,
 };
 use crate::error::Result;
+use crate::model::Norm;
 use crate::quant::GgmlType;
 
 /// A weight tensor on the GPU in its GGUF encoding, split by rows into buffers no larger than
@@ -75,6 +76,14 @@ fn u(x: usize) -> u32 {
     u32::try_from(x).expect("size fits in u32")
 }
 
+/// `n` rows of activations (one per token) starting at row `row0` of `buf`.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub row0: usize,
+    pub n: usize,
+}
+
 /// Where a matmul writes: `y[t * stride + col0 + r]`.
 pub struct Out<'a> {
     pub buf: &'a wgpu::Buffer,
@@ -82,33 +91,25 @@ pub struct Out<'a> {
     pub col0: usize,
 }
 
-/// `y[t][col0 + r] = W[r] . x[x_row0 + t] (+ bias[r])` for `n_tok` tokens. `dummy` stands in for
-/// a missing bias (every binding must be bound). Batches of more than `MATMUL_TOKENS` tokens
-/// (prefill) use the tiled kernel; smaller ones (decode) the matrix-vector one.
-#[allow(clippy::too_many_arguments)]
+/// `y[t][col0 + r] = W[r] . x[t] (+ bias[r])` for the rows of `x`. Batches of more than
+/// `MATMUL_TOKENS` tokens (prefill) use the tiled kernel; smaller ones (decode) the
+/// matrix-vector one.
 pub fn matmul<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
     bias: Option<&'a wgpu::Buffer>,
-    dummy: &'a wgpu::Buffer,
-    x: &'a wgpu::Buffer,
-    x_row0: usize,
-    n_tok: usize,
+    x: Rows<'a>,
     y: Out<'a>,
 ) {
-    matmul_with(pass, w, bias, dummy, x, x_row0, n_tok, y, u(n_tok) > MATMUL_TOKENS);
+    matmul_with(pass, w, bias, x, y, u(x.n) > MATMUL_TOKENS);
 }
 
 /// [`matmul`] with the kernel chosen by the caller: `tiled` for matmul_tiled.wgsl.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_with<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
     bias: Option<&'a wgpu::Buffer>,
-    dummy: &'a wgpu::Buffer,
-    x: &'a wgpu::Buffer,
-    x_row0: usize,
-    n_tok: usize,
+    x: Rows<'a>,
     y: Out<'a>,
     tiled: bool,
 ) {
@@ -119,24 +120,21 @@ pub fn matmul_with<'a>(
     };
     for part in &w.parts {
         let (gx, gy) = grid(u(part.rows).div_ceil(tile_rows));
-        let gz = u(n_tok).div_ceil(tile_tokens);
+        let gz = u(x.n).div_ceil(tile_tokens);
         let params = [
             u(part.rows),
             u(w.cols),
-            u(n_tok),
+            u(x.n),
             u(w.row_bytes),
-            u(x_row0),
+            u(x.row0),
             u(y.stride),
             u(y.col0 + part.row0),
             u(part.row0),
             bias.is_some() as u32,
         ];
-        pass.dispatch(
-            kernel,
-            &[&part.buffer, x, bias.unwrap_or(dummy), y.buf],
-            &params,
-            [gx, gy, gz],
-        );
+        // Every binding must be bound: without a bias, the (unread) bias binding gets `x`.
+        let bias = bias.unwrap_or(x.buf);
+        pass.dispatch(kernel, &[&part.buffer, x.buf, bias, y.buf], &params, [gx, gy, gz]);
     }
 }
 
@@ -151,55 +149,76 @@ pub fn step_words(pos: usize, tokens: &[u32]) -> Vec<u8> {
     w.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Rows of `w` into `y` (`n_tok` rows of `w.cols`): token ids `step[STEP_IDS + id0 + t]`, or
-/// with `pos_off` the rows `step[0] + pos_off + t` (learned positions); `accumulate` adds to
-/// what `y` holds.
-#[allow(clippy::too_many_arguments)]
+/// The tokens one dispatch covers: `start..start + n` of the step's batch. `step` holds their
+/// ids (after `STEP_IDS` words) and, in word 0, the position of the batch's first token.
+#[derive(Clone, Copy)]
+pub struct Tokens<'a> {
+    pub step: &'a wgpu::Buffer,
+    pub start: usize,
+    pub n: usize,
+}
+
+/// Which rows of an embedding table the tokens read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The token's id: written to `y`.
+    Ids,
+    /// The token's position (learned positions): added to `y`.
+    Positions,
+}
+
+/// One row of `w` per token into `y` (rows of `w.cols`).
 pub fn embedding<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
-    step: &'a wgpu::Buffer,
-    id0: usize,
-    pos_off: Option<usize>,
-    n_tok: usize,
-    accumulate: bool,
+    tokens: Tokens<'a>,
+    lookup: Lookup,
     y: &'a wgpu::Buffer,
 ) {
+    let by_position = lookup == Lookup::Positions;
+    let (id0, pos_off) = if by_position { (0, tokens.start) } else { (tokens.start, 0) };
     for part in &w.parts {
         let params = [
-            u(n_tok),
+            u(tokens.n),
             u(w.cols),
             u(w.row_bytes),
             u(part.row0),
             u(part.rows),
-            pos_off.is_some() as u32,
-            u(pos_off.unwrap_or(0)),
+            by_position as u32,
+            u(pos_off),
             u(STEP_IDS + id0),
-            accumulate as u32,
+            by_position as u32,
         ];
-        pass.dispatch(Kernel::Embedding(w.ty), &[&part.buffer, step, y], &params, [u(n_tok), 1, 1]);
+        let buffers = [&part.buffer, tokens.step, y];
+        pass.dispatch(Kernel::Embedding(w.ty), &buffers, &params, [u(tokens.n), 1, 1]);
     }
 }
 
-/// RMSNorm (no bias) or LayerNorm (with bias) of `n_tok` rows of `n`.
-#[allow(clippy::too_many_arguments)]
+/// A norm as the model applies it: its kind, epsilon and weights (LayerNorm needs a bias
+/// buffer: zeros if the model has none).
+pub struct NormOp<'a> {
+    pub kind: Norm,
+    pub eps: f32,
+    pub weight: &'a wgpu::Buffer,
+    pub bias: Option<&'a wgpu::Buffer>,
+}
+
+/// `n_tok` rows of `width` of `x` normalised into `y`.
 pub fn norm<'a>(
     pass: &mut Pass<'a>,
+    op: NormOp<'a>,
     x: &'a wgpu::Buffer,
-    weight: &'a wgpu::Buffer,
-    bias: Option<&'a wgpu::Buffer>,
-    layer_norm: bool,
-    n: usize,
+    width: usize,
     n_tok: usize,
-    eps: f32,
     y: &'a wgpu::Buffer,
 ) {
-    let params = [u(n), f(eps)];
-    if layer_norm {
-        let b = bias.expect("layer norm needs a bias buffer (zeros if the model has none)");
-        pass.dispatch(Kernel::LayerNorm, &[x, weight, b, y], &params, [u(n_tok), 1, 1]);
-    } else {
-        pass.dispatch(Kernel::RmsNorm, &[x, weight, y], &params, [u(n_tok), 1, 1]);
+    let params = [u(width), f(op.eps)];
+    match op.kind {
+        Norm::Layer => {
+            let b = op.bias.expect("layer norm needs a bias buffer (zeros if the model has none)");
+            pass.dispatch(Kernel::LayerNorm, &[x, op.weight, b, y], &params, [u(n_tok), 1, 1]);
+        }
+        Norm::Rms => pass.dispatch(Kernel::RmsNorm, &[x, op.weight, y], &params, [u(n_tok), 1, 1]),
     }
 }
 
@@ -220,63 +239,83 @@ pub struct RopeOut<'a> {
     pub f16: bool,
 }
 
-/// Heads `n_head` x `head_dim` of each token, read at `x[t * in_stride + in_col0 ..]`, rotated by
-/// the (cos, sin) table row of the token's position `step[0] + start + t`, written to
-/// `y.buf[row * n_head * head_dim ..]`.
-#[allow(clippy::too_many_arguments)]
+/// Where rope reads: each token's row `t` of `buf` at `buf[t * stride + col0 ..]`.
+#[derive(Clone, Copy)]
+pub struct Columns<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub stride: usize,
+    pub col0: usize,
+}
+
+/// `n` heads of `dim`, of which RoPE rotates the first `rotated` dimensions.
+#[derive(Clone, Copy)]
+pub struct Heads {
+    pub n: usize,
+    pub dim: usize,
+    pub rotated: usize,
+}
+
+/// Each token's heads, read from `x`, rotated by the (cos, sin) table row of the token's
+/// position, written to `y.buf[row * heads.n * heads.dim ..]`.
 pub fn rope<'a>(
     pass: &mut Pass<'a>,
     mode: RopeMode,
-    x: &'a wgpu::Buffer,
-    in_stride: usize,
-    in_col0: usize,
+    x: Columns<'a>,
     table: &'a wgpu::Buffer,
-    step: &'a wgpu::Buffer,
-    start: usize,
-    n_tok: usize,
-    n_head: usize,
-    head_dim: usize,
-    rope_dims: usize,
+    tokens: Tokens<'a>,
+    heads: Heads,
     y: RopeOut<'a>,
 ) {
+    let width = heads.n * heads.dim;
     let params = [
-        u(n_tok),
-        u(n_head),
-        u(head_dim),
-        u(rope_dims),
+        u(tokens.n),
+        u(heads.n),
+        u(heads.dim),
+        u(heads.rotated),
         mode as u32,
-        u(in_stride),
-        u(in_col0),
-        u(n_head * head_dim),
+        u(x.stride),
+        u(x.col0),
+        u(width),
         u(y.row0),
-        u(start),
+        u(tokens.start),
         y.at_pos as u32,
     ];
-    let (gx, gy) = grid(u(n_tok * n_head * head_dim).div_ceil(256));
-    pass.dispatch(Kernel::Rope(y.f16), &[x, table, step, y.buf], &params, [gx, gy, 1]);
+    let (gx, gy) = grid(u(tokens.n * width).div_ceil(256));
+    let buffers = [x.buf, table, tokens.step, y.buf];
+    pass.dispatch(Kernel::Rope(y.f16), &buffers, &params, [gx, gy, 1]);
 }
 
-/// Causal attention of `n_tok` queries (rows of n_head * head_dim in `q`) at positions
-/// `pos0 + t` (`pos0 = step[0] + start`) over caches (f16 when `f16`) holding positions
-/// `0..pos0 + n_tok`.
-#[allow(clippy::too_many_arguments)]
+/// One layer's KV cache: keys and values, f16 when `f16`.
+#[derive(Clone, Copy)]
+pub struct KvBuffers<'a> {
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub f16: bool,
+}
+
+/// Query and key/value head counts and the head size.
+#[derive(Clone, Copy)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+/// Causal attention of the tokens' queries (rows of n_head * head_dim in `q`) at positions
+/// `pos0 + t` (`pos0 = step[0] + start`) over caches holding positions `0..pos0 + n`.
 pub fn attention<'a>(
     pass: &mut Pass<'a>,
     q: &'a wgpu::Buffer,
-    k: &'a wgpu::Buffer,
-    v: &'a wgpu::Buffer,
-    f16: bool,
-    step: &'a wgpu::Buffer,
-    start: usize,
-    n_tok: usize,
-    n_head: usize,
-    n_head_kv: usize,
-    head_dim: usize,
+    kv: KvBuffers<'a>,
+    tokens: Tokens<'a>,
+    shape: AttentionShape,
     out: &'a wgpu::Buffer,
 ) {
+    let AttentionShape { n_head, n_head_kv, head_dim } = shape;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let params = [u(n_head), u(n_head_kv), u(head_dim), u(start), f(scale)];
-    pass.dispatch(Kernel::Attention(f16), &[q, k, v, step, out], &params, [u(n_head), u(n_tok), 1]);
+    let params = [u(n_head), u(n_head_kv), u(head_dim), u(tokens.start), f(scale)];
+    let buffers = [q, kv.k, kv.v, tokens.step, out];
+    pass.dispatch(Kernel::Attention(kv.f16), &buffers, &params, [u(n_head), u(tokens.n), 1]);
 }
 
 /// Workgroups and slice length of the first top-k pass over `n` logits.
@@ -290,33 +329,37 @@ pub fn topk_scratch_words(n: usize) -> usize {
     topk_groups(n).0 * (2 + 2 * MAX_TOP_K)
 }
 
-/// The `k` (1..=MAX_TOP_K) largest of the `n` logits at `x[x_off..]` and their log-sum-exp into
-/// `out` = [lse, count, (id, logit) * count]; `cand` is scratch of `topk_scratch_words(n)`.
-/// With `chain`, the best id is also written as the next step's token into `step` (and its
+/// The top-k kernels' buffers: `cand`, scratch of `topk_scratch_words(n)`; `out`, the result
+/// `[lse, count, (id, logit) * count]`; `step`, the step buffer a chained pick writes to.
+pub struct TopkBuffers<'a> {
+    pub cand: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    pub step: &'a wgpu::Buffer,
+}
+
+/// The `k` (1..=MAX_TOP_K) largest of the `n` logits at `x[x_off..]` and their log-sum-exp.
+/// With `chain`, the best id is also written as the next step's token into `bufs.step` (and its
 /// position advanced by one).
-#[allow(clippy::too_many_arguments)]
 pub fn topk<'a>(
     pass: &mut Pass<'a>,
     x: &'a wgpu::Buffer,
     x_off: usize,
     n: usize,
     k: usize,
-    cand: &'a wgpu::Buffer,
-    out: &'a wgpu::Buffer,
-    step: &'a wgpu::Buffer,
+    bufs: &TopkBuffers<'a>,
     chain: bool,
 ) {
     assert!((1..=MAX_TOP_K).contains(&k), "top-k needs 1 <= k <= {MAX_TOP_K}");
     let (groups, slice) = topk_groups(n);
     pass.dispatch(
         Kernel::TopkPartial,
-        &[x, cand],
+        &[x, bufs.cand],
         &[u(n), u(x_off), u(k), u(slice)],
         [u(groups), 1, 1],
     );
     pass.dispatch(
         Kernel::TopkMerge,
-        &[cand, out, step],
+        &[bufs.cand, bufs.out, bufs.step],
         &[u(groups), u(k), chain as u32],
         [1, 1, 1],
     );

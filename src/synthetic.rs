@@ -38,7 +38,8 @@ pub struct Spec {
     pub n_ff: usize,
     pub n_ctx: usize,
     pub norm_eps: f32,
-    /// RoPE base and rotated dimensions per head (not written for gpt2, which has no RoPE).
+    /// RoPE base and rotated dimensions per head (not written for gpt2, which has no RoPE;
+    /// `rope.dimension_count` is written only when it is not `head_dim`).
     pub rope_theta: f32,
     pub rope_dims: usize,
     /// Llama 3's frequency divisors (`rope_dims / 2` of them), written as `rope_freqs.weight`.
@@ -215,7 +216,10 @@ fn metadata(s: &Spec) -> Vec<(String, Value)> {
     } else {
         key("attention.layer_norm_rms_epsilon", Value::F32(s.norm_eps));
         key("rope.freq_base", Value::F32(s.rope_theta));
-        key("rope.dimension_count", u32v(s.rope_dims));
+        // Like the key and value lengths below, only where it differs from the readers' default.
+        if s.rope_dims != s.head_dim {
+            key("rope.dimension_count", u32v(s.rope_dims));
+        }
     }
     if s.q_dim() != s.n_embd {
         key("attention.key_length", u32v(s.head_dim));

@@ -355,7 +355,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Writes GGUF v3 files: metadata, then tensors (already encoded in their type's bytes). Used by
-/// `synth` to build random-weight models of real shapes, and by tests to build broken files.
+/// `synthetic` to build random-weight models (for `nexttoken synth` and the tests).
 #[derive(Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,

@@ -12,7 +12,9 @@ pub mod lm;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod synthetic;
 pub mod table;
+pub mod tensor_names;
 pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]
 pub mod web;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod bench;
+#[path = "cli/synth.rs"]
 mod synth;
 
 use clap::{Args, Parser, Subcommand};

@@ -23,13 +23,13 @@ use std::sync::{Arc, OnceLock};
 
 use half::{bf16, f16};
 use nexttoken::cpu::{dot, softmax_in_place, CpuModel};
-use nexttoken::gguf::{GgufWriter, Value};
 use nexttoken::gpu::host::{self, Elementwise};
 use nexttoken::gpu::kernels::Kernels;
 use nexttoken::gpu::ops::RopeMode;
 use nexttoken::gpu::{is_device_lost, GpuContext, GpuModel, GpuOptions, NO_ADAPTER};
 use nexttoken::model::{Arch, Model};
 use nexttoken::quant::{dequantize_row, GgmlType};
+use nexttoken::synthetic::{self, Spec};
 use nexttoken::LanguageModel;
 
 // ---------------------------------------------------------------------------------------------
@@ -456,85 +456,16 @@ fn elementwise_kernels() {
 /// A small random model of `arch` with weight matrices (and embeddings) of type `ty`: 2 layers,
 /// grouped-query attention (llama, qwen2), sizes that are not powers of two where `ty` allows.
 fn synth_model(arch: Arch, ty: GgmlType, seed: u64, tied: bool) -> Model {
-    let mut rng = Rng(seed);
     let k_quant = ty.block_size() == 256;
-    let e = if k_quant { 256 } else { 96 };
-    let n_head = 4;
-    let n_head_kv = if arch == Arch::Gpt2 { 4 } else { 2 };
-    let hd = e / n_head;
-    let (q, kv) = (e, n_head_kv * hd);
-    let ff = if k_quant { 512 } else { 160 };
-    let vocab = 300;
-    let ctx = 160;
-    let n_layer = 2;
-    let a = arch.gguf_name();
-    let mut g = GgufWriter::new();
-    g.metadata("general.architecture", Value::String(a.into()));
-    g.metadata(&format!("{a}.embedding_length"), Value::U32(e as u32));
-    g.metadata(&format!("{a}.block_count"), Value::U32(n_layer));
-    g.metadata(&format!("{a}.attention.head_count"), Value::U32(n_head as u32));
-    g.metadata(&format!("{a}.attention.head_count_kv"), Value::U32(n_head_kv as u32));
-    g.metadata(&format!("{a}.feed_forward_length"), Value::U32(ff as u32));
-    g.metadata(&format!("{a}.context_length"), Value::U32(ctx as u32));
-    g.metadata(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
-    let eps_key = if arch == Arch::Gpt2 { "layer_norm_epsilon" } else { "layer_norm_rms_epsilon" };
-    g.metadata(&format!("{a}.attention.{eps_key}"), Value::F32(1e-5));
-    g.metadata("tokenizer.ggml.bos_token_id", Value::U32(1));
-    g.metadata("tokenizer.ggml.eos_token_id", Value::U32(2));
-
-    let f32s = |v: Vec<f32>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let mat =
-        |g: &mut GgufWriter, rng: &mut Rng, name: &str, cols: usize, rows: usize, scale: f32| {
-            let data = random_weights(rng, ty, rows, cols, scale);
-            g.tensor(name, ty, &[cols, rows], data);
-        };
-    let norm = |rng: &mut Rng, n: usize| f32s((0..n).map(|_| 1.0 + 0.2 * rng.f()).collect());
-    let bias = |rng: &mut Rng, n: usize| f32s(rng.vec(n, 0.1));
-
-    mat(&mut g, &mut rng, "token_embd.weight", e, vocab, 1.0);
-    if arch == Arch::Gpt2 {
-        mat(&mut g, &mut rng, "position_embd.weight", e, ctx, 0.3);
-    }
-    let ws = 1.5 / (e as f32).sqrt();
-    for l in 0..n_layer {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        g.tensor(&n("attn_norm.weight"), GgmlType::F32, &[e], norm(&mut rng, e));
-        g.tensor(&n("ffn_norm.weight"), GgmlType::F32, &[e], norm(&mut rng, e));
-        mat(&mut g, &mut rng, &n("attn_output.weight"), q, e, ws);
-        mat(&mut g, &mut rng, &n("ffn_up.weight"), e, ff, ws);
-        mat(&mut g, &mut rng, &n("ffn_down.weight"), ff, e, 1.5 / (ff as f32).sqrt());
-        if arch == Arch::Gpt2 {
-            mat(&mut g, &mut rng, &n("attn_qkv.weight"), e, q + 2 * kv, ws);
-            for (s, len) in [
-                ("attn_norm.bias", e),
-                ("attn_qkv.bias", q + 2 * kv),
-                ("attn_output.bias", e),
-                ("ffn_norm.bias", e),
-                ("ffn_up.bias", ff),
-                ("ffn_down.bias", e),
-            ] {
-                g.tensor(&n(s), GgmlType::F32, &[len], bias(&mut rng, len));
-            }
-        } else {
-            mat(&mut g, &mut rng, &n("attn_q.weight"), e, q, ws);
-            mat(&mut g, &mut rng, &n("attn_k.weight"), e, kv, ws);
-            mat(&mut g, &mut rng, &n("attn_v.weight"), e, kv, ws);
-            mat(&mut g, &mut rng, &n("ffn_gate.weight"), e, ff, ws);
-            if arch == Arch::Qwen2 {
-                for (s, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
-                    g.tensor(&n(s), GgmlType::F32, &[len], bias(&mut rng, len));
-                }
-            }
-        }
-    }
-    g.tensor("output_norm.weight", GgmlType::F32, &[e], norm(&mut rng, e));
-    if arch == Arch::Gpt2 {
-        g.tensor("output_norm.bias", GgmlType::F32, &[e], bias(&mut rng, e));
-    }
-    if !tied {
-        mat(&mut g, &mut rng, "output.weight", e, vocab, ws);
-    }
-    Model::from_bytes(g.to_bytes()).unwrap()
+    let (e, ff) = if k_quant { (256, 512) } else { (96, 160) };
+    let spec = Spec {
+        n_head_kv: if arch == Arch::Gpt2 { 4 } else { 2 },
+        tied,
+        weight_type: ty,
+        seed,
+        ..Spec::new(arch, 300, e, 2, 4, ff, 160)
+    };
+    Model::from_bytes(synthetic::write(&spec).unwrap()).unwrap()
 }
 
 fn argmax(x: &[f32]) -> u32 {

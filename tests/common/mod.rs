@@ -28,11 +28,15 @@ pub fn shared() -> Option<PathBuf> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Synthetic GGUF models: tiny, valid, random weights, written through the crate's own GgufWriter.
+// Synthetic GGUF models: tiny, valid, random weights, from the library's writer
+// (`nexttoken::synthetic`), editable before writing to break them on purpose.
 // ---------------------------------------------------------------------------------------------
 
-use nexttoken::gguf::{GgufWriter, Value};
+use nexttoken::gguf::Value;
+use nexttoken::model::Arch;
 use nexttoken::quant::GgmlType;
+use nexttoken::synthetic::{self, Spec};
+pub use nexttoken::synthetic::{PartTensor as SynthTensor, Parts as SynthParts};
 
 /// Shape of every synthetic model (see `synth_model`).
 pub const SYNTH_EMBD: usize = 64;
@@ -70,97 +74,44 @@ impl SplitMix64 {
     }
 }
 
-/// Encode f32 values as `ty` (F32, F16, BF16, Q8_0 or Q4_0). Panics on other types: the helper
-/// only writes what it can encode exactly like ggml does (Q4_0 through the library's quantiser,
-/// which `cpu_kernels::synth_quantisers_follow_ggml` checks against ggml's definition).
-pub fn encode_f32(ty: GgmlType, values: &[f32]) -> Vec<u8> {
-    match ty {
-        GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => {
-            values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()
-        }
-        GgmlType::BF16 => {
-            values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()
-        }
-        GgmlType::Q8_0 => quantize_q8_0(values),
-        GgmlType::Q4_0 => {
-            nexttoken::quant::quantize(ty, values).expect("Q4_0 needs whole blocks of 32")
-        }
-        other => panic!("synthetic models cannot encode {}", other.name()),
-    }
-}
-
-/// ggml's `quantize_row_q8_0_ref`: per 32 values d = max|x| / 127 (stored as f16), q = round(x / d).
-pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
-    assert!(values.len().is_multiple_of(32), "Q8_0 needs whole blocks of 32, got {}", values.len());
-    let mut out = Vec::with_capacity(values.len() / 32 * 34);
-    for block in values.chunks_exact(32) {
-        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
-        for &x in block {
-            out.push((x * id).round() as i8 as u8);
-        }
-    }
-    out
-}
-
-/// One tensor of a synthetic model, before it is written.
-#[derive(Clone, Debug)]
-pub struct SynthTensor {
-    pub name: String,
-    pub ty: GgmlType,
-    /// GGUF order: innermost (row length) first.
-    pub dims: Vec<usize>,
-    pub data: Vec<u8>,
-}
-
-/// The parts of a synthetic GGUF file, editable before writing (to break it on purpose).
-#[derive(Clone, Debug)]
-pub struct SynthParts {
-    pub metadata: Vec<(String, Value)>,
-    pub tensors: Vec<SynthTensor>,
-}
-
-impl SynthParts {
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut w = GgufWriter::new();
-        for (k, v) in &self.metadata {
-            w.metadata(k, v.clone());
-        }
-        for t in &self.tensors {
-            w.tensor(&t.name, t.ty, &t.dims, t.data.clone());
-        }
-        w.to_bytes()
-    }
+/// Edits of a synthetic file's parts; each panics when what it edits is absent.
+pub trait EditParts {
     /// Replace the value of `key` (or add it).
-    pub fn set_meta(&mut self, key: &str, value: Value) -> &mut Self {
+    fn set_meta(&mut self, key: &str, value: Value) -> &mut Self;
+    fn remove_meta(&mut self, key: &str) -> &mut Self;
+    fn remove_tensor(&mut self, name: &str) -> &mut Self;
+    fn tensor_mut(&mut self, name: &str) -> &mut SynthTensor;
+    fn push_tensor(&mut self, name: &str, ty: GgmlType, dims: &[usize], data: Vec<u8>)
+        -> &mut Self;
+}
+
+impl EditParts for SynthParts {
+    fn set_meta(&mut self, key: &str, value: Value) -> &mut Self {
         match self.metadata.iter_mut().find(|(k, _)| k == key) {
             Some(slot) => slot.1 = value,
             None => self.metadata.push((key.to_owned(), value)),
         }
         self
     }
-    pub fn remove_meta(&mut self, key: &str) -> &mut Self {
+    fn remove_meta(&mut self, key: &str) -> &mut Self {
         let before = self.metadata.len();
         self.metadata.retain(|(k, _)| k != key);
         assert_ne!(before, self.metadata.len(), "no metadata key {key}");
         self
     }
-    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+    fn remove_tensor(&mut self, name: &str) -> &mut Self {
         let before = self.tensors.len();
         self.tensors.retain(|t| t.name != name);
         assert_ne!(before, self.tensors.len(), "no tensor {name}");
         self
     }
-    pub fn tensor_mut(&mut self, name: &str) -> &mut SynthTensor {
+    fn tensor_mut(&mut self, name: &str) -> &mut SynthTensor {
         self.tensors
             .iter_mut()
             .find(|t| t.name == name)
             .unwrap_or_else(|| panic!("no tensor {name}"))
     }
-    pub fn push_tensor(
+    fn push_tensor(
         &mut self,
         name: &str,
         ty: GgmlType,
@@ -172,118 +123,35 @@ impl SynthParts {
     }
 }
 
+/// The description of `synth_model(arch, ty, seed)`.
+pub fn synth_spec(arch: &str, ty: GgmlType, seed: u64) -> Spec {
+    let arch = Arch::from_gguf_name(arch).expect("synth_model: llama, qwen2 or gpt2");
+    let spec =
+        Spec::new(arch, SYNTH_VOCAB, SYNTH_EMBD, SYNTH_LAYERS, SYNTH_HEADS, SYNTH_FF, SYNTH_CTX);
+    Spec {
+        name: format!("synthetic {} {}", arch.gguf_name(), ty.name()),
+        n_head_kv: if arch == Arch::Gpt2 { SYNTH_HEADS } else { SYNTH_HEADS_KV },
+        // llama has its own output projection; qwen2 and gpt2 tie it to the embeddings.
+        tied: arch != Arch::Llama,
+        weight_type: ty,
+        bos: SYNTH_BOS,
+        eos: SYNTH_EOS,
+        seed,
+        ..spec
+    }
+}
+
 /// The parts of `synth_model(arch, ty, seed)`, for tests that edit them before writing.
 pub fn synth_parts(arch: &str, ty: GgmlType, seed: u64) -> SynthParts {
-    let (e, ff, vocab, ctx, layers) = (SYNTH_EMBD, SYNTH_FF, SYNTH_VOCAB, SYNTH_CTX, SYNTH_LAYERS);
-    let heads = SYNTH_HEADS;
-    let is_gpt2 = arch == "gpt2";
-    let heads_kv = if is_gpt2 { SYNTH_HEADS } else { SYNTH_HEADS_KV };
-    let head_dim = e / heads;
-    let (q, kv) = (heads * head_dim, heads_kv * head_dim);
-    assert!(matches!(arch, "llama" | "qwen2" | "gpt2"), "synth_model: unknown arch {arch}");
-
-    let mut rng = SplitMix64(seed ^ 0x5EED_0000_0000_0000);
-    let a = |k: &str| format!("{arch}.{k}");
-    let mut metadata: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String(arch.into())),
-        ("general.name".into(), Value::String(format!("synthetic {arch} {}", ty.name()))),
-        ("general.alignment".into(), Value::U32(32)),
-        (a("context_length"), Value::U32(ctx as u32)),
-        (a("embedding_length"), Value::U32(e as u32)),
-        (a("block_count"), Value::U32(layers as u32)),
-        (a("feed_forward_length"), Value::U32(ff as u32)),
-        (a("attention.head_count"), Value::U32(heads as u32)),
-        (a("attention.head_count_kv"), Value::U32(heads_kv as u32)),
-    ];
-    if is_gpt2 {
-        metadata.push((a("attention.layer_norm_epsilon"), Value::F32(1e-5)));
-    } else {
-        metadata.push((a("rope.freq_base"), Value::F32(10000.0)));
-        metadata.push((a("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)));
-    }
-    metadata.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(SYNTH_BOS)));
-    metadata.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(SYNTH_EOS)));
-    metadata.push((
-        "tokenizer.ggml.tokens".into(),
-        Value::Array((0..vocab).map(|i| Value::String(format!("t{i}"))).collect()),
-    ));
-
-    let mut tensors = Vec::new();
-    // A weight matrix of `rows` rows of `cols`, in `ty`, scaled so activations stay O(1).
-    let mut matrix = |rng: &mut SplitMix64, name: String, cols: usize, rows: usize, scale: f32| {
-        let vals: Vec<f32> = (0..cols * rows).map(|_| rng.uniform(scale)).collect();
-        tensors.push(SynthTensor { name, ty, dims: vec![cols, rows], data: encode_f32(ty, &vals) });
-    };
-    let w_in = 1.7 / (e as f32).sqrt();
-    let w_ff = 1.7 / (ff as f32).sqrt();
-    // Small embeddings: with tied outputs, a residual stream dominated by the input token would
-    // make greedy decoding repeat one token forever.
-    matrix(&mut rng, "token_embd.weight".into(), e, vocab, 0.2);
-    if is_gpt2 {
-        matrix(&mut rng, "position_embd.weight".into(), e, ctx, 0.2);
-    }
-    for i in 0..layers {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        if is_gpt2 {
-            matrix(&mut rng, n("attn_qkv.weight"), e, q + 2 * kv, w_in);
-        } else {
-            matrix(&mut rng, n("attn_q.weight"), e, q, w_in);
-            matrix(&mut rng, n("attn_k.weight"), e, kv, w_in);
-            matrix(&mut rng, n("attn_v.weight"), e, kv, w_in);
-        }
-        matrix(&mut rng, n("attn_output.weight"), q, e, w_in);
-        if !is_gpt2 {
-            matrix(&mut rng, n("ffn_gate.weight"), e, ff, w_in);
-        }
-        matrix(&mut rng, n("ffn_up.weight"), e, ff, w_in);
-        matrix(&mut rng, n("ffn_down.weight"), ff, e, w_ff);
-    }
-    // llama has its own output projection; qwen2 and gpt2 tie it to the embeddings.
-    if arch == "llama" {
-        matrix(&mut rng, "output.weight".into(), e, vocab, w_in);
-    }
-
-    // Norms and biases: always F32.
-    let mut vector = |rng: &mut SplitMix64, name: String, len: usize, center: f32, spread: f32| {
-        let vals: Vec<f32> = (0..len).map(|_| center + rng.uniform(spread)).collect();
-        tensors.push(SynthTensor {
-            name,
-            ty: GgmlType::F32,
-            dims: vec![len],
-            data: encode_f32(GgmlType::F32, &vals),
-        });
-    };
-    for i in 0..layers {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        vector(&mut rng, n("attn_norm.weight"), e, 1.0, 0.2);
-        vector(&mut rng, n("ffn_norm.weight"), e, 1.0, 0.2);
-        if arch == "qwen2" {
-            vector(&mut rng, n("attn_q.bias"), q, 0.0, 0.2);
-            vector(&mut rng, n("attn_k.bias"), kv, 0.0, 0.2);
-            vector(&mut rng, n("attn_v.bias"), kv, 0.0, 0.2);
-        }
-        if is_gpt2 {
-            vector(&mut rng, n("attn_norm.bias"), e, 0.0, 0.1);
-            vector(&mut rng, n("attn_qkv.bias"), q + 2 * kv, 0.0, 0.2);
-            vector(&mut rng, n("attn_output.bias"), e, 0.0, 0.1);
-            vector(&mut rng, n("ffn_norm.bias"), e, 0.0, 0.1);
-            vector(&mut rng, n("ffn_up.bias"), ff, 0.0, 0.2);
-            vector(&mut rng, n("ffn_down.bias"), e, 0.0, 0.1);
-        }
-    }
-    vector(&mut rng, "output_norm.weight".into(), e, 1.0, 0.2);
-    if is_gpt2 {
-        vector(&mut rng, "output_norm.bias".into(), e, 0.0, 0.1);
-    }
-    SynthParts { metadata, tensors }
+    synthetic::parts(&synth_spec(arch, ty, seed)).unwrap()
 }
 
 /// A tiny valid GGUF model with random weights: `arch` is "llama" (untied output), "qwen2" (q/k/v
 /// biases, tied output) or "gpt2" (fused qkv with biases, learned positions, LayerNorm with
 /// biases, GELU MLP, tied output). n_embd 64, 2 layers, 4 heads (2 kv heads except gpt2), n_ff 96,
-/// vocab 50, context 32. Weight matrices are `ty` (F32, F16, BF16 or Q8_0); norms and biases F32.
+/// vocab 50, context 32. Weight matrices are `ty`; norms and biases F32.
 pub fn synth_model(arch: &str, ty: GgmlType, seed: u64) -> Vec<u8> {
-    synth_parts(arch, ty, seed).to_bytes()
+    synthetic::write(&synth_spec(arch, ty, seed)).unwrap()
 }
 
 /// Byte position of the tensor info of `name` in a GGUF header (the start of its name length),

@@ -1,0 +1,182 @@
+//! The synthetic-model writer against the loader: every architecture, with odd shapes (head size
+//! not n_embd / n_head, partial RoPE, one key/value head), per-tensor types, the whole-blocks
+//! fallback, K-quants, tied and untied outputs and `rope_freqs`, loads through `Model::from_bytes`
+//! with exactly the described shapes and types, and runs to finite logits on the exact CPU path.
+//! (The numbers' correctness is checked elsewhere, against transformers fixtures.)
+
+use nexttoken::cpu::CpuModel;
+use nexttoken::model::{Arch, Model, RopeStyle};
+use nexttoken::quant::{dequantize_row, GgmlType};
+use nexttoken::synthetic::{self, Spec};
+use nexttoken::tensor_names::{self as names, block};
+use nexttoken::LanguageModel;
+
+fn specs() -> Vec<Spec> {
+    let llama = Spec {
+        n_head_kv: 1,
+        head_dim: 24,
+        rope_dims: 16,
+        rope_freqs: Some(vec![1.0, 1.5, 2.0, 4.0, 8.0, 8.0, 16.0, 32.0]),
+        rope_theta: 50000.0,
+        norm_eps: 1e-6,
+        weight_type: GgmlType::Q8_0,
+        type_overrides: vec![
+            (block(0, names::FFN_DOWN), GgmlType::F16),
+            (block(1, names::ATTN_V), GgmlType::Q4_0),
+            // Rows of 80 are not whole super-blocks: written F16 instead.
+            (names::OUTPUT.into(), GgmlType::Q6_K),
+        ],
+        bos: 3,
+        eos: 4,
+        seed: 5,
+        ..Spec::new(Arch::Llama, 40, 80, 2, 5, 96, 64)
+    };
+    let qwen2 = Spec {
+        n_head_kv: 2,
+        tied: true,
+        weight_type: GgmlType::Q4_K,
+        type_overrides: vec![(block(0, names::ATTN_Q), GgmlType::Q6_K)],
+        seed: 6,
+        ..Spec::new(Arch::Qwen2, 30, 256, 2, 4, 512, 48)
+    };
+    let gpt2 = Spec {
+        weight_type: GgmlType::BF16,
+        type_overrides: vec![(block(1, names::ATTN_QKV), GgmlType::Q4_0)],
+        seed: 7,
+        ..Spec::new(Arch::Gpt2, 50, 64, 3, 2, 128, 20)
+    };
+    vec![llama, qwen2, gpt2]
+}
+
+/// The type the writer promises for matrix `name` of `spec` (the override, or the whole-blocks
+/// fallback F16 when the rows are not whole blocks).
+fn expected_type(spec: &Spec, name: &str, cols: usize) -> GgmlType {
+    let ty = spec.type_overrides.iter().find(|(n, _)| n == name).map_or(spec.weight_type, |o| o.1);
+    if cols.is_multiple_of(ty.block_size()) {
+        ty
+    } else {
+        GgmlType::F16
+    }
+}
+
+#[test]
+fn written_models_load_with_the_described_shapes() {
+    for spec in specs() {
+        let what = spec.arch.gguf_name();
+        let m = Model::from_bytes(synthetic::write(&spec).unwrap())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let c = &m.config;
+        assert_eq!(c.arch, spec.arch);
+        assert_eq!(
+            (c.n_vocab, c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_ctx),
+            (
+                spec.n_vocab,
+                spec.n_embd,
+                spec.n_layer,
+                spec.n_head,
+                spec.n_head_kv,
+                spec.head_dim,
+                spec.n_ff,
+                spec.n_ctx
+            ),
+            "{what}"
+        );
+        assert_eq!(c.norm_eps, spec.norm_eps, "{what}");
+        assert_eq!((c.bos_token, c.eos_tokens.clone()), (Some(spec.bos), vec![spec.eos]));
+        if spec.arch == Arch::Gpt2 {
+            assert_eq!(c.rope, RopeStyle::None);
+        } else {
+            assert_eq!((c.rope_theta, c.rope_dims), (spec.rope_theta, spec.rope_dims), "{what}");
+        }
+
+        // Every tensor in the file, by its role, in the type asked for.
+        let w = &m.weights;
+        let (e, q, kv) = (spec.n_embd, spec.q_dim(), spec.kv_dim());
+        for t in &m.tensors {
+            let vector = t.rows == 1 && !t.name.ends_with("token_embd.weight");
+            let want = if vector { GgmlType::F32 } else { expected_type(&spec, &t.name, t.cols) };
+            assert_eq!(t.ty, want, "{what}: {}", t.name);
+        }
+        assert_eq!(w.output.name, if spec.tied { names::TOKEN_EMBD } else { names::OUTPUT });
+        assert_eq!(w.pos_embd.is_some(), spec.arch == Arch::Gpt2, "{what}");
+        assert_eq!(w.output_norm_b.is_some(), spec.arch == Arch::Gpt2, "{what}");
+        assert_eq!(w.rope_freqs.is_some(), spec.rope_freqs.is_some(), "{what}");
+        if let (Some(t), Some(want)) = (&w.rope_freqs, &spec.rope_freqs) {
+            let got: Vec<f32> =
+                m.bytes(t).chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(&got, want);
+        }
+        assert_eq!(w.layers.len(), spec.n_layer);
+        for (i, l) in w.layers.iter().enumerate() {
+            match spec.arch {
+                Arch::Gpt2 => {
+                    let qkv = l.wqkv.as_ref().expect("fused qkv");
+                    assert_eq!(
+                        (qkv.name.clone(), qkv.cols, qkv.rows),
+                        (block(i, names::ATTN_QKV), e, q + 2 * kv)
+                    );
+                    assert!(l.bqkv.is_some() && l.ffn_up_b.is_some() && l.ffn_gate.is_none());
+                    assert!(l.wq.is_none());
+                }
+                arch => {
+                    let wk = l.wk.as_ref().expect("separate k");
+                    assert_eq!((wk.cols, wk.rows), (e, kv));
+                    assert_eq!(l.wq.as_ref().unwrap().rows, q);
+                    assert_eq!(l.bq.is_some(), arch == Arch::Qwen2, "{what} layer {i}");
+                    assert!(l.ffn_gate.is_some() && l.wqkv.is_none());
+                }
+            }
+            assert_eq!((l.wo.cols, l.wo.rows), (q, e));
+        }
+
+        let model = CpuModel::new(m);
+        let prompt: Vec<u32> = (0..7).map(|i| (i * 11 % spec.n_vocab) as u32).collect();
+        let logits = model.forward(&mut model.new_state(), &prompt, true).unwrap();
+        assert_eq!(logits.len(), prompt.len() * spec.n_vocab);
+        assert!(logits.iter().all(|v| v.is_finite()), "{what}: non-finite logits");
+        assert!(logits.iter().any(|&v| v != logits[0]), "{what}: constant logits");
+    }
+}
+
+#[test]
+fn same_spec_same_bytes_and_the_seed_matters() {
+    let spec = &specs()[0];
+    let a = synthetic::write(spec).unwrap();
+    assert_eq!(a, synthetic::write(spec).unwrap());
+    assert_ne!(a, synthetic::write(&Spec { seed: 99, ..spec.clone() }).unwrap());
+}
+
+#[test]
+fn weights_have_the_documented_scale() {
+    // Matrices: mean 0, standard deviation 1/sqrt(row length), whatever the type.
+    for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let spec = Spec { weight_type: ty, ..Spec::new(Arch::Llama, 300, 256, 1, 4, 512, 16) };
+        let m = Model::from_bytes(synthetic::write(&spec).unwrap()).unwrap();
+        let t = &m.weights.layers[0].ffn_up;
+        let mut vals = vec![0f32; t.cols * t.rows];
+        for (r, out) in vals.chunks_mut(t.cols).enumerate() {
+            dequantize_row(t.ty, &m.bytes(t)[r * t.row_bytes()..(r + 1) * t.row_bytes()], out);
+        }
+        let n = vals.len() as f64;
+        let mean = vals.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let std = (vals.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let want = 1.0 / (t.cols as f64).sqrt();
+        assert!(mean.abs() < 0.1 * want, "{}: mean {mean}", ty.name());
+        assert!((std / want - 1.0).abs() < 0.25, "{}: std {std}, want {want}", ty.name());
+    }
+}
+
+#[test]
+fn bad_specs_are_refused() {
+    let ok = Spec::new(Arch::Llama, 40, 64, 1, 4, 96, 16);
+    for (bad, needle) in [
+        (Spec { n_head_kv: 3, ..ok.clone() }, "key/value heads"),
+        (Spec { n_layer: 0, ..ok.clone() }, "positive"),
+        (Spec { rope_dims: 18, ..ok.clone() }, "rope_dims"),
+        (Spec { rope_freqs: Some(vec![1.0; 3]), ..ok.clone() }, "rope_freqs"),
+        (Spec { eos: 40, ..ok.clone() }, "outside the vocabulary"),
+    ] {
+        let e = synthetic::write(&bad).unwrap_err().to_string();
+        assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+    }
+}

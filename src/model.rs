@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo, Value};
 use crate::quant::GgmlType;
+use crate::tensor_names as names;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -450,8 +451,8 @@ fn read_config(g: &Gguf) -> Result<Config> {
     let opt_f = |k: &str| g.get(&key(k)).and_then(Value::as_f64);
 
     let token_embd = g
-        .tensor("token_embd.weight")
-        .ok_or_else(|| Error::Model("missing tensor token_embd.weight".into()))?;
+        .tensor(names::TOKEN_EMBD)
+        .ok_or_else(|| Error::Model(format!("missing tensor {}", names::TOKEN_EMBD)))?;
     let n_embd = req("embedding_length")?;
     let n_vocab = token_embd.rows();
     let n_head = req("attention.head_count")?;
@@ -562,34 +563,38 @@ fn read_weights(g: &Gguf, c: &Config) -> Result<(Weights, Option<Tensor>)> {
         vector(name, n)?.ok_or_else(|| Error::Model(format!("missing tensor {name}")))
     };
 
-    let linear = |name: &str, cols: usize, rows: usize, bias: Option<Tensor>| -> Result<Linear> {
-        Ok(Linear { weight: req(&format!("{name}.weight"), cols, rows)?, bias })
-    };
     let (e, q, kv, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
     // LayerNorm models (gpt2) have biases on their norms and projections.
     let biased = c.norm == Norm::Layer;
     let mut layers = Vec::with_capacity(c.n_layer);
     for i in 0..c.n_layer {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        let bias = |s: &str, len: usize| if biased { vector(&n(s), len) } else { Ok(None) };
-        let norm = |s: &str| -> Result<NormWeights> {
-            Ok(NormWeights {
-                weight: req_vector(&n(&format!("{s}.weight")), e)?,
-                bias: bias(&format!("{s}.bias"), e)?,
-            })
+        let n = |name: &str| names::block(i, name);
+        let bias = |name: &str, len: usize| if biased { vector(&n(name), len) } else { Ok(None) };
+        let linear = |w: &str, b: Option<&str>, cols: usize, rows: usize| -> Result<Linear> {
+            let bias = match b {
+                Some(b) => bias(b, rows)?,
+                None => None,
+            };
+            Ok(Linear { weight: req(&n(w), cols, rows)?, bias })
         };
-        let qkv = match get(&n("attn_qkv.weight"), e, q + 2 * kv)? {
+        let norm = |w: &str, b: &str| -> Result<NormWeights> {
+            Ok(NormWeights { weight: req_vector(&n(w), e)?, bias: bias(b, e)? })
+        };
+        let qkv = match get(&n(names::ATTN_QKV), e, q + 2 * kv)? {
             Some(weight) => {
-                Qkv::Fused(Linear { weight, bias: vector(&n("attn_qkv.bias"), q + 2 * kv)? })
+                let bias = vector(&n(names::ATTN_QKV_BIAS), q + 2 * kv)?;
+                Qkv::Fused(Linear { weight, bias })
             }
             None => {
-                let proj = |s: &str, rows: usize| -> Result<Linear> {
-                    let weight = get(&n(&format!("{s}.weight")), e, rows)?.ok_or_else(|| {
+                // Biases are optional here for every architecture (qwen2 requires them).
+                let proj = |w: &str, b: &str, rows: usize| -> Result<Linear> {
+                    let weight = get(&n(w), e, rows)?.ok_or_else(|| {
                         Error::Model(format!(
-                            "layer {i}: missing tensor blk.{i}.{s}.weight (and no fused attn_qkv)"
+                            "layer {i}: missing tensor {} (and no fused attn_qkv)",
+                            n(w)
                         ))
                     })?;
-                    let bias = vector(&n(&format!("{s}.bias")), rows)?;
+                    let bias = vector(&n(b), rows)?;
                     if c.arch == Arch::Qwen2 && bias.is_none() {
                         return Err(Error::Model(format!(
                             "qwen2 layer {i} is missing its q/k/v biases"
@@ -598,49 +603,48 @@ fn read_weights(g: &Gguf, c: &Config) -> Result<(Weights, Option<Tensor>)> {
                     Ok(Linear { weight, bias })
                 };
                 Qkv::Separate {
-                    q: proj("attn_q", q)?,
-                    k: proj("attn_k", kv)?,
-                    v: proj("attn_v", kv)?,
+                    q: proj(names::ATTN_Q, names::ATTN_Q_BIAS, q)?,
+                    k: proj(names::ATTN_K, names::ATTN_K_BIAS, kv)?,
+                    v: proj(names::ATTN_V, names::ATTN_V_BIAS, kv)?,
                 }
             }
         };
-        let up = || linear(&n("ffn_up"), e, ff, bias("ffn_up.bias", ff)?);
-        let down = || linear(&n("ffn_down"), ff, e, bias("ffn_down.bias", e)?);
+        let up = || linear(names::FFN_UP, Some(names::FFN_UP_BIAS), e, ff);
+        let down = || linear(names::FFN_DOWN, Some(names::FFN_DOWN_BIAS), ff, e);
         let ffn = match c.mlp {
-            Mlp::GatedSilu => Ffn::GatedSilu {
-                gate: linear(&n("ffn_gate"), e, ff, None)?,
-                up: up()?,
-                down: down()?,
-            },
+            Mlp::GatedSilu => {
+                let gate = linear(names::FFN_GATE, None, e, ff)?;
+                Ffn::GatedSilu { gate, up: up()?, down: down()? }
+            }
             Mlp::Gelu => Ffn::Gelu { up: up()?, down: down()? },
         };
         layers.push(LayerWeights {
-            attn_norm: norm("attn_norm")?,
+            attn_norm: norm(names::ATTN_NORM, names::ATTN_NORM_BIAS)?,
             qkv,
-            attn_output: linear(&n("attn_output"), q, e, bias("attn_output.bias", e)?)?,
-            ffn_norm: norm("ffn_norm")?,
+            attn_output: linear(names::ATTN_OUTPUT, Some(names::ATTN_OUTPUT_BIAS), q, e)?,
+            ffn_norm: norm(names::FFN_NORM, names::FFN_NORM_BIAS)?,
             ffn,
         });
     }
 
-    let token_embd = req("token_embd.weight", e, c.n_vocab)?;
-    let output = get("output.weight", e, c.n_vocab)?.unwrap_or_else(|| token_embd.clone());
+    let token_embd = req(names::TOKEN_EMBD, e, c.n_vocab)?;
+    let output = get(names::OUTPUT, e, c.n_vocab)?.unwrap_or_else(|| token_embd.clone());
     let learned_positions = c.rope == RopeStyle::None;
     let weights = Weights {
         pos_embd: if learned_positions {
-            Some(req("position_embd.weight", e, c.n_ctx)?)
+            Some(req(names::POSITION_EMBD, e, c.n_ctx)?)
         } else {
             None
         },
         token_embd,
         layers,
         output_norm: NormWeights {
-            weight: req_vector("output_norm.weight", e)?,
-            bias: if biased { vector("output_norm.bias", e)? } else { None },
+            weight: req_vector(names::OUTPUT_NORM, e)?,
+            bias: if biased { vector(names::OUTPUT_NORM_BIAS, e)? } else { None },
         },
         output,
     };
-    Ok((weights, vector("rope_freqs.weight", c.rope_dims / 2)?))
+    Ok((weights, vector(names::ROPE_FREQS, c.rope_dims / 2)?))
 }
 
 /// RoPE's inverse frequencies: theta^(-2i/d), divided by Llama 3's per-pair factors

@@ -5,7 +5,7 @@
 //! (The numbers' correctness is checked elsewhere, against transformers fixtures.)
 
 use nexttoken::cpu::CpuModel;
-use nexttoken::model::{Arch, Model, RopeStyle};
+use nexttoken::model::{Arch, Ffn, Model, Qkv, RopeStyle};
 use nexttoken::quant::{dequantize_row, GgmlType};
 use nexttoken::synthetic::{self, Spec};
 use nexttoken::tensor_names::{self as names, block};
@@ -99,34 +99,36 @@ fn written_models_load_with_the_described_shapes() {
         }
         assert_eq!(w.output.name, if spec.tied { names::TOKEN_EMBD } else { names::OUTPUT });
         assert_eq!(w.pos_embd.is_some(), spec.arch == Arch::Gpt2, "{what}");
-        assert_eq!(w.output_norm_b.is_some(), spec.arch == Arch::Gpt2, "{what}");
-        assert_eq!(w.rope_freqs.is_some(), spec.rope_freqs.is_some(), "{what}");
-        if let (Some(t), Some(want)) = (&w.rope_freqs, &spec.rope_freqs) {
+        assert_eq!(w.output_norm.bias.is_some(), spec.arch == Arch::Gpt2, "{what}");
+        let rope_freqs = m.tensors.iter().find(|t| t.name == names::ROPE_FREQS);
+        assert_eq!(rope_freqs.is_some(), spec.rope_freqs.is_some(), "{what}");
+        if let (Some(t), Some(want)) = (rope_freqs, &spec.rope_freqs) {
             let got: Vec<f32> =
                 m.bytes(t).chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
             assert_eq!(&got, want);
         }
         assert_eq!(w.layers.len(), spec.n_layer);
         for (i, l) in w.layers.iter().enumerate() {
-            match spec.arch {
-                Arch::Gpt2 => {
-                    let qkv = l.wqkv.as_ref().expect("fused qkv");
+            match (spec.arch, &l.qkv, &l.ffn) {
+                (Arch::Gpt2, Qkv::Fused(qkv), Ffn::Gelu { up, .. }) => {
+                    let t = &qkv.weight;
                     assert_eq!(
-                        (qkv.name.clone(), qkv.cols, qkv.rows),
+                        (t.name.clone(), t.cols, t.rows),
                         (block(i, names::ATTN_QKV), e, q + 2 * kv)
                     );
-                    assert!(l.bqkv.is_some() && l.ffn_up_b.is_some() && l.ffn_gate.is_none());
-                    assert!(l.wq.is_none());
+                    assert!(qkv.bias.is_some() && up.bias.is_some());
                 }
-                arch => {
-                    let wk = l.wk.as_ref().expect("separate k");
-                    assert_eq!((wk.cols, wk.rows), (e, kv));
-                    assert_eq!(l.wq.as_ref().unwrap().rows, q);
-                    assert_eq!(l.bq.is_some(), arch == Arch::Qwen2, "{what} layer {i}");
-                    assert!(l.ffn_gate.is_some() && l.wqkv.is_none());
+                (arch, Qkv::Separate { q: wq, k: wk, .. }, Ffn::GatedSilu { .. })
+                    if arch != Arch::Gpt2 =>
+                {
+                    assert_eq!((wk.weight.cols, wk.weight.rows), (e, kv));
+                    assert_eq!(wq.weight.rows, q);
+                    assert_eq!(wq.bias.is_some(), arch == Arch::Qwen2, "{what} layer {i}");
                 }
+                _ => panic!("{what} layer {i}: wrong q/k/v or feed-forward layout"),
             }
-            assert_eq!((l.wo.cols, l.wo.rows), (q, e));
+            let wo = &l.attn_output.weight;
+            assert_eq!((wo.cols, wo.rows), (q, e));
         }
 
         let model = CpuModel::new(m);
@@ -152,7 +154,7 @@ fn weights_have_the_documented_scale() {
     for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let spec = Spec { weight_type: ty, ..Spec::new(Arch::Llama, 300, 256, 1, 4, 512, 16) };
         let m = Model::from_bytes(synthetic::write(&spec).unwrap()).unwrap();
-        let t = &m.weights.layers[0].ffn_up;
+        let t = m.tensors.iter().find(|t| t.name == block(0, names::FFN_UP)).unwrap();
         let mut vals = vec![0f32; t.cols * t.rows];
         for (r, out) in vals.chunks_mut(t.cols).enumerate() {
             dequantize_row(t.ty, &m.bytes(t)[r * t.row_bytes()..(r + 1) * t.row_bytes()], out);

@@ -11,6 +11,7 @@ use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEA
 use super::ops::{self, floats, GpuTensor, Out, RopeMode, RopeOut};
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
+pub use crate::lm::TopK;
 use crate::model::{Arch, Model, RopeStyle, Tensor};
 use crate::quant::dequantize_row;
 
@@ -95,16 +96,6 @@ pub struct GpuStats {
     pub param_bytes_written: u64,
     /// Whether the KV cache is f16.
     pub f16_kv: bool,
-}
-
-/// The k most likely next tokens, with the log-sum-exp of all the logits: the probability of
-/// `ids[i]` under the full softmax is `exp(logits[i] - logsumexp)`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TopK {
-    /// Best first; ties broken by smaller id.
-    pub ids: Vec<u32>,
-    pub logits: Vec<f32>,
-    pub logsumexp: f32,
 }
 
 /// Buffers made on the first forward (sized by the final `max_seq`) and the per-step machinery.

@@ -450,10 +450,11 @@ async function runConfig(mode) {
         assertEq(r.gpu.score.backend, "webgpu", "score computed by");
         assertEq(r.gpu.summary.backend, "webgpu", "beam search computed by");
         assertEq(r.cpu.score.backend, "cpu", "CPU score computed by");
-        const close = (a, b, what) => assert(Math.abs(a - b) < 2e-3, `${what}: webgpu ${a} vs cpu ${b}`);
+        // Natively (lavapipe, f16 KV cache) the two differ by about 4e-4 nats per token.
+        const close = (a, b, what, tolerance = 5e-3) => assert(Math.abs(a - b) < tolerance, `${what}: webgpu ${a} vs cpu ${b}`);
         assertEq(r.gpu.score.tokens.length, r.cpu.score.tokens.length, "scored tokens");
         r.gpu.score.tokens.forEach((t, i) => close(t.logprob, r.cpu.score.tokens[i].logprob, `score token ${i}`));
-        close(r.gpu.score.logprob, r.cpu.score.logprob, "total log P");
+        close(r.gpu.score.logprob, r.cpu.score.logprob, "total log P", 2e-2);
         assertEq(JSON.stringify(r.gpu.tokens.map((t) => t.id)), JSON.stringify(r.cpu.tokens.map((t) => t.id)), "best beam");
         r.gpu.tokens.forEach((t, i) => close(t.logprob, r.cpu.tokens[i].logprob, `beam token ${i}`));
         assertEq(r.gpu.summary.text, r.cpu.summary.text, "beam text");

@@ -1,8 +1,12 @@
-//! nexttoken: autoregressive text generation with GGUF models, on a CPU reference path and (later)
-//! WebGPU. Read in this order: `gguf` (the file), `quant` (tensor types), `model` (the
-//! description: config + weights), `cpu` (the forward pass), `sampling`, `generate` (the loop,
-//! beam search, scoring), `table` (the lesson models), `tokenizer`.
+//! nexttoken: autoregressive text generation with GGUF models, on a CPU path (an exact reference
+//! and fast int8 kernels) and on the GPU through wgpu (WebGPU in the browser, Vulkan/Metal/DX12
+//! natively). Read in this order: `gguf` (the file), `quant` (tensor types), `model` (the
+//! description: config + weights), `cpu` (the forward pass), `gpu` (the same on the GPU), `lm`
+//! (the interface every model implements), `sampling`, `generate` (the loop, beam search,
+//! scoring), `table` (the lesson models), `tokenizer`. `backend` and `timing` hold what the front
+//! ends share: the command line (`main.rs`, `cli/`) and the browser API (`web/`).
 
+pub mod backend;
 pub mod cpu;
 pub mod error;
 pub mod generate;
@@ -15,6 +19,7 @@ pub mod sampling;
 pub mod synthetic;
 pub mod table;
 pub mod tensor_names;
+pub mod timing;
 pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]
 pub mod web;

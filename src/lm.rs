@@ -3,6 +3,7 @@
 //! a lesson's table model both implement it, so the same loop runs them all.
 
 use crate::error::Result;
+use crate::sampling::{logsumexp, top_n};
 
 /// A model of P(x_t | x_<t): given the tokens so far (held in `State`), the logits of the next.
 ///
@@ -35,6 +36,37 @@ pub trait LanguageModel {
         tokens: &[u32],
         all_logits: bool,
     ) -> Result<Vec<f32>>;
+
+    /// Append `tokens` like [`forward`](LanguageModel::forward) and return only the `k` most
+    /// likely next tokens and the log-sum-exp of all the logits: all that beam search needs.
+    /// This default reads the whole logits row; a backend that can rank on its own device (the
+    /// GPU's top-k kernel) overrides it so only the k pairs come back.
+    fn forward_top(&self, state: &mut Self::State, tokens: &[u32], k: usize) -> Result<TopK> {
+        Ok(TopK::from_logits(&self.forward(state, tokens, false)?, k))
+    }
+}
+
+/// The k most likely next tokens, with the log-sum-exp of all the logits: the probability of
+/// `ids[i]` under the full softmax is `exp(logits[i] - logsumexp)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopK {
+    /// Best first; ties broken by smaller id.
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub logsumexp: f32,
+}
+
+impl TopK {
+    /// The `k` best of one row of logits (fewer when the row is shorter; NaNs never ranked).
+    pub fn from_logits(logits: &[f32], k: usize) -> TopK {
+        let (ids, top_logits) = top_n(logits, k).into_iter().unzip();
+        TopK { ids, logits: top_logits, logsumexp: logsumexp(logits) as f32 }
+    }
+
+    /// ln P(`ids[i]`) under the full softmax.
+    pub fn logprob(&self, i: usize) -> f64 {
+        self.logits[i] as f64 - self.logsumexp as f64
+    }
 }
 
 /// Turns text into token ids and back. Tokenizer-backed for transformers, word lists for tables.

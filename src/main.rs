@@ -4,16 +4,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-mod bench;
-#[path = "cli/synth.rs"]
-mod synth;
+mod cli;
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
+use cli::{bench, synth};
+use nexttoken::backend::{self, BackendChoice, BackendRequest};
 use nexttoken::cpu::{kernels::Isa, CpuModel, Precision};
-use nexttoken::generate::{self, BeamOptions, GenerateOptions, Generation};
-use nexttoken::gpu::{GpuContext, GpuModel};
+use nexttoken::generate::{self, prompt_ids, BeamOptions, GenerateOptions, Generation};
+use nexttoken::gpu::GpuModel;
 use nexttoken::model::{Model, Storage};
 use nexttoken::sampling::SamplerConfig;
 use nexttoken::table::TableModel;
@@ -117,26 +117,26 @@ struct GenerateArgs {
     model: ModelArgs,
     #[arg(long, default_value = "")]
     prompt: String,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = GenerateOptions::default().max_tokens)]
     max_tokens: usize,
     /// 0 means greedy (always the most likely token).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().temperature)]
     temperature: f32,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = SamplerConfig::default().top_k)]
     top_k: usize,
     /// Keep the smallest set of tokens whose probabilities sum to P (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().top_p)]
     top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().min_p)]
     min_p: f32,
     /// Penalise tokens seen in the last --repeat-window tokens (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_penalty)]
     repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_window)]
     repeat_window: usize,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = SamplerConfig::default().seed)]
     seed: u64,
     /// Beam search with this many beams (1 = off); the best beam is printed.
     #[arg(long, default_value_t = 1)]
@@ -215,36 +215,15 @@ fn with_model(
             (Model::open(path)?, HfTokenizer::from_file(&tokenizer_path)?)
         }
     };
-    let gpu = match args.backend.as_str() {
-        "cpu" => None,
-        "gpu" => Some(GpuContext::new()?),
-        _ => match GpuContext::new() {
-            // A software rasteriser (lavapipe, SwiftShader) is slower than the CPU path.
-            Ok(ctx) if ctx.info.device_type == wgpu::DeviceType::Cpu => {
-                eprintln!(
-                    "backend: cpu (the only adapter is software: {}; --backend gpu forces it)",
-                    ctx.describe()
-                );
-                None
-            }
-            Ok(ctx) => Some(ctx),
-            Err(e) => {
-                eprintln!("backend: cpu ({e})");
-                None
-            }
-        },
-    };
-    match gpu {
-        Some(ctx) => {
-            eprintln!("backend: gpu, {}", ctx.describe());
-            let model =
-                pollster::block_on(GpuModel::with_context(ctx, model))?.with_max_seq(args.context);
+    let choice = backend::choose_native(args.backend.parse::<BackendRequest>()?)?;
+    eprintln!("backend: {}", choice.reason());
+    match choice {
+        BackendChoice::Gpu { context, .. } => {
+            let model = pollster::block_on(GpuModel::with_context(context, model))?
+                .with_max_seq(args.context);
             f(&model, &tokenizer)
         }
-        None => {
-            if args.backend == "cpu" {
-                eprintln!("backend: cpu");
-            }
+        BackendChoice::Cpu { .. } => {
             let cpu = if args.exact {
                 CpuModel::new(model)
             } else {
@@ -311,18 +290,6 @@ fn run_score(model: &dyn DynModel, vocab: &dyn Vocab, args: &ScoreArgs) -> Resul
     model.score(vocab, args)
 }
 
-/// BOS (when the model wants one) followed by the text's tokens.
-fn prompt_ids<M: LanguageModel>(model: &M, vocab: &dyn Vocab, text: &str) -> Result<Vec<u32>> {
-    let mut ids: Vec<u32> = model.bos_token().into_iter().collect();
-    ids.extend(vocab.encode(text)?);
-    if ids.is_empty() {
-        return Err(Error::Input(
-            "the prompt is empty and the model has no BOS token to start from".into(),
-        ));
-    }
-    Ok(ids)
-}
-
 fn top_json(vocab: &dyn Vocab, top: &[(u32, f32)]) -> serde_json::Value {
     top.iter().map(|&(id, p)| json!({"id": id, "token": vocab.token_text(id), "prob": p})).collect()
 }
@@ -332,7 +299,7 @@ fn generate_with<M: LanguageModel>(
     vocab: &dyn Vocab,
     args: &GenerateArgs,
 ) -> Result<()> {
-    let ids = prompt_ids(model, vocab, &args.prompt)?;
+    let ids = prompt_ids(model.bos_token(), vocab, &args.prompt)?;
     let mut out = std::io::stdout().lock();
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
 
@@ -392,8 +359,8 @@ fn generate_with<M: LanguageModel>(
         let summary = json!({
             "prompt_tokens": s.prompt_tokens,
             "generated_tokens": s.generated_tokens,
-            "prefill_tok_s": per_second(s.prompt_tokens, s.prefill_ms),
-            "decode_tok_s": per_second(s.generated_tokens.saturating_sub(1), s.decode_ms),
+            "prefill_tok_s": s.prefill_tokens_per_second(),
+            "decode_tok_s": s.decode_tokens_per_second(),
             "ttft_ms": s.ttft_ms,
             "stop_reason": format!("{:?}", s.stop_reason),
             "text": s.text,
@@ -405,8 +372,8 @@ fn generate_with<M: LanguageModel>(
             "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s",
             s.prompt_tokens,
             s.generated_tokens,
-            per_second(s.prompt_tokens, s.prefill_ms),
-            per_second(s.generated_tokens.saturating_sub(1), s.decode_ms),
+            s.prefill_tokens_per_second(),
+            s.decode_tokens_per_second(),
         );
     }
     Ok(())
@@ -420,21 +387,8 @@ fn continuation(vocab: &dyn Vocab, prompt: &[u32], generated: &[u32]) -> String 
     full.strip_prefix(&head).map(str::to_owned).unwrap_or_else(|| vocab.decode(generated))
 }
 
-fn per_second(tokens: usize, ms: f64) -> f64 {
-    if ms > 0.0 {
-        tokens as f64 * 1000.0 / ms
-    } else {
-        0.0
-    }
-}
-
 fn score_with<M: LanguageModel>(model: &M, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
-    let ids = prompt_ids(model, vocab, &args.text)?;
-    if ids.len() < 2 {
-        return Err(Error::Input(
-            "the text needs at least one token after the first to score".into(),
-        ));
-    }
+    let ids = prompt_ids(model.bos_token(), vocab, &args.text)?;
     let score = generate::score(model, &ids)?;
     let tokens: Vec<_> = ids[1..]
         .iter()

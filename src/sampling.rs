@@ -107,7 +107,7 @@ pub struct Pick {
 }
 
 /// How many alternatives a [`Pick`] shows.
-const TOP_SHOWN: usize = 5;
+pub const TOP_SHOWN: usize = 5;
 
 /// A nucleus that reaches `top_p` up to float rounding counts as reaching it: probabilities of
 /// 0.5 and 0.3 should make a 0.8 nucleus even though softmax returns 0.79999995 for their sum.

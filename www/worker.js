@@ -154,7 +154,7 @@ async function generate({ id, prompt, options = {} }) {
 async function score({ id, text }) {
   try {
     if (!engine) throw new Error("no model is loaded");
-    post({ type: "result", id, value: engine.score(text) });
+    post({ type: "result", id, value: await engine.score(text) });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   }

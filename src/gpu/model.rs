@@ -14,6 +14,7 @@ use super::ops::{
 };
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
+pub use crate::lm::TopK;
 use crate::model::{Ffn, Linear, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
 
 /// Most tokens one pass over the layers handles (longer prompts run in several, in one submission).
@@ -80,16 +81,6 @@ pub struct GpuStats {
     pub param_bytes_written: u64,
     /// Whether the KV cache is f16.
     pub f16_kv: bool,
-}
-
-/// The k most likely next tokens, with the log-sum-exp of all the logits: the probability of
-/// `ids[i]` under the full softmax is `exp(logits[i] - logsumexp)`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TopK {
-    /// Best first; ties broken by smaller id.
-    pub ids: Vec<u32>,
-    pub logits: Vec<f32>,
-    pub logsumexp: f32,
 }
 
 /// Buffers made on the first forward (sized by the final `max_seq`) and the per-step machinery.

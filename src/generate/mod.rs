@@ -3,15 +3,24 @@
 //! rather than sample one) and scoring (the chain rule: P(sequence) = Π P(token | prefix),
 //! computed as a sum of logs).
 //!
-//! [`Generation`] is the loop unrolled into steps, so a browser worker can pull one token at a
-//! time; [`generate`] drives it with a callback for native code and tests.
+//! Each is unrolled into forward passes that the caller runs, so a model whose forward pass must
+//! be awaited (WebGPU in the browser) drives them as well as a blocking one: [`Generation`] (one
+//! token per step; [`generate`] drives it with a callback), [`BeamSearch`] ([`beam_search`]) and
+//! [`Scoring`] ([`score`]).
 
 use std::borrow::Borrow;
 use std::marker::PhantomData;
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Vocab};
-use crate::sampling::{log_softmax_at, logsumexp, top_n, Pick, Sampler, SamplerConfig};
+use crate::sampling::{Pick, Sampler, SamplerConfig};
+
+pub mod beam;
+pub mod score;
+
+pub use crate::timing::{default_clock, per_second, Clock};
+pub use beam::{beam_search, replay, Beam, BeamOptions, BeamReplay, BeamSearch, BeamToken};
+pub use score::{score, Score, Scoring};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -81,30 +90,38 @@ pub struct GenerationSummary {
     pub ttft_ms: f64,
 }
 
-/// Milliseconds since some fixed origin. A plain `fn` so wasm can pass one that reads
-/// `performance.now()`.
-pub type Clock = fn() -> f64;
+impl GenerationSummary {
+    /// Prompt tokens per second of prefill.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        per_second(self.prompt_tokens, self.prefill_ms)
+    }
 
-/// `Instant`-based natively. wasm has no `Instant`, so there this reads 0: timings stay 0 unless
-/// the caller supplies a clock with [`Generation::with_clock`].
-pub fn default_clock() -> f64 {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        use std::time::Instant;
-        static ORIGIN: OnceLock<Instant> = OnceLock::new();
-        ORIGIN.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
+    /// Tokens per second after the first (whose time is the prefill's and the first sample's).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        per_second(self.generated_tokens.saturating_sub(1), self.decode_ms)
     }
-    #[cfg(target_arch = "wasm32")]
-    {
-        0.0
+}
+
+/// The ids a prompt starts generation from: BOS (when the model wants one, `bos`) followed by
+/// the text's tokens.
+pub fn prompt_ids(bos: Option<u32>, vocab: &dyn Vocab, text: &str) -> Result<Vec<u32>> {
+    let mut ids: Vec<u32> = bos.into_iter().collect();
+    ids.extend(vocab.encode(text)?);
+    if ids.is_empty() {
+        return Err(Error::Input(
+            "the prompt is empty and the model has no BOS token to start from".into(),
+        ));
     }
+    Ok(ids)
 }
 
 /// Prompt tokens decoded in front of the generated ones. Tokenizers drop the leading space of
 /// the first token they decode; with a bit of prompt in front, the first generated word keeps
 /// its space (" cat", not "cat") and can be appended to the prompt as is.
-const ANCHOR_TOKENS: usize = 4;
+pub(crate) const ANCHOR_TOKENS: usize = 4;
+
+/// What a [`Generation`] borrows for `'m` and is generic over, without holding either.
+type Borrows<'m, M> = PhantomData<(&'m (), fn() -> M)>;
 
 /// A generation in progress. Each [`step`](Generation::step) yields one token.
 ///
@@ -114,7 +131,7 @@ const ANCHOR_TOKENS: usize = 4;
 pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
     model: R,
     vocab: V,
-    _borrows: PhantomData<(&'m (), fn() -> M)>,
+    _borrows: Borrows<'m, M>,
     opts: GenerateOptions,
     sampler: Sampler,
     state: M::State,
@@ -333,13 +350,7 @@ where
     /// Decode of everything generated so far, as a whole (so multi-byte characters split over
     /// tokens come out right), without the prompt.
     fn generated_text(&self) -> String {
-        let full = Borrow::<dyn Vocab + 'm>::borrow(&self.vocab).decode(&self.decode_ids);
-        match full.strip_prefix(self.anchor_text.as_str()) {
-            Some(generated) => generated.to_string(),
-            // The prompt's last tokens merged with the first generated ones: decode them alone.
-            None => Borrow::<dyn Vocab + 'm>::borrow(&self.vocab)
-                .decode(&self.decode_ids[self.anchor_len..]),
-        }
+        text_after_anchor(self.vocab(), &self.decode_ids, self.anchor_len, &self.anchor_text)
     }
 
     /// Stop now; later steps return `None`. (No-op if already stopped.)
@@ -394,6 +405,22 @@ where
             decode_ms: self.decode_ms,
             ttft_ms: self.ttft_ms.unwrap_or(0.0),
         })
+    }
+}
+
+/// The text of `anchored` (an anchor of `anchor_len` prompt tokens, whose text is `anchor_text`,
+/// then generated tokens) after the anchor.
+fn text_after_anchor(
+    vocab: &dyn Vocab,
+    anchored: &[u32],
+    anchor_len: usize,
+    anchor_text: &str,
+) -> String {
+    let full = vocab.decode(anchored);
+    match full.strip_prefix(anchor_text) {
+        Some(generated) => generated.to_string(),
+        // The prompt's last tokens merged with the first generated ones: decode them alone.
+        None => vocab.decode(&anchored[anchor_len..]),
     }
 }
 
@@ -468,209 +495,4 @@ pub fn generate<M: LanguageModel>(
         }
     }
     Ok(generation.summary().expect("the loop ends only once generation has stopped"))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Beam search
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct BeamOptions {
-    /// Hypotheses kept at each step. 1 is greedy decoding.
-    pub beams: usize,
-    /// Most tokens per hypothesis (the end token included).
-    pub max_tokens: usize,
-    /// Rank by log P / length instead of log P, so that long hypotheses (more factors below 1)
-    /// are not penalised just for being long.
-    pub length_normalise: bool,
-}
-
-/// The exponent α in score = log P / length^α; 1 is the plain per-token average.
-const LENGTH_ALPHA: f64 = 1.0;
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Beam {
-    /// Generated ids, without the end token.
-    pub ids: Vec<u32>,
-    /// ln P(ids, then the end token if finished | prompt).
-    pub logprob: f64,
-    /// What beams are ranked by: `logprob`, or `logprob / length^α` with length normalisation
-    /// (length counting the end token).
-    pub score: f64,
-    /// Ended with an end token (rather than at `max_tokens` or the context's end).
-    pub finished: bool,
-}
-
-impl Beam {
-    pub fn probability(&self) -> f64 {
-        self.logprob.exp()
-    }
-}
-
-/// A live hypothesis: a beam plus the model state to extend it from.
-struct Hypothesis<S> {
-    ids: Vec<u32>,
-    logprob: f64,
-    state: S,
-    logits: Vec<f32>,
-}
-
-/// Search for the most probable continuations of the prompt. At each step every live hypothesis
-/// is extended by its `beams` most probable next tokens, and the best `beams` of all those
-/// candidates survive; those ending in an end token are set aside as finished. Returns up to
-/// `beams` hypotheses, finished or not, best score first.
-pub fn beam_search<M: LanguageModel>(
-    model: &M,
-    prompt_ids: &[u32],
-    opts: BeamOptions,
-) -> Result<Vec<Beam>> {
-    check_prompt(model, prompt_ids)?;
-    if opts.beams == 0 {
-        return Err(Error::Input("beam search needs at least one beam".into()));
-    }
-    let score = |logprob: f64, len: usize| {
-        if opts.length_normalise && len > 0 {
-            logprob / (len as f64).powf(LENGTH_ALPHA)
-        } else {
-            logprob
-        }
-    };
-    let eos = model.eos_tokens();
-    let context = model.context_length();
-
-    let mut state = model.new_state();
-    let logits = model.forward(&mut state, prompt_ids, false)?;
-    let mut live = vec![Hypothesis { ids: Vec::new(), logprob: 0.0, state, logits }];
-    let mut done: Vec<Beam> = Vec::new();
-
-    for step in 0..opts.max_tokens {
-        // Every live hypothesis's best extensions: (which hypothesis, token, total log P).
-        let mut candidates: Vec<(usize, u32, f64)> = Vec::new();
-        for (h, hyp) in live.iter().enumerate() {
-            let lse = logsumexp(&hyp.logits);
-            for (id, logit) in top_n(&hyp.logits, opts.beams) {
-                if logit > f32::NEG_INFINITY {
-                    candidates.push((h, id, hyp.logprob + (logit as f64 - lse)));
-                }
-            }
-        }
-        candidates.sort_by(|a, b| b.2.total_cmp(&a.2));
-        candidates.truncate(opts.beams);
-
-        let mut next = Vec::with_capacity(candidates.len());
-        for (h, id, logprob) in candidates {
-            let parent = &live[h];
-            if eos.contains(&id) {
-                let len = parent.ids.len() + 1;
-                done.push(Beam {
-                    ids: parent.ids.clone(),
-                    logprob,
-                    score: score(logprob, len),
-                    finished: true,
-                });
-                continue;
-            }
-            let mut ids = parent.ids.clone();
-            ids.push(id);
-            let out_of_room =
-                model.position(&parent.state) + 1 >= context || step + 1 == opts.max_tokens;
-            if out_of_room {
-                // Nothing more will be generated: skip the forward pass that would predict it.
-                done.push(Beam { score: score(logprob, ids.len()), ids, logprob, finished: false });
-                continue;
-            }
-            let mut state = parent.state.clone(); // fork: the parent may have other children
-            let logits = model.forward(&mut state, &[id], false)?;
-            next.push(Hypothesis { ids, logprob, state, logits });
-        }
-        live = next;
-
-        if live.is_empty()
-            || (!opts.length_normalise && cannot_improve(&live, &mut done, opts.beams))
-        {
-            break;
-        }
-    }
-
-    // Hypotheses still alive when max_tokens or the context ran out.
-    for hyp in live {
-        done.push(Beam {
-            score: score(hyp.logprob, hyp.ids.len()),
-            ids: hyp.ids,
-            logprob: hyp.logprob,
-            finished: false,
-        });
-    }
-    done.sort_by(|a, b| b.score.total_cmp(&a.score));
-    done.truncate(opts.beams);
-    Ok(done)
-}
-
-/// Without length normalisation a hypothesis's log P only falls as it grows, so once `beams`
-/// finished ones all beat the best live one, nothing live can enter the result.
-fn cannot_improve<S>(live: &[Hypothesis<S>], done: &mut [Beam], beams: usize) -> bool {
-    if done.len() < beams {
-        return false;
-    }
-    done.sort_by(|a, b| b.score.total_cmp(&a.score));
-    let worst_kept = done[beams - 1].score;
-    live.iter().all(|hyp| hyp.logprob <= worst_kept)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Scoring
-
-/// How probable a sequence is under a model, token by token. Everything is in log space: a
-/// product of hundreds of probabilities underflows even f64, a sum of their logs does not.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Score {
-    /// ln P(token | prefix) for each scored token.
-    pub token_logprobs: Vec<f64>,
-    /// Their sum: ln P(sequence | its first token).
-    pub total_logprob: f64,
-    /// Average negative log-likelihood per token, in nats.
-    pub avg_nll: f64,
-    /// exp(avg_nll): the number of equally likely choices the model was, on average, torn
-    /// between. 1 is certainty.
-    pub perplexity: f64,
-}
-
-impl Score {
-    /// From per-token log-probabilities. An empty list scores 0 nats, perplexity 1.
-    pub fn from_logprobs(token_logprobs: Vec<f64>) -> Score {
-        let total_logprob: f64 = token_logprobs.iter().sum();
-        let n = token_logprobs.len();
-        let avg_nll = if n == 0 { 0.0 } else { -total_logprob / n as f64 };
-        Score { token_logprobs, total_logprob, avg_nll, perplexity: avg_nll.exp() }
-    }
-
-    /// From per-token probabilities (each is logged; they are never multiplied).
-    pub fn from_probs(probs: &[f64]) -> Score {
-        Score::from_logprobs(probs.iter().map(|p| p.ln()).collect())
-    }
-
-    /// P(sequence | its first token) = exp(total_logprob); 0 when that underflows.
-    pub fn probability(&self) -> f64 {
-        self.total_logprob.exp()
-    }
-}
-
-/// Score `ids` with one forward pass that returns logits at every position. `ids[0]` is the
-/// context start (usually BOS) and is not scored; each later token is scored given all before it.
-pub fn score<M: LanguageModel>(model: &M, ids: &[u32]) -> Result<Score> {
-    if ids.len() < 2 {
-        return Err(Error::Input(format!(
-            "scoring needs a first token and at least one token to score; got {} ids",
-            ids.len()
-        )));
-    }
-    let mut state = model.new_state();
-    let logits = model.forward(&mut state, ids, true)?;
-    let vocab = model.vocab_size();
-    // Row i predicts ids[i + 1].
-    let token_logprobs = ids[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, &id)| log_softmax_at(&logits[i * vocab..(i + 1) * vocab], id))
-        .collect();
-    Ok(Score::from_logprobs(token_logprobs))
 }

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use nexttoken::cpu::{CpuModel, Precision};
 use nexttoken::gpu::GpuModel;
 use nexttoken::model::Model;
+use nexttoken::timing::{default_clock, memcpy_bandwidth, per_second};
 use nexttoken::{LanguageModel, Result};
 
 pub struct BenchOptions {
@@ -52,45 +53,30 @@ fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
     let mut prefill = serde_json::Map::new();
     for &n in &o.prefill {
         let mut s = m.new_state();
-        let t = Instant::now();
+        let start = default_clock();
         m.forward(&mut s, &toks(0, n), false)?;
-        prefill.insert(n.to_string(), json!(n as f64 / t.elapsed().as_secs_f64()));
+        prefill.insert(n.to_string(), json!(per_second(n, default_clock() - start)));
     }
     let mut decode = serde_json::Map::new();
     let mut fill = serde_json::Map::new();
     for &ctx in &o.contexts {
         let mut s = m.new_state();
         // Fill the cache to `ctx` tokens in prompt-sized chunks.
-        let t = Instant::now();
+        let start = default_clock();
         let mut pos = 0;
         while pos < ctx {
             let n = (ctx - pos).min(256);
             m.forward(&mut s, &toks(pos, n), false)?;
             pos += n;
         }
-        fill.insert(ctx.to_string(), json!(ctx as f64 / t.elapsed().as_secs_f64()));
-        let t = Instant::now();
+        fill.insert(ctx.to_string(), json!(per_second(ctx, default_clock() - start)));
+        let start = default_clock();
         for i in 0..o.steps {
             m.forward(&mut s, &toks(ctx + i, 1), false)?;
         }
-        decode.insert(ctx.to_string(), json!(o.steps as f64 / t.elapsed().as_secs_f64()));
+        decode.insert(ctx.to_string(), json!(per_second(o.steps, default_clock() - start)));
     }
     Ok(json!({"prefill_tok_s": prefill, "fill_tok_s": fill, "decode_tok_s": decode}))
-}
-
-/// Bytes per second of a 256 MiB memcpy (counting bytes read plus bytes written), best of 5.
-pub fn memcpy_bandwidth() -> f64 {
-    let n = 256 << 20;
-    let src = vec![1u8; n];
-    let mut dst = vec![0u8; n];
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        dst.copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&dst);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    2.0 * n as f64 / best
 }
 
 /// Peak resident memory of this process (VmHWM), in bytes.
@@ -181,7 +167,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     }
     // Read the peak before the copy test's 512 MiB of buffers raise it.
     let rss = peak_rss();
-    let memcpy = memcpy_bandwidth();
+    let memcpy = memcpy_bandwidth(256 << 20, default_clock);
     let out = json!({
         "model": o.model.display().to_string(),
         "parameters": params,

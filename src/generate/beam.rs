@@ -1,0 +1,378 @@
+//! Beam search: look for the most probable continuation rather than sample one.
+//!
+//! [`BeamSearch`] is the search unrolled into forward passes, like [`Generation`](super::Generation),
+//! so a model whose forward pass must be awaited (WebGPU in the browser) can run it; [`beam_search`]
+//! drives it with [`LanguageModel::forward_top`]. Each pass needs only the hypothesis's best tokens
+//! and the log-sum-exp of its logits ([`TopK`]), not the whole row.
+
+use super::{check_prompt, common_prefix_len, text_after_anchor, visible_end, ANCHOR_TOKENS};
+use super::{GenerationSummary, StopReason, TokenEvent};
+use crate::error::{Error, Result};
+use crate::lm::{LanguageModel, TopK, Vocab};
+use crate::sampling::TOP_SHOWN;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BeamOptions {
+    /// Hypotheses kept at each step. 1 is greedy decoding.
+    pub beams: usize,
+    /// Most tokens per hypothesis (the end token included).
+    pub max_tokens: usize,
+    /// Rank by log P / length instead of log P, so that long hypotheses (more factors below 1)
+    /// are not penalised just for being long.
+    pub length_normalise: bool,
+}
+
+/// The exponent α in score = log P / length^α; 1 is the plain per-token average.
+const LENGTH_ALPHA: f64 = 1.0;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Beam {
+    /// Generated ids, without the end token.
+    pub ids: Vec<u32>,
+    /// ln P(ids, then the end token if finished | prompt).
+    pub logprob: f64,
+    /// What beams are ranked by: `logprob`, or `logprob / length^α` with length normalisation
+    /// (length counting the end token).
+    pub score: f64,
+    /// Ended with an end token (rather than at `max_tokens` or the context's end).
+    pub finished: bool,
+    /// Each token as it was chosen, the end token included when finished: what the model
+    /// thought at that step (for showing the beam token by token, see [`replay`]).
+    pub tokens: Vec<BeamToken>,
+}
+
+impl Beam {
+    pub fn probability(&self) -> f64 {
+        self.logprob.exp()
+    }
+}
+
+/// One token of a beam and the distribution it was chosen from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamToken {
+    pub id: u32,
+    /// ln P(id | prompt and the beam's earlier tokens).
+    pub logprob: f64,
+    /// The most probable ids at this step (up to five) with their probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A live hypothesis: a beam, the model state that has seen it, and its next-token ranking once
+/// the forward pass that computes it has run.
+struct Hypothesis<S> {
+    ids: Vec<u32>,
+    tokens: Vec<BeamToken>,
+    logprob: f64,
+    state: S,
+    /// What the state still has to be fed: the prompt for the first hypothesis, afterwards the
+    /// hypothesis's last token.
+    input: Vec<u32>,
+    top: Option<TopK>,
+}
+
+/// A beam search in progress. At each step every live hypothesis is extended by its `beams` most
+/// probable next tokens, and the best `beams` of all those candidates survive; those ending in an
+/// end token are set aside as finished.
+///
+/// Drive it like [`Generation`](super::Generation): [`step_input`](BeamSearch::step_input) gives
+/// the tokens of the next forward pass (`None` once the search is over); run them on
+/// [`state_mut`](BeamSearch::state_mut) and hand the [`top_k`](BeamSearch::top_k) best tokens
+/// to [`step_output`](BeamSearch::step_output); then [`finish`](BeamSearch::finish).
+pub struct BeamSearch<S> {
+    opts: BeamOptions,
+    eos: Vec<u32>,
+    context: usize,
+    prompt_len: usize,
+    live: Vec<Hypothesis<S>>,
+    done: Vec<Beam>,
+    /// Extensions made so far (the length of every live hypothesis).
+    extensions: usize,
+    over: bool,
+}
+
+impl<S: Clone> BeamSearch<S> {
+    pub fn new<M: LanguageModel<State = S>>(
+        model: &M,
+        prompt_ids: &[u32],
+        opts: BeamOptions,
+    ) -> Result<Self> {
+        check_prompt(model, prompt_ids)?;
+        if opts.beams == 0 {
+            return Err(Error::Input("beam search needs at least one beam".into()));
+        }
+        let root = Hypothesis {
+            ids: Vec::new(),
+            tokens: Vec::new(),
+            logprob: 0.0,
+            state: model.new_state(),
+            input: prompt_ids.to_vec(),
+            top: None,
+        };
+        Ok(BeamSearch {
+            opts,
+            eos: model.eos_tokens().to_vec(),
+            context: model.context_length(),
+            prompt_len: prompt_ids.len(),
+            live: vec![root],
+            done: Vec::new(),
+            extensions: 0,
+            over: false,
+        })
+    }
+
+    /// How many of the best next tokens each forward pass must return: the beam width, and at
+    /// least the five alternatives [`BeamToken::top`] shows.
+    pub fn top_k(&self) -> usize {
+        self.opts.beams.max(TOP_SHOWN)
+    }
+
+    /// The tokens of the next forward pass, or `None` once the search is over. If a forward pass
+    /// fails, nothing has changed and it can be tried again.
+    pub fn step_input(&mut self) -> Option<Vec<u32>> {
+        loop {
+            if self.over {
+                return None;
+            }
+            if let Some(hyp) = self.live.iter().find(|h| h.top.is_none()) {
+                return Some(hyp.input.clone());
+            }
+            self.extend();
+        }
+    }
+
+    /// The model state the tokens of [`step_input`](BeamSearch::step_input) go into.
+    ///
+    /// # Panics
+    /// When no forward pass is pending (`step_input` gave `None`).
+    pub fn state_mut(&mut self) -> &mut S {
+        &mut self.pending().state
+    }
+
+    /// The next-token ranking from the forward pass of [`step_input`](BeamSearch::step_input).
+    ///
+    /// # Panics
+    /// When no forward pass is pending (`step_input` gave `None`).
+    pub fn step_output(&mut self, top: TopK) {
+        self.pending().top = Some(top);
+    }
+
+    fn pending(&mut self) -> &mut Hypothesis<S> {
+        self.live
+            .iter_mut()
+            .find(|h| h.top.is_none())
+            .expect("a forward pass is pending: step_input gave tokens")
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.over
+    }
+
+    /// Up to `beams` hypotheses, finished or not, best score first. Called before the search is
+    /// over (an aborted search), it ranks what it has, live hypotheses as unfinished.
+    pub fn finish(self) -> Vec<Beam> {
+        let opts = self.opts;
+        let mut done = self.done;
+        // Hypotheses still alive when max_tokens or the context ran out.
+        for hyp in self.live {
+            done.push(Beam {
+                score: rank_score(opts, hyp.logprob, hyp.tokens.len()),
+                ids: hyp.ids,
+                logprob: hyp.logprob,
+                finished: false,
+                tokens: hyp.tokens,
+            });
+        }
+        done.sort_by(|a, b| b.score.total_cmp(&a.score));
+        done.truncate(opts.beams);
+        done
+    }
+
+    /// One step of the search, once every live hypothesis has its ranking.
+    fn extend(&mut self) {
+        if self.extensions == self.opts.max_tokens {
+            self.over = true;
+            return;
+        }
+        self.extensions += 1;
+        let last_step = self.extensions == self.opts.max_tokens;
+        let beams = self.opts.beams;
+
+        // Every live hypothesis's best extensions: (which hypothesis, rank, total log P).
+        let mut candidates: Vec<(usize, usize, f64)> = Vec::new();
+        for (h, hyp) in self.live.iter().enumerate() {
+            let top = hyp.top.as_ref().expect("extend runs once every ranking is known");
+            for rank in 0..top.ids.len().min(beams) {
+                if top.logits[rank] > f32::NEG_INFINITY {
+                    candidates.push((h, rank, hyp.logprob + top.logprob(rank)));
+                }
+            }
+        }
+        candidates.sort_by(|a, b| b.2.total_cmp(&a.2));
+        candidates.truncate(beams);
+
+        // The children, before any parent state is moved into one of them.
+        let children: Vec<(usize, Hypothesis<()>)> = candidates
+            .iter()
+            .map(|&(h, rank, logprob)| {
+                let parent = &self.live[h];
+                let top = parent.top.as_ref().expect("ranked above");
+                let id = top.ids[rank];
+                let mut tokens = parent.tokens.clone();
+                tokens.push(BeamToken { id, logprob: top.logprob(rank), top: alternatives(top) });
+                let mut ids = parent.ids.clone();
+                if !self.eos.contains(&id) {
+                    ids.push(id);
+                }
+                (h, Hypothesis { ids, tokens, logprob, state: (), input: vec![id], top: None })
+            })
+            .collect();
+        let grows = |child: &Hypothesis<()>| {
+            let ended = child.ids.len() < child.tokens.len();
+            // Out of room: nothing more will be generated, so skip the forward pass that would
+            // predict it.
+            let full = self.prompt_len + child.ids.len() >= self.context;
+            !ended && !full && !last_step
+        };
+        // Each parent's state goes to its last growing child, the others get copies (forks).
+        let mut forks_left = vec![0usize; self.live.len()];
+        for (h, child) in &children {
+            forks_left[*h] += grows(child) as usize;
+        }
+        let growing: Vec<bool> = children.iter().map(|(_, c)| grows(c)).collect();
+        let mut states: Vec<Option<S>> =
+            std::mem::take(&mut self.live).into_iter().map(|h| Some(h.state)).collect();
+        for ((h, child), grows) in children.into_iter().zip(growing) {
+            if !grows {
+                let finished = child.ids.len() < child.tokens.len();
+                self.done.push(Beam {
+                    score: rank_score(self.opts, child.logprob, child.tokens.len()),
+                    ids: child.ids,
+                    logprob: child.logprob,
+                    finished,
+                    tokens: child.tokens,
+                });
+                continue;
+            }
+            forks_left[h] -= 1;
+            let state = if forks_left[h] == 0 {
+                states[h].take().expect("a parent state is moved once")
+            } else {
+                states[h].clone().expect("moved only to the last child")
+            };
+            let Hypothesis { ids, tokens, logprob, input, top, .. } = child;
+            self.live.push(Hypothesis { ids, tokens, logprob, state, input, top });
+        }
+
+        if self.live.is_empty()
+            || (!self.opts.length_normalise && cannot_improve(&self.live, &mut self.done, beams))
+        {
+            self.over = true;
+        }
+    }
+}
+
+/// What beams are ranked by; `len` counts the end token.
+fn rank_score(opts: BeamOptions, logprob: f64, len: usize) -> f64 {
+    if opts.length_normalise && len > 0 {
+        logprob / (len as f64).powf(LENGTH_ALPHA)
+    } else {
+        logprob
+    }
+}
+
+/// The alternatives a [`BeamToken`] shows, as probabilities.
+fn alternatives(top: &TopK) -> Vec<(u32, f32)> {
+    (0..top.ids.len().min(TOP_SHOWN)).map(|i| (top.ids[i], top.logprob(i).exp() as f32)).collect()
+}
+
+/// Without length normalisation a hypothesis's log P only falls as it grows, so once `beams`
+/// finished ones all beat the best live one, nothing live can enter the result.
+fn cannot_improve<S>(live: &[Hypothesis<S>], done: &mut [Beam], beams: usize) -> bool {
+    if done.len() < beams {
+        return false;
+    }
+    done.sort_by(|a, b| b.score.total_cmp(&a.score));
+    let worst_kept = done[beams - 1].score;
+    live.iter().all(|hyp| hyp.logprob <= worst_kept)
+}
+
+/// Search for the most probable continuations of the prompt (see [`BeamSearch`]). Returns up to
+/// `beams` hypotheses, finished or not, best score first.
+pub fn beam_search<M: LanguageModel>(
+    model: &M,
+    prompt_ids: &[u32],
+    opts: BeamOptions,
+) -> Result<Vec<Beam>> {
+    let mut search = BeamSearch::new(model, prompt_ids, opts)?;
+    while let Some(tokens) = search.step_input() {
+        let k = search.top_k();
+        let top = model.forward_top(search.state_mut(), &tokens, k)?;
+        search.step_output(top);
+    }
+    Ok(search.finish())
+}
+
+/// A beam shown as if it had been generated token by token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamReplay {
+    /// One event per token (the end token included when the beam finished), each with the
+    /// text it adds and the distribution it was chosen from.
+    pub events: Vec<TokenEvent>,
+    pub prompt_tokens: usize,
+    /// The whole generated text.
+    pub text: String,
+    /// [`StopReason::Eos`] for a finished beam, otherwise [`StopReason::MaxTokens`].
+    pub stop_reason: StopReason,
+}
+
+/// The token events of `beam`, a continuation of `prompt_ids`, with the texts a
+/// [`Generation`](super::Generation) would have streamed.
+pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay {
+    let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
+    let anchor_text = vocab.decode(anchor);
+    let mut anchored = anchor.to_vec();
+    let mut shown = String::new();
+    let mut events = Vec::with_capacity(beam.tokens.len());
+    for (k, token) in beam.tokens.iter().enumerate() {
+        if k < beam.ids.len() {
+            anchored.push(token.id);
+        }
+        let full = text_after_anchor(vocab, &anchored, anchor.len(), &anchor_text);
+        let last = k + 1 == beam.tokens.len();
+        let (end, _) = visible_end(&full, shown.len(), &[], last);
+        let new_from = common_prefix_len(&shown, &full).min(end);
+        let text = full[new_from..end].to_string();
+        shown.truncate(new_from);
+        shown.push_str(&text);
+        events.push(TokenEvent {
+            id: token.id,
+            text,
+            prob: token.logprob.exp() as f32,
+            logprob: token.logprob as f32,
+            top: token.top.clone(),
+            position: prompt_ids.len() + k,
+        });
+    }
+    BeamReplay {
+        events,
+        prompt_tokens: prompt_ids.len(),
+        text: shown,
+        stop_reason: if beam.finished { StopReason::Eos } else { StopReason::MaxTokens },
+    }
+}
+
+impl BeamReplay {
+    /// The totals, the whole search (`search_ms`) counting as decoding: a beam's first token is
+    /// only known once the search is over.
+    pub fn summary(&self, search_ms: f64) -> GenerationSummary {
+        GenerationSummary {
+            prompt_tokens: self.prompt_tokens,
+            generated_tokens: self.events.len(),
+            text: self.text.clone(),
+            stop_reason: self.stop_reason,
+            prefill_ms: 0.0,
+            decode_ms: search_ms,
+            ttft_ms: search_ms,
+        }
+    }
+}

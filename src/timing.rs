@@ -1,0 +1,49 @@
+//! Clocks and rates, shared by the generation loop, the CLI bench and the browser bench (which
+//! passes `performance.now()`, as wasm has no `Instant`).
+
+/// Milliseconds since some fixed origin. A plain `fn` so wasm can pass one that reads
+/// `performance.now()`.
+pub type Clock = fn() -> f64;
+
+/// `Instant`-based natively. wasm has no `Instant`, so there this reads 0: timings stay 0 unless
+/// the caller supplies a clock.
+pub fn default_clock() -> f64 {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        use std::time::Instant;
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        0.0
+    }
+}
+
+/// `count` things in `ms` milliseconds, per second; 0 when no time was measured (a clock that
+/// reads 0, or a step too short for its resolution) rather than infinity.
+pub fn per_second(count: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        count as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+/// Bytes per second of copying `bytes` bytes within memory (bytes read plus bytes written), best
+/// of 5: the reference for the bandwidth a decode step reaches.
+pub fn memcpy_bandwidth(bytes: usize, clock: Clock) -> f64 {
+    let n = bytes.max(1);
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best_ms = f64::MAX;
+    for _ in 0..5 {
+        let start = clock();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+        best_ms = best_ms.min(clock() - start);
+    }
+    // A clock coarser than one copy reads 0: count it as its resolution, not as infinitely fast.
+    per_second(2 * n, best_ms.max(1e-6))
+}

@@ -1,0 +1,289 @@
+//! Loading: model bytes into wasm memory, then a table, CPU or WebGPU model.
+
+use std::rc::Rc;
+
+use wasm_bindgen::prelude::*;
+
+use super::js::{self, GenOptions, InfoOut, LoadOptions};
+use super::js_err;
+use super::session::{self, Backend, Gen, Session, Stepper};
+use crate::cpu::{kernels::Isa, CpuModel, Precision};
+use crate::generate::prompt_ids;
+use crate::gpu::{GpuContext, GpuModel};
+use crate::model::Model;
+use crate::table::TableModel;
+use crate::tokenizer::HfTokenizer;
+use crate::{LanguageModel, Vocab};
+
+/// Model bytes collected in wasm memory as they download.
+#[wasm_bindgen]
+pub struct ByteSink {
+    buf: Vec<u8>,
+}
+
+#[wasm_bindgen]
+impl ByteSink {
+    /// `capacity`: the expected size (Content-Length), so the buffer is allocated once; 0 if
+    /// unknown. Fails cleanly (instead of aborting) when wasm memory cannot grow that far.
+    #[wasm_bindgen(constructor)]
+    pub fn new(capacity: f64) -> Result<ByteSink, JsError> {
+        let mut buf = Vec::new();
+        if capacity > 0.0 {
+            buf.try_reserve_exact(capacity as usize).map_err(|_| {
+                JsError::new(&format!(
+                    "out of memory: cannot allocate {:.0} MB for the model in WebAssembly memory (the limit is 4 GB, and the browser may allow less)",
+                    capacity / 1e6
+                ))
+            })?;
+        }
+        Ok(ByteSink { buf })
+    }
+
+    /// Append a chunk (copied once, straight from the JS array into wasm memory).
+    pub fn push(&mut self, chunk: &js_sys::Uint8Array) -> Result<(), JsError> {
+        let n = chunk.length() as usize;
+        let len = self.buf.len();
+        self.buf.try_reserve(n).map_err(|_| {
+            JsError::new(&format!(
+                "out of memory after {:.0} MB: the model does not fit in WebAssembly memory",
+                len as f64 / 1e6
+            ))
+        })?;
+        self.buf.resize(len + n, 0);
+        chunk.copy_to(&mut self.buf[len..]);
+        Ok(())
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn length(&self) -> f64 {
+        self.buf.len() as f64
+    }
+}
+
+/// One model, on the backend it was loaded for.
+enum Loaded {
+    Table(Rc<TableModel>),
+    Cpu(Rc<CpuModel>, Rc<HfTokenizer>),
+    Gpu(Rc<GpuModel>, Rc<HfTokenizer>),
+}
+
+/// A loaded model.
+#[wasm_bindgen]
+pub struct Engine {
+    loaded: Loaded,
+    info: InfoOut,
+}
+
+fn gguf_info(model: &Model, backend: &'static str, detail: String) -> InfoOut {
+    let c = &model.config;
+    InfoOut {
+        kind: "gguf",
+        backend,
+        backend_detail: detail,
+        name: String::new(),
+        description: String::new(),
+        arch: c.arch.gguf_name().to_string(),
+        n_vocab: c.n_vocab,
+        n_ctx: c.n_ctx,
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        parameters: model.parameter_count(),
+        bytes: model.storage.len(),
+        weight_bytes_per_token: model.weight_bytes_per_token(),
+        words: Vec::new(),
+    }
+}
+
+/// What the CPU path computes with, for the backend description.
+fn cpu_kernels(precision: Precision, threads: usize) -> String {
+    let threads = if threads == 1 { "1 thread".to_string() } else { format!("{threads} threads") };
+    match precision {
+        Precision::Exact => format!("exact reference kernels, {threads}"),
+        Precision::Fast => format!("{} int8 kernels, {threads}", Isa::detect().name()),
+    }
+}
+
+/// A second handle on the same bytes (the storage is shared, not copied), kept only while the
+/// GPU model is being made, so the CPU can take over if that fails.
+fn fallback_handle(model: &Model) -> Model {
+    Model {
+        config: model.config.clone(),
+        weights: model.weights.clone(),
+        storage: model.storage.clone(),
+        tensors: model.tensors.clone(),
+    }
+}
+
+/// Open the browser's WebGPU, or say why not.
+async fn webgpu() -> Result<std::sync::Arc<GpuContext>, String> {
+    if !wgpu::util::is_browser_webgpu_supported().await {
+        return Err("this browser has no WebGPU adapter (navigator.gpu missing or requestAdapter() gave none)".into());
+    }
+    GpuContext::new_async().await.map_err(|e| e.to_string())
+}
+
+/// The promise `Engine::score` returns, for one backend.
+fn score_promise<M: Backend>(model: Rc<M>, vocab: Rc<dyn Vocab>, text: String) -> js_sys::Promise {
+    wasm_bindgen_futures::future_to_promise(async move {
+        let scored = async {
+            let ids = prompt_ids(model.bos_token(), &*vocab, &text)?;
+            let score = session::score(&*model, &ids).await?;
+            Ok::<_, crate::Error>(js::score_out(&*vocab, &ids, &score, M::NAME))
+        };
+        let out = scored.await.map_err(js_err)?;
+        Ok(js::to_js(&out)?)
+    })
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// A lesson table model from its JSON text.
+    #[wasm_bindgen(js_name = loadTable)]
+    pub fn load_table(json: &str) -> Result<Engine, JsError> {
+        let table = TableModel::from_json(json).map_err(js_err)?;
+        let info = InfoOut {
+            kind: "table",
+            backend: "table",
+            backend_detail: "a lookup table: no matrix math".into(),
+            name: table.name().to_string(),
+            description: table.description().to_string(),
+            arch: "bigram table".into(),
+            n_vocab: table.vocab_size(),
+            n_ctx: table.context_length(),
+            n_layer: 0,
+            n_embd: 0,
+            parameters: table.vocab_size() * table.vocab_size(),
+            bytes: json.len(),
+            weight_bytes_per_token: 0,
+            words: table.words().to_vec(),
+        };
+        Ok(Engine { loaded: Loaded::Table(Rc::new(table)), info })
+    }
+
+    /// A GGUF model (its bytes, collected in `sink`, which this consumes) and its
+    /// `tokenizer.json`. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path:
+    /// the reference kernels instead of the fast ones).
+    #[wasm_bindgen(js_name = loadGguf)]
+    pub async fn load_gguf(
+        sink: ByteSink,
+        tokenizer: Vec<u8>,
+        options: JsValue,
+    ) -> Result<Engine, JsError> {
+        let opts = LoadOptions::parse(options)?;
+        let tokenizer = Rc::new(HfTokenizer::from_bytes(&tokenizer).map_err(js_err)?);
+        let model = Model::from_bytes(sink.buf).map_err(js_err)?;
+        if tokenizer.vocab_size() > model.config.n_vocab {
+            // More tokenizer ids than logits: a mismatched pair; ids past n_vocab would fail later.
+            web_sys::console::warn_1(&JsValue::from_str(&format!(
+                "tokenizer has {} tokens, the model {}: are they from the same model?",
+                tokenizer.vocab_size(),
+                model.config.n_vocab
+            )));
+        }
+        let max_seq = opts.max_seq.unwrap_or(2048).max(1);
+        let backend = opts.backend.as_deref().unwrap_or("auto");
+        let precision = if opts.exact { Precision::Exact } else { Precision::Fast };
+        let threads = opts.threads.unwrap_or(usize::MAX).clamp(1, crate::cpu::browser_threads());
+        let cpu_engine = |model: Model, reason: String| {
+            let cpu = CpuModel::new(model)
+                .with_precision(precision)
+                .with_threads(threads)
+                .with_max_seq(max_seq);
+            let info = gguf_info(&cpu.model, "cpu", reason);
+            Engine { loaded: Loaded::Cpu(Rc::new(cpu), tokenizer.clone()), info }
+        };
+        let cpu_why =
+            |why: &str| format!("{why} (WebAssembly, {})", cpu_kernels(precision, threads));
+        if backend == "cpu" {
+            return Ok(cpu_engine(model, cpu_why("CPU backend chosen")));
+        }
+        let ctx = match webgpu().await {
+            Ok(ctx) => ctx,
+            Err(e) if backend == "gpu" => return Err(JsError::new(&e)),
+            Err(e) => return Ok(cpu_engine(model, cpu_why(&format!("{e}; running on the CPU")))),
+        };
+        // Browsers often hide the adapter's name.
+        let f16 = if ctx.shader_f16 { " (shader-f16)" } else { "" };
+        let name = match ctx.info.name.trim() {
+            "" => format!("WebGPU{f16}"),
+            adapter => format!("WebGPU: {adapter}{f16}"),
+        };
+        let fallback = (backend != "gpu").then(|| fallback_handle(&model));
+        match GpuModel::with_context(ctx, model).await {
+            Ok(gpu) => {
+                let gpu = gpu.with_max_seq(max_seq);
+                let info = gguf_info(&gpu.model, "webgpu", name);
+                Ok(Engine { loaded: Loaded::Gpu(Rc::new(gpu), tokenizer.clone()), info })
+            }
+            Err(e) => match fallback {
+                Some(model) => Ok(cpu_engine(
+                    model,
+                    cpu_why(&format!("WebGPU failed ({e}); running on the CPU")),
+                )),
+                None => Err(js_err(e)),
+            },
+        }
+    }
+
+    /// What was loaded: kind, backend (and why), architecture, sizes; table models' words.
+    pub fn info(&self) -> Result<JsValue, JsError> {
+        js::to_js(&self.info)
+    }
+
+    fn vocab(&self) -> Rc<dyn Vocab> {
+        match &self.loaded {
+            Loaded::Table(t) => t.clone(),
+            Loaded::Cpu(_, tok) | Loaded::Gpu(_, tok) => tok.clone(),
+        }
+    }
+
+    fn bos(&self) -> Option<u32> {
+        match &self.loaded {
+            Loaded::Table(t) => t.bos_token(),
+            Loaded::Cpu(m, _) => m.bos_token(),
+            Loaded::Gpu(m, _) => m.bos_token(),
+        }
+    }
+
+    /// Token ids of `text` (no BOS).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, JsError> {
+        self.vocab().encode(text).map_err(js_err)
+    }
+
+    /// Display form of one token.
+    #[wasm_bindgen(js_name = tokenText)]
+    pub fn token_text(&self, id: u32) -> String {
+        self.vocab().token_text(id)
+    }
+
+    /// Start generating a continuation of `prompt`. Options (all optional): `maxTokens`,
+    /// `temperature` (0 = greedy), `topK`, `topP`, `minP`, `repeatPenalty`, `repeatWindow`,
+    /// `seed`, `stop` (strings), `beams` (> 1: beam search, run on the first `next()`, then its
+    /// best beam is replayed token by token), `lengthNormalise`.
+    pub fn start(&self, prompt: &str, options: JsValue) -> Result<Session, JsError> {
+        let opts = GenOptions::parse(options)?;
+        let vocab = self.vocab();
+        let ids = prompt_ids(self.bos(), &*vocab, prompt).map_err(js_err)?;
+        let gen = match &self.loaded {
+            Loaded::Table(m) => Stepper::start(m, vocab.clone(), &ids, &opts).map(Gen::Table),
+            Loaded::Cpu(m, _) => Stepper::start(m, vocab.clone(), &ids, &opts).map(Gen::Cpu),
+            Loaded::Gpu(m, _) => Stepper::start(m, vocab.clone(), &ids, &opts).map(Gen::Gpu),
+        }
+        .map_err(js_err)?;
+        Ok(Session::new(gen, vocab, ids.len()))
+    }
+
+    /// The chain rule on `text`: each token's probability given the tokens before it, the
+    /// total log P, average negative log-likelihood and perplexity, and the `backend` that
+    /// computed them. The first token (BOS, or the first word when there is none) is the
+    /// context and is not scored. Returns a Promise (the WebGPU forward pass is asynchronous).
+    pub fn score(&self, text: &str) -> js_sys::Promise {
+        let vocab = self.vocab();
+        let text = text.to_string();
+        match &self.loaded {
+            Loaded::Table(m) => score_promise(m.clone(), vocab, text),
+            Loaded::Cpu(m, _) => score_promise(m.clone(), vocab, text),
+            Loaded::Gpu(m, _) => score_promise(m.clone(), vocab, text),
+        }
+    }
+}

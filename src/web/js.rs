@@ -1,0 +1,244 @@
+//! The JS side's shapes: options as JS passes them (camelCase, with snake_case aliases) and
+//! results as JS receives them. Plain conversions; the numbers come from the library.
+
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+
+use crate::generate::{BeamOptions, GenerateOptions, GenerationSummary, Score, TokenEvent};
+use crate::sampling::SamplerConfig;
+use crate::Vocab;
+
+pub(super) fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsError> {
+    value
+        .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+        .map_err(|e| JsError::new(&format!("cannot convert to JS: {e}")))
+}
+
+/// `undefined` and `null` mean all defaults.
+fn from_js<T: for<'de> Deserialize<'de> + Default>(
+    value: JsValue,
+    what: &str,
+) -> Result<T, JsError> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(T::default());
+    }
+    serde_wasm_bindgen::from_value(value).map_err(|e| JsError::new(&format!("bad {what}: {e}")))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub(super) struct LoadOptions {
+    /// "auto" (WebGPU when the browser has an adapter, else CPU), "gpu" or "cpu".
+    pub backend: Option<String>,
+    /// Cap on the sequence length (models advertise far more than a page needs).
+    pub max_seq: Option<usize>,
+    /// CPU path: true for the exact reference (f32 activations) instead of the fast one (int8
+    /// dot products, simd128). For comparing against the oracle; slower.
+    pub exact: bool,
+    /// CPU threads (threads build, after `initThreads`): default and cap, the pool's size.
+    pub threads: Option<usize>,
+}
+
+impl LoadOptions {
+    pub fn parse(options: JsValue) -> Result<LoadOptions, JsError> {
+        from_js(options, "load options")
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub(super) struct GenOptions {
+    #[serde(alias = "max_tokens")]
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    #[serde(alias = "top_k")]
+    top_k: Option<usize>,
+    #[serde(alias = "top_p")]
+    top_p: Option<f32>,
+    #[serde(alias = "min_p")]
+    min_p: Option<f32>,
+    #[serde(alias = "repeat_penalty")]
+    repeat_penalty: Option<f32>,
+    #[serde(alias = "repeat_window")]
+    repeat_window: Option<usize>,
+    seed: Option<f64>,
+    stop: Vec<String>,
+    beams: Option<usize>,
+    #[serde(alias = "length_normalise")]
+    length_normalise: bool,
+}
+
+impl GenOptions {
+    pub fn parse(options: JsValue) -> Result<GenOptions, JsError> {
+        from_js(options, "generation options")
+    }
+
+    /// What was given over the library's defaults.
+    pub fn generate_options(&self) -> GenerateOptions {
+        let d = GenerateOptions::default();
+        let s = SamplerConfig::default();
+        GenerateOptions {
+            max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
+            sampler: SamplerConfig {
+                temperature: self.temperature.unwrap_or(s.temperature),
+                top_k: self.top_k.unwrap_or(s.top_k),
+                top_p: self.top_p.unwrap_or(s.top_p),
+                min_p: self.min_p.unwrap_or(s.min_p),
+                repeat_penalty: self.repeat_penalty.unwrap_or(s.repeat_penalty),
+                repeat_window: self.repeat_window.unwrap_or(s.repeat_window),
+                seed: self.seed.map_or(s.seed, |seed| seed.max(0.0) as u64),
+            },
+            stop_strings: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            ..d
+        }
+    }
+
+    /// Beam search options when more than one beam was asked for.
+    pub fn beam_options(&self) -> Option<BeamOptions> {
+        let beams = self.beams.unwrap_or(1);
+        (beams > 1).then(|| BeamOptions {
+            beams,
+            max_tokens: self.generate_options().max_tokens,
+            length_normalise: self.length_normalise,
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct TopOut {
+    id: u32,
+    token: String,
+    prob: f32,
+}
+
+#[derive(Serialize)]
+pub(super) struct TokenOut {
+    id: u32,
+    /// What the token adds to the text.
+    text: String,
+    /// The token as the vocabulary spells it ("▁cat", "<0x0A>").
+    token: String,
+    prob: f32,
+    logprob: f32,
+    top: Vec<TopOut>,
+    position: usize,
+}
+
+pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
+    TokenOut {
+        id: ev.id,
+        token: vocab.token_text(ev.id),
+        text: ev.text,
+        prob: ev.prob,
+        logprob: ev.logprob,
+        top: ev
+            .top
+            .iter()
+            .map(|&(id, prob)| TopOut { id, token: vocab.token_text(id), prob })
+            .collect(),
+        position: ev.position,
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct SummaryOut {
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    text: String,
+    stop_reason: String,
+    prefill_ms: f64,
+    decode_ms: f64,
+    ttft_ms: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    /// What computed the tokens: "table", "cpu" or "webgpu".
+    backend: &'static str,
+}
+
+pub(super) fn summary_out(s: GenerationSummary, backend: &'static str) -> SummaryOut {
+    SummaryOut {
+        prompt_tokens: s.prompt_tokens,
+        generated_tokens: s.generated_tokens,
+        stop_reason: format!("{:?}", s.stop_reason),
+        prefill_tok_s: s.prefill_tokens_per_second(),
+        decode_tok_s: s.decode_tokens_per_second(),
+        text: s.text,
+        prefill_ms: s.prefill_ms,
+        decode_ms: s.decode_ms,
+        ttft_ms: s.ttft_ms,
+        backend,
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ScoredOut {
+    id: u32,
+    token: String,
+    prob: f64,
+    logprob: f64,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ScoreOut {
+    tokens: Vec<ScoredOut>,
+    logprob: f64,
+    probability: f64,
+    avg_nll: f64,
+    perplexity: f64,
+    /// What computed the logits: "table", "cpu" or "webgpu".
+    backend: &'static str,
+}
+
+/// `ids[0]` is the unscored context; each later id has its log-probability in `score`.
+pub(super) fn score_out(
+    vocab: &dyn Vocab,
+    ids: &[u32],
+    score: &Score,
+    backend: &'static str,
+) -> ScoreOut {
+    let tokens = ids[1..]
+        .iter()
+        .zip(&score.token_logprobs)
+        .map(|(&id, &lp)| ScoredOut {
+            id,
+            token: vocab.token_text(id),
+            prob: lp.exp(),
+            logprob: lp,
+        })
+        .collect();
+    ScoreOut {
+        tokens,
+        logprob: score.total_logprob,
+        probability: score.probability(),
+        avg_nll: score.avg_nll,
+        perplexity: score.perplexity,
+        backend,
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct InfoOut {
+    /// "table" or "gguf".
+    pub kind: &'static str,
+    /// "table", "cpu" or "webgpu".
+    pub backend: &'static str,
+    /// Adapter name for WebGPU; why WebGPU was not used, for a CPU fallback.
+    pub backend_detail: String,
+    pub name: String,
+    pub description: String,
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_ctx: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub parameters: usize,
+    pub bytes: usize,
+    /// Weight bytes one decode step reads (for the bench's bandwidth figure).
+    pub weight_bytes_per_token: usize,
+    /// Table models: their words, in id order.
+    pub words: Vec<String>,
+}

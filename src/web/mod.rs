@@ -1,0 +1,97 @@
+//! The browser API (wasm-bindgen), used by `www/worker.js` through `www/nexttoken.js`.
+//!
+//! ```js
+//! const sink = new ByteSink(totalBytes);          // the model's bytes go straight into wasm memory
+//! for await (const chunk of download) sink.push(chunk);
+//! const engine = await Engine.loadGguf(sink, tokenizerBytes, { backend: "auto", maxSeq: 2048 });
+//! // or: Engine.loadTable(jsonText)
+//! const session = engine.start("Once upon a time", { temperature: 0, maxTokens: 32 });
+//! let t; while ((t = await session.next()) !== null) console.log(t.text, t.prob, t.top);
+//! session.summary();   // prompt/generated tokens, prefill/decode ms and tok/s, TTFT, stop reason, backend
+//! await engine.score("the cat sat");
+//! ```
+//!
+//! A GGUF file is passed as a [`ByteSink`] that the download fills chunk by chunk, so the bytes
+//! exist once (in wasm memory) rather than once in JS and once in wasm; `Model::from_bytes`
+//! then takes that `Vec<u8>` by value and never copies it.
+//!
+//! Modules: `engine` (loading), `session` (stepping generation, beam search and scoring with the
+//! forward pass awaited, so WebGPU runs them all), `js` (the JS shapes). This file holds the
+//! small exported functions.
+
+use wasm_bindgen::prelude::*;
+
+use crate::Error;
+
+mod engine;
+mod js;
+mod session;
+
+pub use engine::{ByteSink, Engine};
+pub use session::Session;
+
+#[wasm_bindgen(start)]
+pub fn start() {
+    console_error_panic_hook::set_once();
+}
+
+#[wasm_bindgen]
+extern "C" {
+    /// `performance.now()`: present on window and worker globals alike.
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn performance_now() -> f64;
+}
+
+fn clock() -> f64 {
+    performance_now()
+}
+
+fn js_err(e: Error) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// The library's version (Cargo.toml), for cache keys and the page's footer.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// This build's fastest CPU kernels (simd128 in the `+simd128` build) against the scalar oracle
+/// on random rows: `cargo test` cannot run wasm kernels, so the browser tests call this. Returns
+/// a one-line summary naming the instruction set, or throws the first mismatch.
+#[wasm_bindgen(js_name = kernelSelfTest)]
+pub fn kernel_self_test() -> Result<String, JsError> {
+    let isa = crate::cpu::kernels::Isa::detect();
+    crate::cpu::kernels::check_isa_against_scalar(isa, 1).map_err(|e| JsError::new(&e))
+}
+
+/// Whether this is the threads build (nightly, +atomics: its memory is a SharedArrayBuffer, so
+/// it only loads on a cross-origin isolated page), which can run the CPU path on several cores.
+#[wasm_bindgen(js_name = threadsBuild)]
+pub fn threads_build() -> bool {
+    cfg!(target_feature = "atomics")
+}
+
+/// Threads build: start `n` Web Workers sharing this module's memory, as the CPU path's thread
+/// pool. Call once, before loading a model. Resolves to the pool's size.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = initThreads)]
+pub async fn init_threads(n: usize) -> Result<usize, JsValue> {
+    let n = n.max(1);
+    wasm_bindgen_futures::JsFuture::from(wasm_bindgen_rayon::init_thread_pool(n)).await?;
+    crate::cpu::BROWSER_THREADS.store(n, std::sync::atomic::Ordering::Relaxed);
+    Ok(n)
+}
+
+/// Bytes per second of a `mib` MiB copy inside wasm memory (bytes read plus bytes written), best
+/// of 5: the browser bench's reference for the bandwidth a decode step reaches.
+#[wasm_bindgen(js_name = memcpyBandwidth)]
+pub fn memcpy_bandwidth(mib: usize) -> f64 {
+    crate::timing::memcpy_bandwidth(mib.max(1) << 20, clock)
+}
+
+/// Bytes of wasm memory (it only grows: this is the peak the module has used).
+#[wasm_bindgen(js_name = wasmMemoryBytes)]
+pub fn wasm_memory_bytes() -> f64 {
+    (core::arch::wasm32::memory_size(0) * 65536) as f64
+}

@@ -1,0 +1,364 @@
+//! Sessions: a generation or a beam search stepped from JS, on whichever backend is loaded.
+//! The library's step-wise drivers run here with the forward pass awaited, which is what lets
+//! the WebGPU model run them (the CPU and table models answer at once).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::rc::Rc;
+
+use wasm_bindgen::prelude::*;
+
+use super::js::{self, GenOptions};
+use super::{clock, js_err};
+use crate::cpu::CpuModel;
+use crate::generate::{
+    self, BeamSearch, Generation, GenerationSummary, Score, Scoring, TokenEvent,
+};
+use crate::gpu::kernels::MAX_TOP_K;
+use crate::gpu::GpuModel;
+use crate::lm::TopK;
+use crate::table::TableModel;
+use crate::{Error, LanguageModel, Result, Vocab};
+
+/// A model as the browser runs it: its forward passes awaited.
+pub(super) trait Backend: LanguageModel + Sized + 'static {
+    /// Reported with every result: "table", "cpu" or "webgpu".
+    const NAME: &'static str;
+    /// Whether the forward pass answers at once (so `nextSync` may step it).
+    const IMMEDIATE: bool = true;
+    /// Most tokens scored per forward pass (each returns a row of logits per token).
+    const SCORE_CHUNK: usize = usize::MAX;
+
+    async fn forward_awaited(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>> {
+        self.forward(state, tokens, all_logits)
+    }
+
+    async fn forward_top_awaited(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<TopK> {
+        self.forward_top(state, tokens, k)
+    }
+}
+
+impl Backend for TableModel {
+    const NAME: &'static str = "table";
+}
+
+impl Backend for CpuModel {
+    const NAME: &'static str = "cpu";
+}
+
+impl Backend for GpuModel {
+    const NAME: &'static str = "webgpu";
+    const IMMEDIATE: bool = false;
+    /// One GPU batch: the read-back stays at 64 rows of logits however long the text.
+    const SCORE_CHUNK: usize = 64;
+
+    async fn forward_awaited(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>> {
+        self.forward_async(state, tokens, all_logits).await
+    }
+
+    /// Ranked on the GPU, so only k pairs come back; past the kernel's k, from the whole row.
+    async fn forward_top_awaited(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<TopK> {
+        if k <= MAX_TOP_K {
+            self.forward_topk_async(state, tokens, k).await
+        } else {
+            Ok(TopK::from_logits(&self.forward_async(state, tokens, false).await?, k))
+        }
+    }
+}
+
+/// [`generate::score`] with the forward passes awaited.
+pub(super) async fn score<M: Backend>(model: &M, ids: &[u32]) -> Result<Score> {
+    let mut scoring = Scoring::new(model, ids, M::SCORE_CHUNK)?;
+    while let Some(tokens) = scoring.step_input() {
+        let logits = model.forward_awaited(scoring.state_mut(), &tokens, true).await?;
+        scoring.step_output(&logits)?;
+    }
+    Ok(scoring.finish())
+}
+
+/// The result of a future that never waits (an [`Backend::IMMEDIATE`] model's steps).
+fn immediate<T>(future: impl Future<Output = T>) -> T {
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(future).poll(&mut context) {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => unreachable!("an immediate model's forward pass waited"),
+    }
+}
+
+type Owned<M> = Generation<'static, M, Rc<M>, Rc<dyn Vocab>>;
+
+/// What a session steps.
+pub(super) enum Stepper<M: Backend> {
+    /// Sampling, one forward pass per token. The model is held beside the generation so its
+    /// forward pass can run on the generation's state.
+    Sample(Box<Owned<M>>, Rc<M>),
+    /// A beam search, run whole on the first step, then its best beam replayed token by token.
+    Beam(BeamRun<M>),
+}
+
+pub(super) struct BeamRun<M: Backend> {
+    model: Rc<M>,
+    vocab: Rc<dyn Vocab>,
+    prompt: Vec<u32>,
+    /// Until the search has run.
+    search: Option<BeamSearch<M::State>>,
+    events: VecDeque<TokenEvent>,
+    summary: Option<GenerationSummary>,
+    aborted: bool,
+}
+
+impl<M: Backend> Stepper<M> {
+    pub fn start(
+        model: &Rc<M>,
+        vocab: Rc<dyn Vocab>,
+        ids: &[u32],
+        opts: &GenOptions,
+    ) -> Result<Self> {
+        Ok(match opts.beam_options() {
+            Some(beam_opts) => Stepper::Beam(BeamRun {
+                search: Some(BeamSearch::new(&**model, ids, beam_opts)?),
+                model: model.clone(),
+                vocab,
+                prompt: ids.to_vec(),
+                events: VecDeque::new(),
+                summary: None,
+                aborted: false,
+            }),
+            None => Stepper::Sample(
+                Box::new(
+                    Generation::with_handles(model.clone(), vocab, ids, opts.generate_options())?
+                        .with_clock(clock),
+                ),
+                model.clone(),
+            ),
+        })
+    }
+
+    async fn next(&mut self) -> Result<Option<TokenEvent>> {
+        match self {
+            Stepper::Sample(generation, model) => {
+                let Some(tokens) = generation.step_input() else {
+                    return Ok(None);
+                };
+                let logits = if tokens.is_empty() {
+                    Vec::new()
+                } else {
+                    model.forward_awaited(generation.state_mut(), &tokens, false).await?
+                };
+                Ok(Some(generation.step_output(logits)))
+            }
+            Stepper::Beam(run) => {
+                if run.aborted {
+                    return Ok(None);
+                }
+                if run.search.is_some() {
+                    run.search_all().await?;
+                }
+                Ok(run.events.pop_front())
+            }
+        }
+    }
+
+    fn abort(&mut self) {
+        match self {
+            Stepper::Sample(generation, _) => generation.abort(),
+            Stepper::Beam(run) => {
+                run.aborted = true;
+                let summary = run.summary.get_or_insert_with(|| GenerationSummary {
+                    prompt_tokens: run.prompt.len(),
+                    generated_tokens: 0,
+                    text: String::new(),
+                    stop_reason: generate::StopReason::Aborted,
+                    prefill_ms: 0.0,
+                    decode_ms: 0.0,
+                    ttft_ms: 0.0,
+                });
+                summary.stop_reason = generate::StopReason::Aborted;
+            }
+        }
+    }
+
+    /// The totals once stopped.
+    fn summary(&self) -> Option<GenerationSummary> {
+        match self {
+            Stepper::Sample(generation, _) => generation.summary(),
+            Stepper::Beam(run) => {
+                let over = run.aborted || (run.search.is_none() && run.events.is_empty());
+                over.then(|| run.summary.clone()).flatten()
+            }
+        }
+    }
+}
+
+impl<M: Backend> BeamRun<M> {
+    async fn search_all(&mut self) -> Result<()> {
+        let started = clock();
+        let search = self.search.as_mut().expect("called while the search has not run");
+        while let Some(tokens) = search.step_input() {
+            let k = search.top_k();
+            let top = self.model.forward_top_awaited(search.state_mut(), &tokens, k).await?;
+            search.step_output(top);
+        }
+        let beams = self.search.take().expect("checked above").finish();
+        let best = beams.first().ok_or_else(|| Error::Input("beam search found nothing".into()))?;
+        let replay = generate::replay(&*self.vocab, &self.prompt, best);
+        self.summary = Some(replay.summary(clock() - started));
+        self.events = replay.events.into();
+        Ok(())
+    }
+}
+
+/// A session over whichever model the engine holds.
+pub(super) enum Gen {
+    Table(Stepper<TableModel>),
+    Cpu(Stepper<CpuModel>),
+    Gpu(Stepper<GpuModel>),
+}
+
+/// `$body` with `$s` bound to the stepper, and `$M` to its model type, whatever the backend.
+macro_rules! each {
+    ($gen:expr, $s:ident, $M:ident => $body:expr) => {
+        match $gen {
+            Gen::Table($s) => {
+                type $M = TableModel;
+                $body
+            }
+            Gen::Cpu($s) => {
+                type $M = CpuModel;
+                $body
+            }
+            Gen::Gpu($s) => {
+                type $M = GpuModel;
+                $body
+            }
+        }
+    };
+}
+
+impl Gen {
+    async fn next(&mut self) -> Result<Option<TokenEvent>> {
+        each!(self, s, _M => s.next().await)
+    }
+
+    fn next_now(&mut self) -> Result<Option<TokenEvent>> {
+        each!(self, s, M => {
+            if !M::IMMEDIATE {
+                return Err(Error::Input(format!(
+                    "a {} generation steps asynchronously: use next()",
+                    M::NAME
+                )));
+            }
+            immediate(s.next())
+        })
+    }
+
+    fn abort(&mut self) {
+        each!(self, s, _M => s.abort())
+    }
+
+    fn summary(&self) -> Option<(GenerationSummary, &'static str)> {
+        each!(self, s, M => s.summary().map(|summary| (summary, M::NAME)))
+    }
+}
+
+/// A generation in progress: call `next()` until it gives `null`.
+#[wasm_bindgen]
+pub struct Session {
+    /// Empty while a step is being computed (`next()` takes it out across the await).
+    gen: Rc<RefCell<Option<Gen>>>,
+    vocab: Rc<dyn Vocab>,
+    prompt_tokens: usize,
+}
+
+impl Session {
+    pub(super) fn new(gen: Gen, vocab: Rc<dyn Vocab>, prompt_tokens: usize) -> Session {
+        Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_tokens }
+    }
+}
+
+const BUSY: &str =
+    "this generation is already computing a token (await each next() before the next)";
+
+async fn step(cell: Rc<RefCell<Option<Gen>>>) -> Result<Option<TokenEvent>> {
+    let taken = cell.borrow_mut().take();
+    let Some(mut gen) = taken else {
+        return Err(Error::Input(BUSY.into()));
+    };
+    let result = gen.next().await;
+    *cell.borrow_mut() = Some(gen);
+    result
+}
+
+#[wasm_bindgen]
+impl Session {
+    /// The next token `{id, text, token, prob, logprob, top: [{id, token, prob}], position}`,
+    /// or `null` once generation has stopped. Returns a Promise (the WebGPU forward pass is
+    /// asynchronous; the CPU one resolves at once). With beams, the first call runs the search.
+    pub fn next(&self) -> js_sys::Promise {
+        let cell = self.gen.clone();
+        let vocab = self.vocab.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            match step(cell).await {
+                Ok(Some(ev)) => js::to_js(&js::token_out(&*vocab, ev)).map_err(JsValue::from),
+                Ok(None) => Ok(JsValue::NULL),
+                Err(e) => Err(js_err(e).into()),
+            }
+        })
+    }
+
+    /// The next token synchronously (CPU and table models only; errors for WebGPU).
+    #[wasm_bindgen(js_name = nextSync)]
+    pub fn next_sync(&self) -> std::result::Result<JsValue, JsError> {
+        let mut slot = self.gen.borrow_mut();
+        let gen = slot.as_mut().ok_or_else(|| JsError::new(BUSY))?;
+        match gen.next_now().map_err(js_err)? {
+            Some(ev) => js::to_js(&js::token_out(&*self.vocab, ev)),
+            None => Ok(JsValue::NULL),
+        }
+    }
+
+    /// Stop: later `next()` calls give `null`.
+    pub fn abort(&self) {
+        if let Some(gen) = self.gen.borrow_mut().as_mut() {
+            gen.abort();
+        }
+    }
+
+    #[wasm_bindgen(getter, js_name = promptTokens)]
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// Totals once stopped (`null` before): `promptTokens`, `generatedTokens`, `text`,
+    /// `stopReason`, `prefillMs`, `decodeMs`, `ttftMs`, `prefillTokS`, `decodeTokS`, and
+    /// `backend` ("table", "cpu" or "webgpu": what computed the tokens).
+    pub fn summary(&self) -> std::result::Result<JsValue, JsError> {
+        let slot = self.gen.borrow();
+        let gen = slot.as_ref().ok_or_else(|| JsError::new(BUSY))?;
+        match gen.summary() {
+            Some((summary, backend)) => js::to_js(&js::summary_out(summary, backend)),
+            None => Ok(JsValue::NULL),
+        }
+    }
+}

@@ -426,6 +426,18 @@ impl Model {
         Model::from_storage(Storage::Mapped(map))
     }
 
+    /// A second handle on the same model: the bytes are shared, not copied (the browser keeps one
+    /// while the GPU model is being made, so the CPU can take over if that fails).
+    pub fn share(&self) -> Model {
+        Model {
+            config: self.config.clone(),
+            weights: self.weights.clone(),
+            rope: self.rope.clone(),
+            storage: self.storage.clone(),
+            tensors: self.tensors.clone(),
+        }
+    }
+
     /// The raw bytes of a tensor.
     pub fn bytes(&self, t: &Tensor) -> &[u8] {
         &self.storage[t.offset..t.offset + t.size_bytes]

@@ -13,6 +13,10 @@
 //! Weights stay in their GGUF encoding on the GPU and are decoded in the shader, so a Q4_K model
 //! takes the same memory there as on disk.
 
+// In the browser wgpu's handles are JS objects, neither Send nor Sync; natively the same `Arc`s
+// share them across threads, so the lint only misfires on wasm32.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+
 pub mod context;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod host;

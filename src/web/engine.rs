@@ -103,17 +103,6 @@ fn cpu_kernels(precision: Precision, threads: usize) -> String {
     }
 }
 
-/// A second handle on the same bytes (the storage is shared, not copied), kept only while the
-/// GPU model is being made, so the CPU can take over if that fails.
-fn fallback_handle(model: &Model) -> Model {
-    Model {
-        config: model.config.clone(),
-        weights: model.weights.clone(),
-        storage: model.storage.clone(),
-        tensors: model.tensors.clone(),
-    }
-}
-
 /// Open the browser's WebGPU, or say why not.
 async fn webgpu() -> Result<std::sync::Arc<GpuContext>, String> {
     if !wgpu::util::is_browser_webgpu_supported().await {
@@ -208,7 +197,7 @@ impl Engine {
             "" => format!("WebGPU{f16}"),
             adapter => format!("WebGPU: {adapter}{f16}"),
         };
-        let fallback = (backend != "gpu").then(|| fallback_handle(&model));
+        let fallback = (backend != "gpu").then(|| model.share());
         match GpuModel::with_context(ctx, model).await {
             Ok(gpu) => {
                 let gpu = gpu.with_max_seq(max_seq);

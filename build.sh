@@ -10,11 +10,16 @@
 #
 # Installs what is missing: the wasm32 rustup target, wasm-bindgen-cli at exactly the version
 # of the wasm-bindgen crate in Cargo.lock, and the npm packages under tests/browser/
-# (playwright-core, binaryen); for the threads build, the nightly toolchain with rust-src.
+# (playwright-core, binaryen); for the threads build, the pinned nightly toolchain ($NIGHTLY below)
+# with rust-src, beside any other nightly (a plain `nightly` toolchain is neither used nor updated).
 # NO_WASM_OPT=1 skips wasm-opt; NO_THREADS=1 skips the threads build (www/pkg-threads/ is removed,
 # and pages run one thread).
 set -euo pipefail
 cd "$(dirname "$0")"
+
+# The nightly of the threads build, pinned by date so a build is reproducible and never upgrades
+# the user's nightly (nightly-DATE holds the rustc committed the day before DATE). Change it here.
+NIGHTLY=nightly-2026-05-20
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/wasm}"
 TARGET=wasm32-unknown-unknown
@@ -75,16 +80,16 @@ THREADS_OUT=www/pkg-threads
 if [ -n "${NO_THREADS:-}" ]; then
   rm -rf "$THREADS_OUT"
 else
-  if ! rustup run nightly rustc --version >/dev/null 2>&1 || ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
-    log "installing the nightly toolchain with rust-src (for the wasm threads build)"
-    rustup toolchain install nightly --profile minimal --component rust-src --target "$TARGET"
+  if ! rustup run "$NIGHTLY" rustc --version >/dev/null 2>&1 || ! rustup component list --toolchain "$NIGHTLY" --installed 2>/dev/null | grep -q '^rust-src'; then
+    log "installing $NIGHTLY with rust-src (for the wasm threads build)"
+    rustup toolchain install "$NIGHTLY" --profile minimal --component rust-src --target "$TARGET"
   fi
-  log "cargo +nightly build --release --target $TARGET (simd128, atomics: the threads build)"
+  log "cargo +$NIGHTLY build --release --target $TARGET (simd128, atomics: the threads build)"
   RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128 -C link-arg=--shared-memory \
 -C link-arg=--max-memory=4294967296 -C link-arg=--import-memory -C link-arg=--export=__wasm_init_tls \
 -C link-arg=--export=__tls_size -C link-arg=--export=__tls_align -C link-arg=--export=__tls_base" \
   CARGO_TARGET_DIR="$CARGO_TARGET_DIR-threads" \
-    cargo +nightly build --release --lib --target "$TARGET" -Z build-std=panic_abort,std
+    cargo "+$NIGHTLY" build --release --lib --target "$TARGET" -Z build-std=panic_abort,std
   bindgen "$CARGO_TARGET_DIR-threads/$TARGET/release/nexttoken.wasm" "$THREADS_OUT" --enable-threads
 fi
 

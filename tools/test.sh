@@ -17,6 +17,18 @@ fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/nexttoken-xdg-$(id -u)}"
 mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 
+# Formatting and lints first: rustfmt (rustfmt.toml), then clippy with warnings as errors, natively
+# (every target: lib, CLI, tests, benches) and for wasm32 with simd128, as build.sh compiles it.
+# The threads build (nightly, +atomics) compiles the same code with rayon: not linted separately.
+for component in rustfmt clippy; do
+  rustup component list --installed | grep -q "^$component" || rustup component add "$component"
+done
+rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
+  cargo clippy --lib --target wasm32-unknown-unknown -- -D warnings
+
 # No test touches the network: models are committed under tests/fixtures and www/models, or read
 # from ../shared (skipped loudly when absent, unless NEXTTOKEN_REQUIRE_SHARED=1 as in CI).
 cargo build --all-targets

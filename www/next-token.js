@@ -12,6 +12,7 @@
 import { NextToken } from "./nexttoken.js";
 
 const STYLE = `
+[hidden] { display: none !important; }
 :host { display: block; font-family: system-ui, sans-serif; border: 1px solid #dedcd5; border-radius: 8px; padding: .6rem .8rem; background: #fff; }
 .bar { display: flex; gap: .5rem; align-items: center; flex-wrap: wrap; }
 input { flex: 1 1 12rem; font: inherit; }

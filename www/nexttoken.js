@@ -110,10 +110,12 @@ export class NextToken {
   /**
    * Load a model (replacing the current one). `model`: catalog id, URL or {url, tokenizer, kind,
    * sha256}. Options: `onProgress({file, loaded, total, fromCache})`, `onWarning(message)`,
-   * `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `signal`. Resolves to the model's info plus
-   * `timings` {downloadMs, initMs}; rejects with an Error whose `retryable` says if retrying may help.
+   * `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path: the reference kernels, f32
+   * activations, instead of the fast int8 ones), `threads` (CPU path: at most this many threads;
+   * default: the pool's size), `signal`. Resolves to the model's info plus `timings`
+   * {downloadMs, initMs}; rejects with an Error whose `retryable` says if retrying may help.
    */
-  load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, tokenizer, signal } = {}) {
+  load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, exact = false, threads, tokenizer, signal } = {}) {
     const spec = resolveSpec(model, tokenizer);
     if (spec.kind === "gguf") requestPersistentStorage();
     const id = this.nextId++;
@@ -137,7 +139,7 @@ export class NextToken {
           }
         }
       });
-      this.worker.postMessage({ type: "load", id, spec, options: { backend, maxSeq } });
+      this.worker.postMessage({ type: "load", id, spec, options: { backend, maxSeq, exact, threads } });
     });
   }
 

@@ -258,6 +258,102 @@ async function runConfig(mode) {
       assert(/^simd128: \d+ results match scalar/.test(r.summary), `expected the simd128 kernels: ${r.summary}`);
     });
 
+    if (!webgpu) {
+      await test(`[${mode}] elements with the hidden attribute have no layout box, in every state the page goes through`, async () => {
+        // CSS display rules (.row, label.inline: flex) used to override the attribute.
+        const p = await browser.newPage();
+        try {
+          // Checked at every DOM change (so the short-lived loading and generating states count too)
+          // and on demand; open shadow roots (<next-token>) included.
+          await p.addInitScript(() => {
+            const seen = (window.__hiddenShown = new Set());
+            let checks = 0;
+            const check = () => {
+              checks++;
+              const roots = [document];
+              for (let i = 0; i < roots.length; i++) {
+                for (const e of roots[i].querySelectorAll("*")) {
+                  if (e.shadowRoot) roots.push(e.shadowRoot);
+                  if (!e.hidden) continue;
+                  const display = getComputedStyle(e).display;
+                  if (display !== "none" || e.getClientRects().length) seen.add(`${e.id ? "#" + e.id : e.tagName.toLowerCase() + "." + e.className} (display: ${display}, state ${document.body?.dataset.state})`);
+                }
+              }
+            };
+            window.__checkHidden = () => (check(), { shown: [...seen], checks });
+            new MutationObserver(check).observe(document, { subtree: true, childList: true, attributes: true, attributeFilter: ["hidden", "class", "data-state"] });
+          });
+          const verify = async (when, atLeast) => {
+            const r = await p.evaluate(() => window.__checkHidden());
+            assert(r.shown.length === 0, `${when}: hidden elements still shown: ${r.shown.join("; ")}`);
+            assert(r.checks >= atLeast, `${when}: only ${r.checks} checks ran`);
+            return r.checks;
+          };
+          // Idle, loading, ready (the lesson table), generating, scoring.
+          await p.goto(`${base}/?nosw&model=lesson-toy&prompt=${encodeURIComponent("the cat sat")}`);
+          await waitLoaded(p);
+          for (const id of ["custom-row", "chat-row", "progress", "cancel-load", "error", "retry", "score-out"]) {
+            assertEq(await p.evaluate((id) => document.getElementById(id).hidden, id), true, `#${id} hidden when the lesson table is loaded`);
+          }
+          let n = await verify("lesson table loaded", 2);
+          await setSettings(p, { maxTokens: 8 });
+          await p.click("#generate");
+          await waitState(p, "ready");
+          await p.click("#score-btn");
+          await p.locator("#score-out").waitFor({ state: "visible" });
+          n = await verify("after Generate and Score", n + 1);
+          // Picker changes: the custom URL row appears and goes again; an instruct model shows the
+          // chat checkbox, a table model hides it.
+          await p.selectOption("#model-select", "custom");
+          assert(await p.isVisible("#model-url"), "the custom URL row does not appear");
+          await p.selectOption("#model-select", "smollm2-135m");
+          assert(await p.isVisible("#chat"), "the chat checkbox does not appear for an instruct model");
+          await p.selectOption("#model-select", "lesson-beam");
+          n = await verify("after picker changes", n + 1);
+          assert(!(await p.isVisible("#model-url")) && !(await p.isVisible("#chat")), "the custom row or the chat checkbox stayed visible");
+          // The error state (404): the message shows, Retry does not (not retryable).
+          await p.goto(`${base}/?nosw&model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+          await waitState(p, ["error", "ready"]);
+          assert(await p.isVisible("#error"), "no error shown for a 404 model");
+          await verify("error state", 2);
+          // The embed page's <next-token> elements (shadow DOM).
+          await p.goto(`${base}/embed.html`);
+          await p.locator("#cat .product").waitFor({ state: "visible", timeout: 30_000 });
+          await verify("embed page", 2);
+        } finally {
+          await p.close();
+        }
+      });
+
+      await test(`[${mode}] nexttoken.js load(url, {exact: true, threads: 1}) runs the exact path on 1 thread; the default the fast path`, async () => {
+        await page.goto(`${base}/?nosw&model=lesson-toy`);
+        const r = await page.evaluate(async () => {
+          const { NextToken } = await import("/nexttoken.js");
+          const nt = new NextToken();
+          const opts = { tokenizer: "/models/default-tokenizer.json" };
+          try {
+            const fast = await nt.load("/models/default.gguf", opts);
+            const exact = await nt.load("/models/default.gguf", { ...opts, exact: true, threads: 1 });
+            const cpuExact = await nt.load("/models/default.gguf", { ...opts, backend: "cpu", exact: true, threads: 1 });
+            let text = "";
+            for await (const t of nt.generate("In the beginning", { temperature: 0, maxTokens: 8 })) text += t.text;
+            const pick = (i) => ({ backend: i.backend, detail: i.backendDetail, threads: i.threads });
+            return { fast: pick(fast), exact: pick(exact), cpuExact: pick(cpuExact), text, isolated: crossOriginIsolated };
+          } finally {
+            nt.terminate();
+          }
+        });
+        console.log(`      default: ${r.fast.detail}\n      exact, 1 thread: ${r.exact.detail}\n      backend cpu, exact, 1 thread: ${r.cpuExact.detail}`);
+        for (const k of ["fast", "exact", "cpuExact"]) assertEq(r[k].backend, "cpu", `${k}: backend`);
+        const pool = r.fast.threads;
+        assert(new RegExp(`simd128 int8 kernels, ${pool} threads?\\)$`).test(r.fast.detail), `the default is not the fast path on the pool's ${pool} thread(s): ${r.fast.detail}`);
+        if (haveThreadsBuild && r.isolated && os.cpus().length > 1) assert(pool > 1, `expected the threads build's pool, got ${pool} thread(s)`);
+        assert(/exact reference kernels, 1 thread\)$/.test(r.exact.detail), `exact, 1 thread not reported: ${r.exact.detail}`);
+        assertEq(r.cpuExact.detail, "CPU backend chosen (exact reference kernels, 1 thread)", "backend cpu, exact, 1 thread");
+        assert(r.text.length > 0, "the exact path generated nothing");
+      });
+    }
+
     if (haveShared) {
       await test(`[${mode}] stories260K greedy ${N_TOKENS} tokens equals the native CLI, streamed token by token`, async () => {
         await page.goto(base + modelUrl);

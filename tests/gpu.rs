@@ -23,6 +23,7 @@ use std::sync::{Arc, OnceLock};
 
 use half::{bf16, f16};
 use nexttoken::cpu::{dot, softmax_in_place, CpuModel};
+use nexttoken::generate::{beam_search, score, BeamOptions};
 use nexttoken::gpu::host::{self, Elementwise};
 use nexttoken::gpu::kernels::Kernels;
 use nexttoken::gpu::ops::RopeMode;
@@ -723,6 +724,37 @@ fn stories260k_picks_on_the_gpu() {
     assert_eq!(c1, singles);
     assert!(gpu.forward_greedy_chain(&mut a, &[1], 10_000).is_err());
     eprintln!("stories260K picks: 64 greedy steps match the CPU; top-40 probabilities within {worst_p:.2e}");
+}
+
+/// Beam search and scoring on the GPU model compute on the GPU (beam steps read back only the
+/// top few) and agree with the CPU oracle: same beams, log P within the f32 summation-order noise.
+#[test]
+fn beam_search_and_scoring_run_on_the_gpu() {
+    let Some(ctx) = context() else { return };
+    let Some(path) = stories_path("stories260K-f32.gguf") else { return };
+    let cpu = CpuModel::new(Model::open(&path).unwrap());
+    let gpu = gpu_model(&ctx, Model::open(&path).unwrap(), GpuOptions::f32());
+    let prompt = [1, 400, 20];
+    let opts = BeamOptions { beams: 3, max_tokens: 12, length_normalise: false };
+    let on_cpu = beam_search(&cpu, &prompt, opts).unwrap();
+    let on_gpu = beam_search(&gpu, &prompt, opts).unwrap();
+    let stats = gpu.stats();
+    // The top 5 (3 beams, and the 5 alternatives each beam token shows) and the log-sum-exp.
+    assert_eq!(stats.readback_bytes_last, (2 + 2 * 5) * 4, "a beam step reads back 5 picks");
+    assert_eq!(on_gpu.len(), on_cpu.len());
+    for (g, c) in on_gpu.iter().zip(&on_cpu) {
+        assert_eq!(g.ids, c.ids, "beams differ");
+        assert!((g.logprob - c.logprob).abs() < 1e-3, "log P {} vs {}", g.logprob, c.logprob);
+    }
+    let text: Vec<u32> = prompt.iter().copied().chain(on_cpu[0].ids.iter().copied()).collect();
+    let (sg, sc) = (score(&gpu, &text).unwrap(), score(&cpu, &text).unwrap());
+    for (g, c) in sg.token_logprobs.iter().zip(&sc.token_logprobs) {
+        assert!((g - c).abs() < 1e-3, "token log P {g} vs {c}");
+    }
+    eprintln!(
+        "beam search on the GPU: best log P {:.5} (CPU {:.5}); score {:.5} (CPU {:.5})",
+        on_gpu[0].logprob, on_cpu[0].logprob, sg.total_logprob, sc.total_logprob
+    );
 }
 
 #[test]

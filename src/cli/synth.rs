@@ -14,130 +14,98 @@ use nexttoken::quant::GgmlType;
 use nexttoken::synthetic::{self, Spec};
 use nexttoken::{Error, Result};
 
-/// The shapes and hyperparameters `synth` needs, from a Hugging Face config.
-#[derive(Debug, Clone)]
-pub struct SynthConfig {
-    pub arch: Arch,
-    pub name: String,
-    pub n_vocab: usize,
-    pub n_embd: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub n_ff: usize,
-    pub n_ctx: usize,
-    pub norm_eps: f64,
-    pub rope_theta: f64,
-    pub tied: bool,
-    pub bos: Option<u64>,
-    pub eos: Option<u64>,
-}
-
 fn bad(msg: String) -> Error {
     Error::Model(msg)
 }
 
-impl SynthConfig {
-    pub fn from_hf_json(text: &str) -> Result<SynthConfig> {
-        let j: Json =
-            serde_json::from_str(text).map_err(|e| bad(format!("config is not JSON: {e}")))?;
-        let model_type = j["model_type"].as_str().unwrap_or("");
-        let archs: Vec<&str> = j["architectures"]
-            .as_array()
-            .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str()).collect());
-        let has = |s: &str| archs.iter().any(|a| a.starts_with(s));
-        let arch = if model_type == "qwen2" || has("Qwen2") {
-            Arch::Qwen2
-        } else if model_type == "gpt2" || has("GPT2") {
-            Arch::Gpt2
-        } else if model_type == "llama" || has("Llama") || model_type == "mistral" {
-            Arch::Llama
-        } else {
-            return Err(bad(format!("unsupported model_type {model_type:?} / architectures {archs:?} (llama, qwen2, gpt2)")));
-        };
-        let u = |k: &str| j[k].as_u64().map(|v| v as usize);
-        let need = |k: &str| u(k).ok_or_else(|| bad(format!("config lacks integer {k:?}")));
-        let first_id = |k: &str| match &j[k] {
-            Json::Number(n) => n.as_u64(),
-            Json::Array(a) => a.first().and_then(|v| v.as_u64()),
-            _ => None,
-        };
-        let name = j["_name_or_path"].as_str().unwrap_or(arch.gguf_name()).to_string();
-        let c = if arch == Arch::Gpt2 {
-            let e = need("n_embd")?;
-            SynthConfig {
-                arch,
-                name,
-                n_vocab: need("vocab_size")?,
-                n_embd: e,
-                n_layer: need("n_layer")?,
-                n_head: need("n_head")?,
-                n_head_kv: need("n_head")?,
-                head_dim: e / need("n_head")?,
-                n_ff: u("n_inner").unwrap_or(4 * e),
-                n_ctx: u("n_positions").or(u("n_ctx")).unwrap_or(1024),
-                norm_eps: j["layer_norm_epsilon"].as_f64().unwrap_or(1e-5),
-                rope_theta: 10000.0,
+/// The synthetic model of a Hugging Face config's shapes, with weight matrices of type `ty`.
+pub fn spec_from_hf_json(text: &str, ty: GgmlType, seed: u64) -> Result<Spec> {
+    let j: Json =
+        serde_json::from_str(text).map_err(|e| bad(format!("config is not JSON: {e}")))?;
+    let model_type = j["model_type"].as_str().unwrap_or("");
+    let archs: Vec<&str> = j["architectures"]
+        .as_array()
+        .map_or(vec![], |a| a.iter().filter_map(|v| v.as_str()).collect());
+    let has = |s: &str| archs.iter().any(|a| a.starts_with(s));
+    let arch = if model_type == "qwen2" || has("Qwen2") {
+        Arch::Qwen2
+    } else if model_type == "gpt2" || has("GPT2") {
+        Arch::Gpt2
+    } else if model_type == "llama" || has("Llama") || model_type == "mistral" {
+        Arch::Llama
+    } else {
+        return Err(bad(format!(
+            "unsupported model_type {model_type:?} / architectures {archs:?} (llama, qwen2, gpt2)"
+        )));
+    };
+    let u = |k: &str| j[k].as_u64().map(|v| v as usize);
+    let need = |k: &str| u(k).ok_or_else(|| bad(format!("config lacks integer {k:?}")));
+    let f = |k: &str, default: f64| j[k].as_f64().unwrap_or(default) as f32;
+    let first_id = |k: &str| match &j[k] {
+        Json::Number(n) => n.as_u64(),
+        Json::Array(a) => a.first().and_then(|v| v.as_u64()),
+        _ => None,
+    };
+    let name = j["_name_or_path"].as_str().unwrap_or(arch.gguf_name());
+    // (vocabulary, embedding, layers, heads, key/value heads, head size, feed-forward, context)
+    let (n_vocab, e, n_layer) = match arch {
+        Arch::Gpt2 => (need("vocab_size")?, need("n_embd")?, need("n_layer")?),
+        _ => (need("vocab_size")?, need("hidden_size")?, need("num_hidden_layers")?),
+    };
+    let spec = match arch {
+        Arch::Gpt2 => {
+            let heads = need("n_head")?;
+            Spec {
+                norm_eps: f("layer_norm_epsilon", 1e-5),
                 tied: true,
-                bos: first_id("bos_token_id"),
-                eos: first_id("eos_token_id"),
+                ..Spec::new(
+                    arch,
+                    n_vocab,
+                    e,
+                    n_layer,
+                    heads,
+                    u("n_inner").unwrap_or(4 * e),
+                    u("n_positions").or(u("n_ctx")).unwrap_or(1024),
+                )
             }
-        } else {
-            let e = need("hidden_size")?;
+        }
+        _ => {
             let heads = need("num_attention_heads")?;
-            SynthConfig {
-                arch,
-                name,
-                n_vocab: need("vocab_size")?,
-                n_embd: e,
-                n_layer: need("num_hidden_layers")?,
-                n_head: heads,
+            let head_dim = u("head_dim").unwrap_or(e / heads.max(1));
+            Spec {
                 n_head_kv: u("num_key_value_heads").unwrap_or(heads),
-                head_dim: u("head_dim").unwrap_or(e / heads),
-                n_ff: need("intermediate_size")?,
-                n_ctx: u("max_position_embeddings").unwrap_or(4096),
-                norm_eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6),
-                rope_theta: j["rope_theta"].as_f64().unwrap_or(10000.0),
+                head_dim,
+                rope_dims: head_dim,
+                norm_eps: f("rms_norm_eps", 1e-6),
+                rope_theta: f("rope_theta", 10000.0),
                 tied: j["tie_word_embeddings"].as_bool().unwrap_or(false),
-                bos: first_id("bos_token_id"),
-                eos: first_id("eos_token_id"),
+                ..Spec::new(
+                    arch,
+                    n_vocab,
+                    e,
+                    n_layer,
+                    heads,
+                    need("intermediate_size")?,
+                    u("max_position_embeddings").unwrap_or(4096),
+                )
             }
-        };
-        if c.n_head == 0 || c.n_head_kv == 0 || c.n_head % c.n_head_kv != 0 || c.n_vocab < 300 {
-            return Err(bad(format!("config has unusable head counts or vocabulary: {c:?}")));
         }
-        Ok(c)
+    };
+    if spec.n_head == 0 || spec.n_head_kv == 0 || spec.n_head % spec.n_head_kv != 0 || n_vocab < 300
+    {
+        return Err(bad(format!("config has unusable head counts or vocabulary: {spec:?}")));
     }
-
-    /// The synthetic model of this config's shapes with weight matrices of type `ty`.
-    pub fn spec(&self, ty: GgmlType, seed: u64) -> Spec {
-        let special = |id: Option<u64>, default: u32| {
-            id.filter(|&v| (v as usize) < self.n_vocab).map_or(default, |v| v as u32)
-        };
-        Spec {
-            name: format!("synthetic {} ({})", self.name, ty.name()),
-            n_head_kv: self.n_head_kv,
-            head_dim: self.head_dim,
-            norm_eps: self.norm_eps as f32,
-            rope_theta: self.rope_theta as f32,
-            rope_dims: self.head_dim,
-            tied: self.tied,
-            weight_type: ty,
-            bos: special(self.bos, 1),
-            eos: special(self.eos, 2),
-            seed,
-            ..Spec::new(
-                self.arch,
-                self.n_vocab,
-                self.n_embd,
-                self.n_layer,
-                self.n_head,
-                self.n_ff,
-                self.n_ctx,
-            )
-        }
-    }
+    let special = |id: Option<u64>, default: u32| {
+        id.filter(|&v| (v as usize) < n_vocab).map_or(default, |v| v as u32)
+    };
+    Ok(Spec {
+        name: format!("synthetic {name} ({})", ty.name()),
+        weight_type: ty,
+        bos: special(first_id("bos_token_id"), 1),
+        eos: special(first_id("eos_token_id"), 2),
+        seed,
+        ..spec
+    })
 }
 
 /// The `synth` command: read the config, write the file, say what was written.
@@ -153,9 +121,9 @@ pub fn run(config: &Path, ty: &str, out: &Path, seed: u64) -> Result<()> {
     };
     let text = std::fs::read_to_string(config)
         .map_err(|source| Error::Io { path: config.display().to_string(), source })?;
-    let c = SynthConfig::from_hf_json(&text)?;
+    let c = spec_from_hf_json(&text, ty, seed)?;
     let t0 = std::time::Instant::now();
-    let bytes = synthetic::write(&c.spec(ty, seed))?;
+    let bytes = synthetic::write(&c)?;
     std::fs::write(out, &bytes)
         .map_err(|source| Error::Io { path: out.display().to_string(), source })?;
     eprintln!(

@@ -739,6 +739,16 @@ impl LanguageModel for GpuModel {
         pollster::block_on(self.forward_async(state, tokens, all_logits))
     }
 
+    /// Top-k on the GPU, so only k (id, logit) pairs and the log-sum-exp come back (beam search).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn forward_top(&self, state: &mut GpuState, tokens: &[u32], k: usize) -> Result<TopK> {
+        if (1..=MAX_TOP_K).contains(&k) {
+            self.forward_topk(state, tokens, k)
+        } else {
+            Ok(TopK::from_logits(&self.forward(state, tokens, false)?, k))
+        }
+    }
+
     /// The browser cannot block on the GPU: use [`GpuModel::forward_async`].
     #[cfg(target_arch = "wasm32")]
     fn forward(

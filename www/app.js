@@ -162,10 +162,10 @@ async function loadModel(spec) {
 function backendLabel(info) {
   if (info.backend === "webgpu") return info.backendDetail || "WebGPU";
   if (info.backend === "table") return "table lookup (no matrix math)";
-  // src/web/engine.rs says "CPU backend chosen (KERNELS, N threads)" when the CPU was asked for, or why
-  // WebGPU was not used, with the kernels in brackets at the end.
+  // src/web/engine.rs says "CPU backend chosen ([WebAssembly, ]KERNELS, N threads)" when the CPU was asked
+  // for (show the kernels only), or why WebGPU was not used, with the kernels in brackets at the end.
   const detail = info.backendDetail || "";
-  const chosen = /^CPU backend chosen \((.*)\)$/.exec(detail);
+  const chosen = /^CPU backend chosen \((?:WebAssembly, )?(.*)\)$/.exec(detail);
   return `CPU (WebAssembly SIMD)${detail ? " — " + (chosen ? chosen[1] : detail) : ""}`;
 }
 

@@ -53,19 +53,20 @@ pub struct TopK {
     /// Best first; ties broken by smaller id.
     pub ids: Vec<u32>,
     pub logits: Vec<f32>,
-    pub logsumexp: f32,
+    /// f64: on the CPU it is summed in f64, and beam search adds many of these up.
+    pub logsumexp: f64,
 }
 
 impl TopK {
     /// The `k` best of one row of logits (fewer when the row is shorter; NaNs never ranked).
     pub fn from_logits(logits: &[f32], k: usize) -> TopK {
         let (ids, top_logits) = top_n(logits, k).into_iter().unzip();
-        TopK { ids, logits: top_logits, logsumexp: logsumexp(logits) as f32 }
+        TopK { ids, logits: top_logits, logsumexp: logsumexp(logits) }
     }
 
     /// ln P(`ids[i]`) under the full softmax.
     pub fn logprob(&self, i: usize) -> f64 {
-        self.logits[i] as f64 - self.logsumexp as f64
+        self.logits[i] as f64 - self.logsumexp
     }
 }
 

@@ -679,7 +679,7 @@ fn stories260k_picks_on_the_gpu() {
         assert_eq!(top.logits, want_logits, "step {step}: top-k logits");
         let lse = logsumexp(&logits);
         assert!(
-            (top.logsumexp as f64 - lse).abs() < 1e-4,
+            (top.logsumexp - lse).abs() < 1e-4,
             "step {step}: logsumexp {} vs {lse}",
             top.logsumexp
         );
@@ -689,7 +689,7 @@ fn stories260k_picks_on_the_gpu() {
         let cpu_next = argmax(&probs);
         softmax_in_place(&mut probs);
         for (&id, &l) in top.ids.iter().zip(&top.logits) {
-            let p = ((l - top.logsumexp) as f64).exp();
+            let p = (l as f64 - top.logsumexp).exp();
             worst_p = worst_p.max((p - probs[id as usize] as f64).abs());
         }
         assert_eq!(greedy, cpu_next, "step {step}: greedy token differs from the CPU's");

@@ -390,7 +390,7 @@ impl GpuModel {
         Ok(TopK {
             ids: (0..count).map(|i| w[2 + 2 * i]).collect(),
             logits: (0..count).map(|i| f32::from_bits(w[3 + 2 * i])).collect(),
-            logsumexp: f32::from_bits(w[0]),
+            logsumexp: f32::from_bits(w[0]) as f64,
         })
     }
 

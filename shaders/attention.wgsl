@@ -1,10 +1,13 @@
-// Causal grouped-query attention for a batch of queries at positions pos0 + t (pos0 = STEP[0] +
-// start: the position is read on the GPU from the step buffer), over the KV cache of one layer
-// (rows of kv_dim elements of type `kvt`, f32 or f16; positions 0..=pos0 + t). One workgroup per (head, token):
-// a first pass finds the largest score, a second walks the positions in tiles of WG, turning
-// scores into exp(s - max) in workgroup memory, each thread accumulating its own output
-// dimensions; the sum of the exponentials divides at the end (numerically stable softmax).
-// Query head h reads key/value head h / (n_head / n_head_kv). head_dim <= 4 * WG = 256.
+// Causal grouped-query attention, split over the sequence (flash-decoding), first pass: for a
+// batch of queries at positions pos0 + t (pos0 = STEP[0] + start: read on the GPU from the step
+// buffer), over the KV cache of one layer (keys in rows of kv_dim elements of type `kvt`, f32 or
+// f16, the values from element v_base on). One workgroup per (head, token, chunk of `chunk`
+// positions): a first pass finds the chunk's largest score, a second walks its positions in
+// tiles of WG, turning scores into exp(s - max) in workgroup memory, each thread accumulating its
+// own output dimensions. The chunk's (max, sum of exponentials, unnormalised output) go to PART;
+// attention_merge.wgsl combines the chunks (numerically stable: each is rescaled by
+// exp(max_chunk - max_all)). Chunks past the token's last position do nothing. Query head h reads
+// key/value head h / (n_head / n_head_kv). head_dim <= 4 * WG = 256.
 
 struct Params {
     n_head: u32,
@@ -12,14 +15,16 @@ struct Params {
     head_dim: u32,
     start: u32,
     scale: f32,
+    v_base: u32,
+    chunk: u32,
+    max_chunks: u32,
 }
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
-@group(0) @binding(1) var<storage, read> K: array<kvt>;
-@group(0) @binding(2) var<storage, read> V: array<kvt>;
-@group(0) @binding(3) var<storage, read> STEP: array<u32>;
-@group(0) @binding(4) var<storage, read_write> O: array<f32>;
-@group(0) @binding(5) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> KV: array<kvt>;
+@group(0) @binding(2) var<storage, read> STEP: array<u32>;
+@group(0) @binding(3) var<storage, read_write> PART: array<f32>;
+@group(0) @binding(4) var<uniform> P: Params;
 
 const WG: u32 = 64u;
 var<workgroup> qs: array<f32, 256>;
@@ -30,7 +35,7 @@ fn score(p: u32, kb: u32) -> f32 {
     let base = p * P.n_head_kv * P.head_dim + kb;
     var s = 0.0;
     for (var i = 0u; i < P.head_dim; i++) {
-        s += qs[i] * f32(K[base + i]);
+        s += qs[i] * f32(KV[base + i]);
     }
     return s * P.scale;
 }
@@ -39,9 +44,15 @@ fn score(p: u32, kb: u32) -> f32 {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wg.x;
     let t = wg.y;
+    let c = wg.z;
     let hd = P.head_dim;
     let kv_dim = P.n_head_kv * hd;
     let seen = STEP[0] + P.start + t + 1u;
+    let p0 = c * P.chunk;
+    if (p0 >= seen) {
+        return;
+    }
+    let p1 = min(seen, p0 + P.chunk);
     let kb = (h / (P.n_head / P.n_head_kv)) * hd;
     let qb = (t * P.n_head + h) * hd;
     for (var d = lid; d < hd; d += WG) {
@@ -50,7 +61,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
 
     var m = -3.0e38;
-    for (var p = lid; p < seen; p += WG) {
+    for (var p = p0 + lid; p < p1; p += WG) {
         m = max(m, score(p, kb));
     }
     red[lid] = m;
@@ -66,22 +77,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     var l = 0.0;
-    for (var base = 0u; base < seen; base += WG) {
+    for (var base = p0; base < p1; base += WG) {
         let p = base + lid;
         var e = 0.0;
-        if (p < seen) {
+        if (p < p1) {
             e = exp(score(p, kb) - mx);
         }
         probs[lid] = e;
         l += e;
         workgroupBarrier();
-        let cnt = min(WG, seen - base);
+        let cnt = min(WG, p1 - base);
         for (var j = 0u; j < 4u; j++) {
             let d = lid + j * WG;
             if (d < hd) {
                 var s = acc[j];
                 for (var i = 0u; i < cnt; i++) {
-                    s += probs[i] * f32(V[(base + i) * kv_dim + kb + d]);
+                    s += probs[i] * f32(KV[P.v_base + (base + i) * kv_dim + kb + d]);
                 }
                 acc[j] = s;
             }
@@ -97,11 +108,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
     }
-    let sum = red[0];
+    let out = ((t * P.n_head + h) * P.max_chunks + c) * (hd + 2u);
+    if (lid == 0u) {
+        PART[out] = mx;
+        PART[out + 1u] = red[0];
+    }
     for (var j = 0u; j < 4u; j++) {
         let d = lid + j * WG;
         if (d < hd) {
-            O[qb + d] = acc[j] / sum;
+            PART[out + 2u + d] = acc[j];
         }
     }
 }

@@ -1,5 +1,5 @@
 // Tiled matrix-matrix product for prefill: Y[t][y_col0 + r] = dot(W[r], X[x_row0 + t])
-// (+ B[bias_row0 + r]), the same contract and parameters as matmul.wgsl.
+// (+ B[bias_row0 + r]), W's rows starting at byte w_byte0 (packed tensors share a buffer).
 //
 // One workgroup (64 threads) computes a TR x TT = 32 rows x 32 tokens tile of Y. For each chunk
 // of CH = 32 along the row, threads 0..32 each decode one weight row's chunk (one block, by the
@@ -19,6 +19,7 @@ struct Params {
     y_col0: u32,
     bias_row0: u32,
     has_bias: u32,
+    w_byte0: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -52,7 +53,7 @@ fn main(
         if (lid < TR) {
             let row = r0 + lid;
             if (row < P.rows) {
-                decode(row * P.row_bytes, c, n, &v);
+                decode(P.w_byte0 + row * P.row_bytes, c, n, &v);
                 for (var i = 0u; i < CH; i++) {
                     Ws[lid * LD + i] = select(0.0, v[i], i < n);
                 }

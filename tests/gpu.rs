@@ -425,7 +425,7 @@ fn attention_causal_gqa() {
 fn elementwise_kernels() {
     let Some(k) = kernels() else { return };
     let mut rng = Rng(7);
-    for n in [1, 255, 257, 70_001] {
+    for n in [1, 255, 258, 70_001] {
         let x = rng.vec(n, 8.0);
         let mut y = rng.vec(n, 8.0);
         y[0] = 60.0; // gelu of a large input must not be NaN

@@ -4,8 +4,8 @@
 use super::context::GpuContext;
 use super::kernels::{readback, storage, upload, Kernels, Pass};
 use super::ops::{
-    self, floats, step_words, AttentionShape, Columns, GpuTensor, Heads, KvBuffers, Lookup, NormOp,
-    Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+    self, floats, step_words, AttentionShape, Bias, Columns, Fused, GpuTensor, Heads, KvBuffers,
+    Lookup, NormOp, Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
 use crate::error::Result;
 use crate::model::{cos_sin_table, Norm};
@@ -17,6 +17,35 @@ fn f32_bytes(x: &[f32]) -> Vec<u8> {
 
 fn upload_f32(ctx: &GpuContext, x: &[f32]) -> wgpu::Buffer {
     upload(ctx, "host input", &f32_bytes(x))
+}
+
+/// Stand-ins for the buffers a fused product binds but a plain product does not read.
+struct Unfused {
+    vectors: wgpu::Buffer,
+    table: wgpu::Buffer,
+    step: wgpu::Buffer,
+    no_kv: wgpu::Buffer,
+}
+
+impl Unfused {
+    fn new(ctx: &GpuContext) -> Unfused {
+        Unfused {
+            vectors: floats(ctx, "vectors", 4),
+            table: floats(ctx, "table", 4),
+            step: floats(ctx, "step", 4),
+            no_kv: floats(ctx, "no kv", 4),
+        }
+    }
+
+    fn fused(&self) -> Fused<'_> {
+        Fused {
+            vectors: &self.vectors,
+            table: &self.table,
+            step: &self.step,
+            no_kv: &self.no_kv,
+            f16_kv: false,
+        }
+    }
 }
 
 /// Copy the first `n` floats of `buf` back to the host (after everything submitted before).
@@ -47,7 +76,7 @@ pub fn matmul(
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
     let n_tok = x.len() / cols;
-    matmul_with(k, ty, w, rows, cols, x, bias, n_tok > super::kernels::MATMUL_TOKENS as usize)
+    matmul_with(k, ty, w, rows, cols, x, bias, !ops::fits_matvec(n_tok))
 }
 
 /// [`matmul`] with the kernel forced: `tiled` for the prefill (matrix-matrix) kernel.
@@ -68,9 +97,16 @@ pub fn matmul_with(
     let xb = upload_f32(ctx, x);
     let bb = bias.map(|b| upload_f32(ctx, b));
     let y = floats(ctx, "y", n_tok * rows);
+    let unfused = Unfused::new(ctx);
     let mut pass = Pass::new(k);
     let x = Rows { buf: &xb, row0: 0, n: n_tok };
-    ops::matmul_with(&mut pass, &wt, bb.as_ref(), x, Out { buf: &y, stride: rows, col0: 0 }, tiled);
+    let out = Out { buf: &y, stride: rows, col0: 0 };
+    let bias = bb.as_ref().map(|b| Bias::Buffer(b, 0));
+    if tiled {
+        ops::matmul_tiled(&mut pass, &wt, bias, x, out, &unfused.fused());
+    } else {
+        ops::matmul(&mut pass, &wt, bias, x, out, &unfused.fused());
+    }
     pass.submit();
     read(ctx, &y, n_tok * rows)
 }
@@ -97,15 +133,18 @@ pub fn matmul_split(
                 row0: r0,
                 rows: n,
                 buffer: upload(ctx, "w part", &w[r0 * rb..(r0 + n) * rb]),
+                byte0: 0,
             }
         })
         .collect();
     let wt = GpuTensor { ty, rows, cols, row_bytes: rb, parts };
     let xb = upload_f32(ctx, x);
     let y = floats(ctx, "y", n_tok * rows);
+    let unfused = Unfused::new(ctx);
     let mut pass = Pass::new(k);
     let x = Rows { buf: &xb, row0: 0, n: n_tok };
-    ops::matmul(&mut pass, &wt, None, x, Out { buf: &y, stride: rows, col0: 0 });
+    let out = Out { buf: &y, stride: rows, col0: 0 };
+    ops::matmul(&mut pass, &wt, None, x, out, &unfused.fused());
     let emb = floats(ctx, "emb", n_tok.min(rows) * cols);
     let ids: Vec<u32> = (0..n_tok.min(rows) as u32).rev().collect();
     let idb = upload(ctx, "step", &step_words(0, &ids));
@@ -195,14 +234,19 @@ pub fn attention(
 ) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let n_tok = q.len() / (n_head * head_dim);
-    let (qb, kb, vb) = (upload_f32(ctx, q), upload_f32(ctx, k_cache), upload_f32(ctx, v_cache));
+    let kv_cache = [k_cache, v_cache].concat();
+    let (qb, kvb) = (upload_f32(ctx, q), upload_f32(ctx, &kv_cache));
     let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", q.len());
-    let mut pass = Pass::new(k);
-    let kv = KvBuffers { k: &kb, v: &vb, f16: false };
-    let tokens = Tokens { step: &step, start: 0, n: n_tok };
     let shape = AttentionShape { n_head, n_head_kv, head_dim };
-    ops::attention(&mut pass, &qb, kv, tokens, shape, &y);
+    let chunks = floats(ctx, "chunks", ops::attention_scratch_floats(n_tok, shape));
+    let mut pass = Pass::new(k);
+    let kv = KvBuffers { kv: &kvb, v_base: k_cache.len(), f16: false };
+    let tokens = Tokens { step: &step, start: 0, n: n_tok };
+    // About five chunks, so the merge of several is tested.
+    let max_seen = pos0 + n_tok;
+    let chunk = max_seen.div_ceil(5).max(1);
+    ops::attention(&mut pass, &qb, kv, tokens, shape, chunk, max_seen, &chunks, &y);
     pass.submit();
     read(ctx, &y, q.len())
 }
@@ -229,7 +273,7 @@ pub fn topk(k: &Kernels, x: &[f32], top: usize) -> Result<(Vec<(u32, f32)>, f32)
 pub enum Elementwise {
     /// y + x
     Add,
-    /// y * silu(x)
+    /// y * silu(x) (x the gate, y up)
     SiluMul,
     /// gelu(y) (x unused)
     Gelu,
@@ -238,10 +282,18 @@ pub enum Elementwise {
 pub fn elementwise(k: &Kernels, op: Elementwise, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
     let (xb, yb) = (upload_f32(ctx, x), upload_f32(ctx, y));
+    // silu_mul reads rows of gate|up: two rows for an even length, so the row arithmetic is
+    // exercised.
+    let rows = if y.len().is_multiple_of(2) { 2 } else { 1 };
+    let width = y.len() / rows;
+    let gate_up: Vec<f32> = (0..rows)
+        .flat_map(|r| [&x[r * width..(r + 1) * width], &y[r * width..(r + 1) * width]].concat())
+        .collect();
+    let gub = upload_f32(ctx, &gate_up);
     let mut pass = Pass::new(k);
     match op {
         Elementwise::Add => ops::add(&mut pass, &xb, &yb, y.len()),
-        Elementwise::SiluMul => ops::silu_mul(&mut pass, &xb, &yb, y.len()),
+        Elementwise::SiluMul => ops::silu_mul(&mut pass, &gub, &yb, rows, width),
         Elementwise::Gelu => ops::gelu(&mut pass, &yb, y.len()),
     }
     pass.submit();

@@ -16,13 +16,14 @@ use super::context::GpuContext;
 use crate::quant::GgmlType;
 
 const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
-const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+const MATVEC: &str = include_str!("../../shaders/matvec.wgsl");
 const MATMUL_TILED: &str = include_str!("../../shaders/matmul_tiled.wgsl");
 const EMBEDDING: &str = include_str!("../../shaders/embedding.wgsl");
 const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
 const LAYER_NORM: &str = include_str!("../../shaders/layer_norm.wgsl");
 const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
+const ATTENTION_MERGE: &str = include_str!("../../shaders/attention_merge.wgsl");
 const ADD: &str = include_str!("../../shaders/add.wgsl");
 const SILU_MUL: &str = include_str!("../../shaders/silu_mul.wgsl");
 const GELU: &str = include_str!("../../shaders/gelu.wgsl");
@@ -32,10 +33,10 @@ const TOPK_MERGE: &str = include_str!("../../shaders/topk_merge.wgsl");
 
 /// Workgroups per dimension of a dispatch (WebGPU's guaranteed minimum of the limit).
 pub const MAX_GROUPS: u32 = 65535;
-/// Tokens one matmul workgroup handles (`TB` in matmul.wgsl).
-pub const MATMUL_TOKENS: u32 = 8;
-/// Rows one matmul workgroup handles (`RPW` in matmul.wgsl).
-pub const MATMUL_ROWS: u32 = 4;
+/// Most tokens one matvec.wgsl dispatch handles (`TB`); larger batches use the tiled kernel.
+pub const MATVEC_TOKENS: u32 = 8;
+/// Rows one matvec.wgsl workgroup handles (`RPW`).
+pub const MATVEC_ROWS: u32 = 16;
 /// Rows and tokens of the output tile of one matmul_tiled.wgsl workgroup (`TR`, `TT`).
 pub const TILED_ROWS: u32 = 32;
 pub const TILED_TOKENS: u32 = 32;
@@ -48,8 +49,9 @@ pub const PARAM_SLOT: u64 = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// Weight matrix (of this type) times a batch of vectors, optional bias.
-    Matmul(GgmlType),
+    /// Weight matrix (of this type) times up to 8 vectors, with the norm of its input and an
+    /// epilogue fused in; `true`: the KV cache it may write is f16.
+    Matvec(GgmlType, bool),
     /// The same product tiled over rows and tokens, for prefill batches of many tokens.
     MatmulTiled(GgmlType),
     /// Row lookup from a weight matrix of this type.
@@ -58,8 +60,10 @@ pub enum Kernel {
     LayerNorm,
     /// RoPE; `true`: the output is f16 (the key/value cache of the f16 variant).
     Rope(bool),
-    /// Attention; `true`: the key/value cache is f16.
+    /// Attention over one chunk of the sequence; `true`: the key/value cache is f16.
     Attention(bool),
+    /// The merge of attention's chunks.
+    AttentionMerge,
     Add,
     SiluMul,
     Gelu,
@@ -102,13 +106,14 @@ impl Kernel {
     /// The complete WGSL source of this kernel.
     pub fn source(self) -> String {
         match self {
-            Kernel::Matmul(ty) => with_dequant(ty, MATMUL),
+            Kernel::Matvec(ty, h) => with_kv_type(h, &with_dequant(ty, MATVEC)),
             Kernel::MatmulTiled(ty) => with_dequant(ty, MATMUL_TILED),
             Kernel::Embedding(ty) => with_dequant(ty, EMBEDDING),
             Kernel::RmsNorm => RMS_NORM.into(),
             Kernel::LayerNorm => LAYER_NORM.into(),
             Kernel::Rope(h) => with_kv_type(h, ROPE),
             Kernel::Attention(h) => with_kv_type(h, ATTENTION),
+            Kernel::AttentionMerge => ATTENTION_MERGE.into(),
             Kernel::Add => ADD.into(),
             Kernel::SiluMul => SILU_MUL.into(),
             Kernel::Gelu => GELU.into(),
@@ -129,12 +134,14 @@ impl Kernel {
     /// uniform parameters follow at the next binding.
     pub fn storage_bindings(self) -> &'static [bool] {
         match self {
-            Kernel::Matmul(_) | Kernel::MatmulTiled(_) => &[false, false, false, true],
+            Kernel::Matvec(..) => &[false, false, false, false, false, true, true],
+            Kernel::MatmulTiled(_) => &[false, false, false, true],
             Kernel::Embedding(_) => &[false, false, true],
             Kernel::RmsNorm => &[false, false, true],
             Kernel::LayerNorm => &[false, false, false, true],
             Kernel::Rope(_) => &[false, false, false, true],
-            Kernel::Attention(_) => &[false, false, false, false, true],
+            Kernel::Attention(_) => &[false, false, false, true],
+            Kernel::AttentionMerge => &[false, false, true],
             Kernel::Add | Kernel::SiluMul => &[false, true],
             Kernel::Gelu => &[true],
             Kernel::TopkPartial => &[false, true],
@@ -452,6 +459,25 @@ pub fn upload(ctx: &GpuContext, label: &str, data: &[u8]) -> wgpu::Buffer {
         .expect("freshly mapped")
         .slice(..data.len())
         .copy_from_slice(data);
+    buffer.unmap();
+    buffer
+}
+
+/// A storage buffer holding `pieces` one after the other (padded as [`upload`] pads).
+pub fn upload_pieces(ctx: &GpuContext, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    let size = (len.div_ceil(4) * 4).max(16) as u64;
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let buffer = ctx.create_buffer_mapped(label, size, usage);
+    {
+        let mut view = buffer.slice(..).get_mapped_range_mut().expect("freshly mapped");
+        let mut at = 0;
+        for p in pieces {
+            view.slice(at..at + p.len()).copy_from_slice(p);
+            at += p.len();
+        }
+    }
     buffer.unmap();
     buffer
 }

@@ -9,30 +9,96 @@ use std::sync::{Arc, Mutex};
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEAD_DIM, MAX_TOP_K};
 use super::ops::{
-    self, floats, AttentionShape, Columns, GpuTensor, Heads, KvBuffers, Lookup, NormOp, Out,
-    RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+    self, floats, AttentionShape, Bias, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers,
+    Lookup, Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
 pub use crate::lm::TopK;
-use crate::model::{Ffn, Linear, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
+use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
+use crate::quant::dequantize_row;
 
 /// Most tokens one pass over the layers handles (longer prompts run in several, in one submission).
 const MAX_BATCH: usize = 64;
 
 /// Activations for up to `batch` tokens, reused by every pass.
 struct Scratch {
+    /// The residual stream.
     x: wgpu::Buffer,
+    /// Normed activations (prefill; decode norms inside the products).
     h: wgpu::Buffer,
     qkv: wgpu::Buffer,
     q: wgpu::Buffer,
+    /// Attention's per-chunk partial results.
+    chunks: wgpu::Buffer,
     attn: wgpu::Buffer,
     proj: wgpu::Buffer,
+    /// The MLP's hidden activations.
     up: wgpu::Buffer,
-    gate: wgpu::Buffer,
+    /// gate|up side by side (prefill).
+    gate_up: wgpu::Buffer,
     logits: wgpu::Buffer,
     /// Zeros of n_embd: the bias of a LayerNorm that has none.
     zeros: wgpu::Buffer,
+    /// The KV cache binding of products that write none.
+    no_kv: wgpu::Buffer,
+}
+
+/// A norm's weights (and LayerNorm's bias) as float offsets in the vectors buffer.
+#[derive(Clone, Copy)]
+struct NormAt {
+    weight: usize,
+    bias: Option<usize>,
+}
+
+/// What the GPU adds to a layer's description: which products are packed into one buffer (so
+/// one dispatch computes them) and where the layer's small vectors are in the vectors buffer.
+struct LayerPlan {
+    /// The q|k|v products as (tensor, first row within q|k|v): one when packed or fused in the
+    /// file, more when q, k and v differ in type.
+    qkv: Vec<(Arc<GpuTensor>, usize)>,
+    /// gate|up packed in one buffer, for a gated MLP whose two weights share a type.
+    gate_up: Option<Arc<GpuTensor>>,
+    attn_norm: NormAt,
+    ffn_norm: NormAt,
+    /// Biases: q|k|v side by side, the output projection, the MLP's up (and gate), down.
+    qkv_bias: Option<usize>,
+    attn_output_bias: Option<usize>,
+    up_bias: Option<usize>,
+    gate_bias: Option<usize>,
+    down_bias: Option<usize>,
+}
+
+/// The small vectors of a model (norm weights and biases, projection biases) decoded to f32 in
+/// one buffer, so a fused product binds one buffer for all of them.
+#[derive(Default)]
+struct Vectors {
+    data: Vec<f32>,
+}
+
+impl Vectors {
+    fn add(&mut self, model: &Model, t: &Tensor) -> usize {
+        let at = self.data.len();
+        self.data.resize(at + t.rows * t.cols, 0.0);
+        dequantize_row(t.ty, model.bytes(t), &mut self.data[at..]);
+        at
+    }
+
+    /// Several vectors one after the other (q, k and v biases); the offset of the first.
+    fn add_all(&mut self, model: &Model, ts: &[&Tensor]) -> usize {
+        let at = self.data.len();
+        for t in ts {
+            self.add(model, t);
+        }
+        at
+    }
+
+    fn norm(&mut self, model: &Model, n: &NormWeights) -> NormAt {
+        NormAt {
+            weight: self.add(model, &n.weight),
+            bias: n.bias.as_ref().map(|b| self.add(model, b)),
+        }
+    }
 }
 
 /// How to run a model on the GPU.
@@ -123,8 +189,14 @@ pub struct GpuModel {
     pub model: Model,
     ctx: Arc<GpuContext>,
     kernels: Kernels,
-    /// The model's weights, uploaded (a tied output projection shares its embedding's buffer).
+    /// The model's weights, uploaded (a tied output projection shares its embedding's buffer;
+    /// q|k|v and gate|up are views of packed buffers where their types agree).
     weights: Weights<Arc<GpuTensor>>,
+    plans: Vec<LayerPlan>,
+    vectors: wgpu::Buffer,
+    output_norm: NormAt,
+    /// Positions per attention chunk.
+    chunk: usize,
     max_seq: usize,
     batch: usize,
     scratch: Scratch,
@@ -139,11 +211,23 @@ pub struct GpuModel {
 /// (for beam search). Bind groups that use the cache are cached here (they die with it).
 pub struct GpuState {
     pub pos: usize,
-    k: Vec<wgpu::Buffer>,
-    v: Vec<wgpu::Buffer>,
+    /// Per layer: keys from element 0, values from `v_rows` rows on.
+    kv: Vec<wgpu::Buffer>,
+    v_rows: usize,
+    kv_dim: usize,
     row_bytes: u64,
     ctx: Arc<GpuContext>,
     groups: Mutex<BindCache>,
+}
+
+/// Rows before the values in a layer's KV buffer: `max_seq`, made even so the values start at
+/// a whole word with f16 elements too.
+fn v_rows(max_seq: usize, kv_dim: usize) -> usize {
+    if (max_seq * kv_dim).is_multiple_of(2) {
+        max_seq
+    } else {
+        max_seq + 1
+    }
 }
 
 impl GpuState {
@@ -155,13 +239,14 @@ impl GpuState {
         elem: usize,
     ) -> GpuState {
         let row_bytes = (kv_dim * elem) as u64;
-        let bytes = max_seq as u64 * row_bytes;
-        let mk =
-            |name: &str| (0..n_layer).map(|_| super::kernels::storage(ctx, name, bytes)).collect();
+        let v_rows = v_rows(max_seq, kv_dim);
+        let bytes = (v_rows + max_seq) as u64 * row_bytes;
+        let kv = (0..n_layer).map(|_| super::kernels::storage(ctx, "kv cache", bytes)).collect();
         GpuState {
             pos: 0,
-            k: mk("k cache"),
-            v: mk("v cache"),
+            kv,
+            v_rows,
+            kv_dim,
             row_bytes,
             ctx: ctx.clone(),
             groups: Mutex::new(BindCache::default()),
@@ -169,34 +254,40 @@ impl GpuState {
     }
 
     fn buffers(&self) -> Vec<&wgpu::Buffer> {
-        self.k.iter().chain(&self.v).collect()
+        self.kv.iter().collect()
+    }
+
+    /// Element offset of the values in a layer's buffer.
+    fn v_base(&self) -> usize {
+        self.v_rows * self.kv_dim
     }
 }
 
 impl Clone for GpuState {
     fn clone(&self) -> GpuState {
         let ctx = &self.ctx;
-        let bytes = self.k.first().map_or(16, |b| b.size());
-        let mk = |name: &str| -> Vec<wgpu::Buffer> {
-            (0..self.k.len()).map(|_| super::kernels::storage(ctx, name, bytes)).collect()
-        };
-        let (k, v) = (mk("k cache"), mk("v cache"));
+        let bytes = self.kv.first().map_or(16, |b| b.size());
+        let kv: Vec<wgpu::Buffer> =
+            (0..self.kv.len()).map(|_| super::kernels::storage(ctx, "kv cache", bytes)).collect();
         // Whole words (an f16 cache row of an odd kv_dim is not).
+        let v_at = self.v_rows as u64 * self.row_bytes;
         let used = (self.pos as u64 * self.row_bytes).div_ceil(4) * 4;
-        let used = used.min(bytes);
+        let used = used.min(v_at);
         if used > 0 {
             let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("clone kv"),
             });
-            for (src, dst) in self.k.iter().zip(&k).chain(self.v.iter().zip(&v)) {
+            for (src, dst) in self.kv.iter().zip(&kv) {
                 enc.copy_buffer_to_buffer(src, 0, dst, 0, used);
+                enc.copy_buffer_to_buffer(src, v_at, dst, v_at, used.min(bytes - v_at));
             }
             ctx.queue.submit([enc.finish()]);
         }
         GpuState {
             pos: self.pos,
-            k,
-            v,
+            kv,
+            v_rows: self.v_rows,
+            kv_dim: self.kv_dim,
             row_bytes: self.row_bytes,
             ctx: ctx.clone(),
             groups: Mutex::new(BindCache::default()),
@@ -241,34 +332,185 @@ impl GpuModel {
                 c.head_dim
             )));
         }
+        // Packs first: q|k|v and gate|up of one type go into one buffer each, and the tensors
+        // become views of it; then every other tensor is uploaded on its own (a tied output
+        // projection shares its embedding's buffer).
+        let key = |t: &Tensor| (t.offset, t.size_bytes);
         let mut cache: HashMap<(usize, usize), Arc<GpuTensor>> = HashMap::new();
+        let mut qkv_packs = Vec::new();
+        let mut gate_up_packs = Vec::new();
+        for lw in &model.weights.layers {
+            let mut qkv = Vec::new();
+            if let Qkv::Separate { q, k, v } = &lw.qkv {
+                let ts = [&q.weight, &k.weight, &v.weight];
+                let mut row0 = 0;
+                // Runs of one type (a Q4_K_M file may keep v in another).
+                let mut i = 0;
+                while i < ts.len() {
+                    let mut j = i + 1;
+                    while j < ts.len() && ts[j].ty == ts[i].ty && ts[j].cols == ts[i].cols {
+                        j += 1;
+                    }
+                    let run = &ts[i..j];
+                    let rows: usize = run.iter().map(|t| t.rows).sum();
+                    if run.len() > 1 {
+                        let pieces: Vec<_> =
+                            run.iter().map(|t| (t.name.as_str(), t.rows, model.bytes(t))).collect();
+                        if let Some((whole, views)) =
+                            GpuTensor::upload_packed(&ctx, run[0].ty, run[0].cols, &pieces)
+                        {
+                            for (t, view) in run.iter().zip(views) {
+                                cache.insert(key(t), Arc::new(view));
+                            }
+                            qkv.push((Some(Arc::new(whole)), row0));
+                            row0 += rows;
+                            i = j;
+                            continue;
+                        }
+                    }
+                    for t in run {
+                        qkv.push((None, row0));
+                        row0 += t.rows;
+                    }
+                    i = j;
+                }
+            }
+            qkv_packs.push(qkv);
+            let mut gate_up = None;
+            if let Ffn::GatedSilu { gate, up, .. } = &lw.ffn {
+                let (g, u) = (&gate.weight, &up.weight);
+                if g.ty == u.ty && g.cols == u.cols && g.rows == u.rows {
+                    let pieces = [
+                        (g.name.as_str(), g.rows, model.bytes(g)),
+                        (u.name.as_str(), u.rows, model.bytes(u)),
+                    ];
+                    if let Some((whole, views)) =
+                        GpuTensor::upload_packed(&ctx, g.ty, g.cols, &pieces)
+                    {
+                        let mut views = views.into_iter();
+                        cache.insert(key(g), Arc::new(views.next().expect("two")));
+                        cache.insert(key(u), Arc::new(views.next().expect("two")));
+                        gate_up = Some(Arc::new(whole));
+                    }
+                }
+            }
+            gate_up_packs.push(gate_up);
+        }
         let weights = model.weights.try_map(|t: &Tensor| -> Result<Arc<GpuTensor>> {
-            if let Some(g) = cache.get(&(t.offset, t.size_bytes)) {
+            if let Some(g) = cache.get(&key(t)) {
                 return Ok(g.clone());
             }
             let g =
                 Arc::new(GpuTensor::upload(&ctx, &t.name, t.ty, t.rows, t.cols, model.bytes(t))?);
-            cache.insert((t.offset, t.size_bytes), g.clone());
+            cache.insert(key(t), g.clone());
             Ok(g)
         })?;
+
+        // The plans: products per dispatch and the small vectors' offsets.
+        let mut vectors = Vectors::default();
+        let mut plans = Vec::new();
+        for (((lw, gw), qkv_pack), gate_up) in
+            model.weights.layers.iter().zip(&weights.layers).zip(qkv_packs).zip(gate_up_packs)
+        {
+            let (qkv, qkv_bias) = match (&lw.qkv, &gw.qkv) {
+                (Qkv::Fused(l), Qkv::Fused(g)) => {
+                    (vec![(g.weight.clone(), 0)], l.bias.as_ref().map(|b| vectors.add(&model, b)))
+                }
+                (Qkv::Separate { q, k, v }, Qkv::Separate { q: gq, k: gk, v: gv }) => {
+                    let singles = [&gq.weight, &gk.weight, &gv.weight];
+                    let mut pieces = Vec::new();
+                    let mut single = singles.iter();
+                    for (whole, row0) in qkv_pack {
+                        match whole {
+                            Some(w) => {
+                                // Skip the views the pack covers.
+                                let mut covered = 0;
+                                while covered < w.rows {
+                                    covered += single.next().expect("pack covers views").rows;
+                                }
+                                pieces.push((w, row0));
+                            }
+                            None => {
+                                pieces.push(((*single.next().expect("one each")).clone(), row0))
+                            }
+                        }
+                    }
+                    let biases = [&q.bias, &k.bias, &v.bias];
+                    let bias = if biases.iter().all(|b| b.is_some()) {
+                        let ts: Vec<&Tensor> = biases.iter().flat_map(|b| b.as_ref()).collect();
+                        Some(vectors.add_all(&model, &ts))
+                    } else if biases.iter().any(|b| b.is_some()) {
+                        // Some biases but not all: zeros for the missing ones.
+                        let at = vectors.data.len();
+                        for (b, rows) in biases.iter().zip([c.q_dim(), c.kv_dim(), c.kv_dim()]) {
+                            match b {
+                                Some(t) => {
+                                    vectors.add(&model, t);
+                                }
+                                None => vectors.data.resize(vectors.data.len() + rows, 0.0),
+                            }
+                        }
+                        Some(at)
+                    } else {
+                        None
+                    };
+                    (pieces, bias)
+                }
+                _ => unreachable!("the same description mapped"),
+            };
+            let (gate_bias, up_bias, down_bias) = match &lw.ffn {
+                Ffn::GatedSilu { gate, up, down } => (
+                    gate.bias.as_ref().map(|b| vectors.add(&model, b)),
+                    up.bias.as_ref().map(|b| vectors.add(&model, b)),
+                    down.bias.as_ref().map(|b| vectors.add(&model, b)),
+                ),
+                Ffn::Gelu { up, down } => (
+                    None,
+                    up.bias.as_ref().map(|b| vectors.add(&model, b)),
+                    down.bias.as_ref().map(|b| vectors.add(&model, b)),
+                ),
+            };
+            plans.push(LayerPlan {
+                qkv,
+                gate_up,
+                attn_norm: vectors.norm(&model, &lw.attn_norm),
+                ffn_norm: vectors.norm(&model, &lw.ffn_norm),
+                qkv_bias,
+                attn_output_bias: lw.attn_output.bias.as_ref().map(|b| vectors.add(&model, b)),
+                up_bias,
+                gate_bias,
+                down_bias,
+            });
+        }
+        let output_norm = vectors.norm(&model, &model.weights.output_norm);
+        let vectors_bytes: Vec<u8> = vectors.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let vectors = super::kernels::upload(&ctx, "vectors", &vectors_bytes);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
 
         let limit = ctx.max_binding();
-        let widest =
-            [c.n_embd, q_dim + 2 * kv_dim, c.n_ff, c.n_vocab].into_iter().max().unwrap_or(1);
+        let shape =
+            AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        let widest = [c.n_embd, q_dim + 2 * kv_dim, 2 * c.n_ff, c.n_vocab]
+            .into_iter()
+            .chain([ops::attention_scratch_floats(1, shape)])
+            .max()
+            .unwrap_or(1);
         let batch = ((limit / (widest as u64 * 4)) as usize).clamp(1, MAX_BATCH);
-        let max_seq = c.n_ctx.min((limit / (kv_dim as u64 * 4)) as usize).max(1);
+        // Keys and values share one buffer per layer.
+        let max_seq = c.n_ctx.min((limit / (kv_dim as u64 * 8)) as usize).saturating_sub(1).max(1);
         let scratch = Scratch {
             x: floats(&ctx, "x", batch * c.n_embd),
             h: floats(&ctx, "h", batch * c.n_embd),
             qkv: floats(&ctx, "qkv", batch * (q_dim + 2 * kv_dim)),
             q: floats(&ctx, "q", batch * q_dim),
+            chunks: floats(&ctx, "attention chunks", ops::attention_scratch_floats(batch, shape)),
             attn: floats(&ctx, "attn", batch * q_dim),
             proj: floats(&ctx, "proj", batch * c.n_embd),
             up: floats(&ctx, "up", batch * c.n_ff),
-            gate: floats(&ctx, "gate", batch * c.n_ff),
+            gate_up: floats(&ctx, "gate|up", batch * 2 * c.n_ff),
             logits: floats(&ctx, "logits", batch * c.n_vocab),
             zeros: floats(&ctx, "zeros", c.n_embd.max(4)),
+            no_kv: floats(&ctx, "no kv", 4),
         };
 
         let kernels = Kernels::new(ctx.clone());
@@ -277,6 +519,7 @@ impl GpuModel {
             Kernel::Rope(false),
             Kernel::Rope(h),
             Kernel::Attention(h),
+            Kernel::AttentionMerge,
             Kernel::Add,
             Kernel::Embedding(weights.token_embd.ty),
         ];
@@ -293,24 +536,34 @@ impl GpuModel {
             needed.push(Kernel::Embedding(p.ty));
         }
         for t in cache.values() {
-            needed.push(Kernel::Matmul(t.ty));
+            needed.push(Kernel::Matvec(t.ty, h));
+            needed.push(Kernel::MatmulTiled(t.ty));
         }
         needed.sort_by_key(|k| format!("{k:?}"));
         needed.dedup();
         kernels.prepare(&needed).await?;
 
-        let load_bytes =
-            cache.values().flat_map(|t| t.parts.iter().map(|p| p.buffer.size())).sum::<u64>()
-                + [&scratch.x, &scratch.h, &scratch.qkv, &scratch.q, &scratch.attn, &scratch.proj]
-                    .iter()
-                    .chain([&scratch.up, &scratch.gate, &scratch.logits, &scratch.zeros].iter())
-                    .map(|b| b.size())
-                    .sum::<u64>();
+        let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
+        for t in cache.values() {
+            for p in &t.parts {
+                if !buffers.contains(&&p.buffer) {
+                    buffers.push(&p.buffer);
+                }
+            }
+        }
+        let s = &scratch;
+        buffers.extend([&s.x, &s.h, &s.qkv, &s.q, &s.chunks, &s.attn, &s.proj, &s.up, &s.gate_up]);
+        buffers.extend([&s.logits, &s.zeros, &s.no_kv, &vectors]);
+        let load_bytes = buffers.iter().map(|b| b.size()).sum::<u64>();
         Ok(GpuModel {
+            chunk: ops::attention_chunk(max_seq),
             model,
             ctx,
             kernels,
             weights,
+            plans,
+            vectors,
+            output_norm,
             max_seq,
             batch,
             scratch,
@@ -323,6 +576,7 @@ impl GpuModel {
     /// Limit the sequence length (and so the KV cache each state allocates).
     pub fn with_max_seq(mut self, max_seq: usize) -> GpuModel {
         self.max_seq = max_seq.clamp(1, self.max_seq);
+        self.chunk = ops::attention_chunk(self.max_seq);
         // Buffers sized by max_seq are made on the first forward; drop any made before.
         self.rt = Mutex::new(Runtime::default());
         self
@@ -522,21 +776,28 @@ impl GpuModel {
 
         let mut pass = Pass::new(&self.kernels);
         let s = &self.scratch;
+        let fused = Fused {
+            vectors: &self.vectors,
+            table: &table,
+            step: &step,
+            no_kv: &s.no_kv,
+            f16_kv: self.opts.f16_kv,
+        };
         let picks = TopkBuffers { cand: &cand, out: &pick, step: &step };
-        let hidden = |row0, n| Rows { buf: &s.h, row0, n };
+        // The most positions any token of this forward sees (sizes attention's grid).
+        let max_seen = pos0 + n + extra;
         let mut start = 0;
         while start < n {
             let len = self.batch.min(n - start);
-            self.encode_layers(&mut pass, state, &table, Tokens { step: &step, start, n: len });
-            let logits = Out { buf: &s.logits, stride: vocab, col0: 0 };
+            let tokens = Tokens { step: &step, start, n: len };
+            self.encode_layers(&mut pass, state, &fused, tokens, max_seen);
             match output {
                 Output::Logits { all: true } => {
-                    ops::matmul(&mut pass, &self.weights.output, None, hidden(0, len), logits);
+                    self.encode_logits(&mut pass, &fused, 0, len);
                     pass.copy(&s.logits, 0, &rb, start as u64 * row_bytes, len as u64 * row_bytes);
                 }
                 _ if start + len == n => {
-                    let last = hidden(len - 1, 1);
-                    ops::matmul(&mut pass, &self.weights.output, None, last, logits);
+                    self.encode_logits(&mut pass, &fused, len - 1, 1);
                     match output {
                         Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
                         Output::TopK { k } => {
@@ -554,15 +815,8 @@ impl GpuModel {
                             // the previous pick wrote.
                             for i in 1..steps {
                                 let next = Tokens { step: &step, start: 0, n: 1 };
-                                self.encode_layers(&mut pass, state, &table, next);
-                                let logits = Out { buf: &s.logits, stride: vocab, col0: 0 };
-                                ops::matmul(
-                                    &mut pass,
-                                    &self.weights.output,
-                                    None,
-                                    hidden(0, 1),
-                                    logits,
-                                );
+                                self.encode_layers(&mut pass, state, &fused, next, max_seen);
+                                self.encode_logits(&mut pass, &fused, 0, 1);
                                 ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
                                 pass.copy(&pick, 8, &rb, 4 * i as u64, 4);
                             }
@@ -618,20 +872,63 @@ impl GpuModel {
         }
     }
 
-    /// Record the layers for `tokens`, leaving the normed final hidden states in `scratch.h`.
+    /// Logits of `n` tokens from row `row0` of the residual stream (`scratch.x`) into
+    /// `scratch.logits`: the final norm fused into the product for a few tokens, a norm then the
+    /// tiled product for many.
+    fn encode_logits<'a>(&'a self, pass: &mut Pass<'a>, fused: &Fused<'a>, row0: usize, n: usize) {
+        let c = &self.model.config;
+        let s = &self.scratch;
+        let out = Out { buf: &s.logits, stride: c.n_vocab, col0: 0 };
+        let rows = Rows { buf: &s.x, row0, n };
+        if ops::fits_matvec(n) {
+            let m = Matvec {
+                norm: Some(self.norm_in(self.output_norm)),
+                bias: None,
+                epilogue: Epilogue::Store,
+            };
+            ops::matvec(pass, &self.weights.output, rows, out, m, fused);
+        } else {
+            self.norm(pass, &self.weights.output_norm, row0 + n);
+            let rows = Rows { buf: &s.h, row0, n };
+            ops::matmul(pass, &self.weights.output, None, rows, out, fused);
+        }
+    }
+
+    fn norm_in(&self, at: NormAt) -> NormIn {
+        let c = &self.model.config;
+        NormIn { kind: c.norm, eps: c.norm_eps, weight: at.weight, bias: at.bias }
+    }
+
+    /// The norm kernel: the first `n` rows of `scratch.x` into `scratch.h`.
+    fn norm<'a>(&'a self, pass: &mut Pass<'a>, w: &'a NormWeights<Arc<GpuTensor>>, n: usize) {
+        let c = &self.model.config;
+        let s = &self.scratch;
+        // A LayerNorm without a bias adds zeros.
+        let bias = Some(w.bias.as_ref().map_or(&s.zeros, |b| b.buffer()));
+        let op = NormOp { kind: c.norm, eps: c.norm_eps, weight: w.weight.buffer(), bias };
+        ops::norm(pass, op, &s.x, c.n_embd, n, &s.h);
+    }
+
+    /// Record the layers for `tokens`, leaving the final residual stream in `scratch.x`.
+    ///
+    /// Decode (a few tokens) runs each layer as six dispatches: norm + q|k|v + bias + RoPE + KV
+    /// write; attention over chunks of the sequence and their merge; output projection + residual;
+    /// norm + gate|up + SiLU·up (or up + GELU); down projection + residual. Prefill runs the
+    /// norms, RoPE, activations and residual adds as kernels of their own around tiled products.
     fn encode_layers<'a>(
         &'a self,
         pass: &mut Pass<'a>,
         state: &'a GpuState,
-        table: &'a wgpu::Buffer,
+        fused: &Fused<'a>,
         tokens: Tokens<'a>,
+        max_seen: usize,
     ) {
         let len = tokens.n;
         let c = &self.model.config;
         let w = &self.weights;
         let s = &self.scratch;
         let (e, ff) = (c.n_embd, c.n_ff);
-        let attention_shape =
+        let shape =
             AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let qkv_w = q_dim + 2 * kv_dim;
@@ -641,67 +938,125 @@ impl GpuModel {
             RopeStyle::HalfSplit => RopeMode::HalfSplit,
             RopeStyle::None => RopeMode::Copy,
         };
-        let linear = |pass: &mut Pass<'a>, l: &'a Linear<Arc<GpuTensor>>, x, out| {
-            let bias = l.bias.as_ref().map(|b| b.buffer());
-            ops::matmul(pass, &l.weight, bias, Rows { buf: x, row0: 0, n: len }, out);
-        };
-        // A LayerNorm without a bias adds zeros.
-        let norm = |pass: &mut Pass<'a>, n: &'a NormWeights<Arc<GpuTensor>>| {
-            let bias = Some(n.bias.as_ref().map_or(&s.zeros, |b| b.buffer()));
-            let op = NormOp { kind: c.norm, eps: c.norm_eps, weight: n.weight.buffer(), bias };
-            ops::norm(pass, op, &s.x, e, len, &s.h);
-        };
+        let few = ops::fits_matvec(len);
+        let rows = |buf| Rows { buf, row0: 0, n: len };
         let out = |buf, stride, col0| Out { buf, stride, col0 };
+        let bias = |b: Option<usize>, row0: usize| b.map(|o| Bias::Vectors(o + row0));
+        // A product whose output is added to the residual stream.
+        let residual = |pass: &mut Pass<'a>, t: &'a GpuTensor, x, b: Option<usize>| {
+            if few {
+                let m = Matvec { norm: None, bias: bias(b, 0), epilogue: Epilogue::Add };
+                ops::matvec(pass, t, rows(x), out(&s.x, e, 0), m, fused);
+            } else {
+                ops::matmul(pass, t, bias(b, 0), rows(x), out(&s.proj, e, 0), fused);
+                ops::add(pass, &s.proj, &s.x, len * e);
+            }
+        };
 
         ops::embedding(pass, &w.token_embd, tokens, Lookup::Ids, &s.x);
         if let Some(pe) = &w.pos_embd {
             ops::embedding(pass, pe, tokens, Lookup::Positions, &s.x);
         }
-        for (l, lw) in w.layers.iter().enumerate() {
-            // Attention block: q|k|v side by side in one row per token.
-            norm(pass, &lw.attn_norm);
-            match &lw.qkv {
-                Qkv::Fused(qkv) => linear(pass, qkv, &s.h, out(&s.qkv, qkv_w, 0)),
-                Qkv::Separate { q, k, v } => {
-                    linear(pass, q, &s.h, out(&s.qkv, qkv_w, 0));
-                    linear(pass, k, &s.h, out(&s.qkv, qkv_w, q_dim));
-                    linear(pass, v, &s.h, out(&s.qkv, qkv_w, q_dim + kv_dim));
+        for ((l, lw), plan) in w.layers.iter().enumerate().zip(&self.plans) {
+            let kv = KvBuffers { kv: &state.kv[l], v_base: state.v_base(), f16: h16 };
+            // Attention block.
+            if few && plan.qkv.iter().all(|(t, _)| t.parts.len() == 1) {
+                for (t, row0) in &plan.qkv {
+                    let qkv = QkvOut {
+                        row0: *row0,
+                        q_dim,
+                        kv_dim,
+                        head_dim: c.head_dim,
+                        rope_dims: c.rope_dims,
+                        mode,
+                        kv: kv.kv,
+                        v_base: kv.v_base,
+                        start: tokens.start,
+                    };
+                    let m = Matvec {
+                        norm: Some(self.norm_in(plan.attn_norm)),
+                        bias: bias(plan.qkv_bias, *row0),
+                        epilogue: Epilogue::Qkv(qkv),
+                    };
+                    ops::matvec(pass, t, rows(&s.x), out(&s.q, q_dim, 0), m, fused);
                 }
+            } else {
+                self.norm(pass, &lw.attn_norm, len);
+                for (t, row0) in &plan.qkv {
+                    let o = out(&s.qkv, qkv_w, *row0);
+                    ops::matmul(pass, t, bias(plan.qkv_bias, *row0), rows(&s.h), o, fused);
+                }
+                let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
+                    let x = Columns { buf: &s.qkv, stride: qkv_w, col0 };
+                    let heads = Heads { n: n_head, dim: c.head_dim, rotated: c.rope_dims };
+                    ops::rope(pass, mode, x, fused.table, tokens, heads, y);
+                };
+                let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
+                rope(pass, mode, 0, c.n_head, q_out);
+                let k_out = RopeOut { buf: kv.kv, row0: 0, at_pos: true, f16: h16 };
+                rope(pass, mode, q_dim, c.n_head_kv, k_out);
+                let v_out = RopeOut { buf: kv.kv, row0: state.v_rows, at_pos: true, f16: h16 };
+                rope(pass, RopeMode::Copy, q_dim + kv_dim, c.n_head_kv, v_out);
             }
-            let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
-                let x = Columns { buf: &s.qkv, stride: qkv_w, col0 };
-                let heads = Heads { n: n_head, dim: c.head_dim, rotated: c.rope_dims };
-                ops::rope(pass, mode, x, table, tokens, heads, y);
-            };
-            let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
-            rope(pass, mode, 0, c.n_head, q_out);
-            let k_out = RopeOut { buf: &state.k[l], row0: 0, at_pos: true, f16: h16 };
-            rope(pass, mode, q_dim, c.n_head_kv, k_out);
-            let v_out = RopeOut { buf: &state.v[l], row0: 0, at_pos: true, f16: h16 };
-            rope(pass, RopeMode::Copy, q_dim + kv_dim, c.n_head_kv, v_out);
-            let kv = KvBuffers { k: &state.k[l], v: &state.v[l], f16: h16 };
-            ops::attention(pass, &s.q, kv, tokens, attention_shape, &s.attn);
-            linear(pass, &lw.attn_output, &s.attn, out(&s.proj, e, 0));
-            ops::add(pass, &s.proj, &s.x, len * e);
+            ops::attention(pass, &s.q, kv, tokens, shape, self.chunk, max_seen, &s.chunks, &s.attn);
+            residual(pass, &lw.attn_output.weight, &s.attn, plan.attn_output_bias);
 
             // Feed-forward block.
-            norm(pass, &lw.ffn_norm);
-            match &lw.ffn {
-                Ffn::GatedSilu { gate, up, down } => {
-                    linear(pass, up, &s.h, out(&s.up, ff, 0));
-                    linear(pass, gate, &s.h, out(&s.gate, ff, 0));
-                    ops::silu_mul(pass, &s.gate, &s.up, len * ff);
-                    linear(pass, down, &s.up, out(&s.proj, e, 0));
+            let ffn_norm = Some(self.norm_in(plan.ffn_norm));
+            match (&lw.ffn, &plan.gate_up) {
+                (Ffn::GatedSilu { down, .. }, Some(gate_up))
+                    if few && plan.gate_bias.is_none() && plan.up_bias.is_none() =>
+                {
+                    let m = Matvec {
+                        norm: ffn_norm,
+                        bias: None,
+                        epilogue: Epilogue::Gated { up_row: ff },
+                    };
+                    ops::matvec(pass, gate_up, rows(&s.x), out(&s.up, ff, 0), m, fused);
+                    residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
-                Ffn::Gelu { up, down } => {
-                    linear(pass, up, &s.h, out(&s.up, ff, 0));
+                (Ffn::Gelu { up, down }, _) if few => {
+                    let m = Matvec {
+                        norm: ffn_norm,
+                        bias: bias(plan.up_bias, 0),
+                        epilogue: Epilogue::Gelu,
+                    };
+                    ops::matvec(pass, &up.weight, rows(&s.x), out(&s.up, ff, 0), m, fused);
+                    residual(pass, &down.weight, &s.up, plan.down_bias);
+                }
+                (Ffn::GatedSilu { gate, up, down }, packed) => {
+                    self.norm(pass, &lw.ffn_norm, len);
+                    match packed {
+                        Some(gu) if plan.gate_bias.is_none() && plan.up_bias.is_none() => {
+                            ops::matmul(
+                                pass,
+                                gu,
+                                None,
+                                rows(&s.h),
+                                out(&s.gate_up, 2 * ff, 0),
+                                fused,
+                            );
+                        }
+                        _ => {
+                            let (g, u) = (&gate.weight, &up.weight);
+                            let o = out(&s.gate_up, 2 * ff, 0);
+                            ops::matmul(pass, g, bias(plan.gate_bias, 0), rows(&s.h), o, fused);
+                            let o = out(&s.gate_up, 2 * ff, ff);
+                            ops::matmul(pass, u, bias(plan.up_bias, 0), rows(&s.h), o, fused);
+                        }
+                    }
+                    ops::silu_mul(pass, &s.gate_up, &s.up, len, ff);
+                    residual(pass, &down.weight, &s.up, plan.down_bias);
+                }
+                (Ffn::Gelu { up, down }, _) => {
+                    self.norm(pass, &lw.ffn_norm, len);
+                    let o = out(&s.up, ff, 0);
+                    ops::matmul(pass, &up.weight, bias(plan.up_bias, 0), rows(&s.h), o, fused);
                     ops::gelu(pass, &s.up, len * ff);
-                    linear(pass, down, &s.up, out(&s.proj, e, 0));
+                    residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
             }
-            ops::add(pass, &s.proj, &s.x, len * e);
         }
-        norm(pass, &w.output_norm);
     }
 }
 

@@ -3,8 +3,8 @@
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    grid, storage, upload, Kernel, Pass, MATMUL_ROWS, MATMUL_TOKENS, MAX_TOP_K, TILED_ROWS,
-    TILED_TOKENS,
+    grid, storage, upload, upload_pieces, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_TOP_K,
+    TILED_ROWS, TILED_TOKENS,
 };
 use crate::error::Result;
 use crate::model::Norm;
@@ -24,6 +24,8 @@ pub struct Part {
     pub row0: usize,
     pub rows: usize,
     pub buffer: wgpu::Buffer,
+    /// Byte offset of the part's first row in `buffer` (tensors packed into one buffer).
+    pub byte0: usize,
 }
 
 impl GpuTensor {
@@ -56,7 +58,7 @@ impl GpuTensor {
         while row0 < rows {
             let n = per_part.min(rows - row0);
             let data = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
-            parts.push(Part { row0, rows: n, buffer: upload(ctx, name, data) });
+            parts.push(Part { row0, rows: n, buffer: upload(ctx, name, data), byte0: 0 });
             row0 += n;
         }
         Ok(GpuTensor { ty, rows, cols, row_bytes, parts })
@@ -66,10 +68,162 @@ impl GpuTensor {
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.parts[0].buffer
     }
+
+    /// Upload tensors of one type and row length, each `(name, rows, bytes)`, into one buffer one
+    /// after the other, so one dispatch can multiply them all (q|k|v, gate|up). Returns the whole
+    /// (all rows) and a view of each; `None` when they differ in type or length or do not fit in
+    /// one storage binding (then they are uploaded one by one).
+    pub fn upload_packed(
+        ctx: &GpuContext,
+        ty: GgmlType,
+        cols: usize,
+        pieces: &[(&str, usize, &[u8])],
+    ) -> Option<(GpuTensor, Vec<GpuTensor>)> {
+        let row_bytes = ty.row_bytes(cols);
+        let rows: usize = pieces.iter().map(|p| p.1).sum();
+        if !cols.is_multiple_of(ty.block_size())
+            || pieces.iter().any(|&(_, r, b)| b.len() != r * row_bytes)
+            || (rows * row_bytes) as u64 > ctx.max_binding()
+        {
+            return None;
+        }
+        let label = pieces.iter().map(|p| p.0).collect::<Vec<_>>().join("|");
+        let buffer = upload_pieces(ctx, &label, &pieces.iter().map(|p| p.2).collect::<Vec<_>>());
+        let tensor = |row_first: usize, rows: usize| GpuTensor {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            parts: vec![Part {
+                row0: 0,
+                rows,
+                buffer: buffer.clone(),
+                byte0: row_first * row_bytes,
+            }],
+        };
+        let mut views = Vec::new();
+        let mut at = 0;
+        for &(_, r, _) in pieces {
+            views.push(tensor(at, r));
+            at += r;
+        }
+        Some((tensor(0, rows), views))
+    }
 }
 
-fn f(x: f32) -> u32 {
-    x.to_bits()
+/// One word of a kernel's uniform `Params`.
+pub trait Word: Copy {
+    fn word(self) -> u32;
+}
+
+impl Word for u32 {
+    fn word(self) -> u32 {
+        self
+    }
+}
+
+impl Word for f32 {
+    fn word(self) -> u32 {
+        self.to_bits()
+    }
+}
+
+/// A kernel's uniform parameters as a Rust struct laid out like its WGSL `struct Params` (one
+/// 4-byte scalar per field, in order; `tests/gpu.rs` checks each against its shader's source).
+macro_rules! params {
+    ($(#[$meta:meta])* $name:ident for $kernel:literal { $($field:ident: $ty:ident),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $name {
+            $(pub $field: $ty),*
+        }
+
+        impl $name {
+            /// The shader file this struct mirrors.
+            pub const SHADER: &'static str = $kernel;
+            /// `(name, WGSL type)` of each field, in order.
+            pub const FIELDS: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($field), stringify!($ty))),*];
+
+            pub fn words(&self) -> Vec<u32> {
+                vec![$(Word::word(self.$field)),*]
+            }
+        }
+    };
+}
+
+params! {
+    /// matvec.wgsl
+    MatvecParams for "matvec.wgsl" {
+        rows: u32, cols: u32, n_tok: u32, row_bytes: u32, w_byte0: u32, x_row0: u32, norm: u32,
+        eps: f32, norm_w: u32, norm_b: u32, bias: u32, epilogue: u32, y_stride: u32,
+        y_col0: u32, up_row: u32, row0: u32, q_dim: u32, kv_dim: u32, head_dim: u32,
+        rope_dims: u32, rope_mode: u32, start: u32, v_base: u32,
+    }
+}
+
+params! {
+    /// matmul_tiled.wgsl
+    TiledParams for "matmul_tiled.wgsl" {
+        rows: u32, cols: u32, n_tok: u32, row_bytes: u32, x_row0: u32, y_stride: u32,
+        y_col0: u32, bias_row0: u32, has_bias: u32, w_byte0: u32,
+    }
+}
+
+params! {
+    /// attention.wgsl
+    AttentionParams for "attention.wgsl" {
+        n_head: u32, n_head_kv: u32, head_dim: u32, start: u32, scale: f32, v_base: u32,
+        chunk: u32, max_chunks: u32,
+    }
+}
+
+params! {
+    /// attention_merge.wgsl
+    MergeParams for "attention_merge.wgsl" {
+        n_head: u32, head_dim: u32, start: u32, chunk: u32, max_chunks: u32,
+    }
+}
+
+params! {
+    /// embedding.wgsl
+    EmbeddingParams for "embedding.wgsl" {
+        n_tok: u32, cols: u32, row_bytes: u32, row0: u32, rows: u32, use_pos: u32,
+        pos_off: u32, id0: u32, accumulate: u32,
+    }
+}
+
+params! {
+    /// rope.wgsl
+    RopeParams for "rope.wgsl" {
+        n_tok: u32, n_head: u32, head_dim: u32, rope_dims: u32, mode: u32, in_stride: u32,
+        in_col0: u32, out_stride: u32, out_row0: u32, start: u32, out_at_pos: u32,
+    }
+}
+
+params! {
+    /// rms_norm.wgsl and layer_norm.wgsl
+    NormParams for "rms_norm.wgsl" { n: u32, eps: f32 }
+}
+
+params! {
+    /// silu_mul.wgsl
+    SiluMulParams for "silu_mul.wgsl" { n: u32, width: u32 }
+}
+
+params! {
+    /// add.wgsl and gelu.wgsl
+    ElementwiseParams for "add.wgsl" { n: u32 }
+}
+
+params! {
+    /// topk_partial.wgsl
+    TopkPartialParams for "topk_partial.wgsl" { n: u32, x_off: u32, k: u32, slice: u32 }
+}
+
+params! {
+    /// topk_merge.wgsl
+    TopkMergeParams for "topk_merge.wgsl" { groups: u32, k: u32, chain: u32 }
 }
 
 fn u(x: usize) -> u32 {
@@ -85,56 +239,212 @@ pub struct Rows<'a> {
 }
 
 /// Where a matmul writes: `y[t * stride + col0 + r]`.
+#[derive(Clone, Copy)]
 pub struct Out<'a> {
     pub buf: &'a wgpu::Buffer,
     pub stride: usize,
     pub col0: usize,
 }
 
-/// `y[t][col0 + r] = W[r] . x[t] (+ bias[r])` for the rows of `x`. Batches of more than
-/// `MATMUL_TOKENS` tokens (prefill) use the tiled kernel; smaller ones (decode) the
-/// matrix-vector one.
+/// Whether `n` tokens go through matvec.wgsl (decode) rather than the tiled kernel (prefill).
+pub fn fits_matvec(n: usize) -> bool {
+    n <= MATVEC_TOKENS as usize
+}
+
+/// `y[t][col0 + r] = W[r] . x[t] (+ bias[r])` for the rows of `x`: matvec.wgsl for a few tokens
+/// (decode), the tiled kernel for more (prefill).
 pub fn matmul<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
-    bias: Option<&'a wgpu::Buffer>,
+    bias: Option<Bias<'a>>,
     x: Rows<'a>,
     y: Out<'a>,
+    fused: &Fused<'a>,
 ) {
-    matmul_with(pass, w, bias, x, y, u(x.n) > MATMUL_TOKENS);
+    if fits_matvec(x.n) {
+        matvec(pass, w, x, y, Matvec { norm: None, bias, epilogue: Epilogue::Store }, fused);
+    } else {
+        matmul_tiled(pass, w, bias, x, y, fused);
+    }
 }
 
-/// [`matmul`] with the kernel chosen by the caller: `tiled` for matmul_tiled.wgsl.
-pub fn matmul_with<'a>(
+/// The tiled matrix-matrix product (matmul_tiled.wgsl), for any number of tokens.
+pub fn matmul_tiled<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
-    bias: Option<&'a wgpu::Buffer>,
+    bias: Option<Bias<'a>>,
     x: Rows<'a>,
     y: Out<'a>,
-    tiled: bool,
+    fused: &Fused<'a>,
 ) {
-    let (tile_rows, tile_tokens, kernel) = if tiled {
-        (TILED_ROWS, TILED_TOKENS, Kernel::MatmulTiled(w.ty))
-    } else {
-        (MATMUL_ROWS, MATMUL_TOKENS, Kernel::Matmul(w.ty))
+    let (bias_buf, bias_at) = match bias {
+        Some(Bias::Buffer(b, at)) => (Some(b), at),
+        Some(Bias::Vectors(at)) => (Some(fused.vectors), at),
+        None => (None, 0),
     };
     for part in &w.parts {
-        let (gx, gy) = grid(u(part.rows).div_ceil(tile_rows));
-        let gz = u(x.n).div_ceil(tile_tokens);
-        let params = [
-            u(part.rows),
-            u(w.cols),
-            u(x.n),
-            u(w.row_bytes),
-            u(x.row0),
-            u(y.stride),
-            u(y.col0 + part.row0),
-            u(part.row0),
-            bias.is_some() as u32,
-        ];
+        let (gx, gy) = grid(u(part.rows).div_ceil(TILED_ROWS));
+        let gz = u(x.n).div_ceil(TILED_TOKENS);
+        let params = TiledParams {
+            rows: u(part.rows),
+            cols: u(w.cols),
+            n_tok: u(x.n),
+            row_bytes: u(w.row_bytes),
+            x_row0: u(x.row0),
+            y_stride: u(y.stride),
+            y_col0: u(y.col0 + part.row0),
+            bias_row0: u(bias_at + part.row0),
+            has_bias: bias_buf.is_some() as u32,
+            w_byte0: u(part.byte0),
+        };
         // Every binding must be bound: without a bias, the (unread) bias binding gets `x`.
-        let bias = bias.unwrap_or(x.buf);
-        pass.dispatch(kernel, &[&part.buffer, x.buf, bias, y.buf], &params, [gx, gy, gz]);
+        let buffers = [&part.buffer, x.buf, bias_buf.unwrap_or(x.buf), y.buf];
+        pass.dispatch(Kernel::MatmulTiled(w.ty), &buffers, &params.words(), [gx, gy, gz]);
+    }
+}
+
+/// The buffers every matvec.wgsl dispatch binds besides its weights, input and output: the
+/// model's small vectors (norm weights and biases, projection biases, as f32), the RoPE table,
+/// the step buffer, and a KV cache (a stand-in for products that do not write one).
+#[derive(Clone, Copy)]
+pub struct Fused<'a> {
+    pub vectors: &'a wgpu::Buffer,
+    pub table: &'a wgpu::Buffer,
+    pub step: &'a wgpu::Buffer,
+    pub no_kv: &'a wgpu::Buffer,
+    /// Whether KV caches (and `no_kv`) hold f16.
+    pub f16_kv: bool,
+}
+
+/// A norm applied to the input of a product: weights (and LayerNorm's bias) at these float
+/// offsets in the vectors buffer.
+#[derive(Clone, Copy)]
+pub struct NormIn {
+    pub kind: Norm,
+    pub eps: f32,
+    pub weight: usize,
+    pub bias: Option<usize>,
+}
+
+/// A product's bias: at a float offset of the vectors buffer, or a buffer of its own (host tests).
+#[derive(Clone, Copy)]
+pub enum Bias<'a> {
+    Vectors(usize),
+    Buffer(&'a wgpu::Buffer, usize),
+}
+
+/// How the q|k|v rows are laid out and where keys and values go.
+#[derive(Clone, Copy)]
+pub struct QkvOut<'a> {
+    /// First row of this product within q|k|v (a multiple of head_dim).
+    pub row0: usize,
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub head_dim: usize,
+    pub rope_dims: usize,
+    pub mode: RopeMode,
+    /// The layer's KV cache: keys, then values from element `v_base`.
+    pub kv: &'a wgpu::Buffer,
+    pub v_base: usize,
+    /// Index of the first token in the step's batch.
+    pub start: usize,
+}
+
+/// What happens to each output of a matvec.wgsl product (see the shader).
+#[derive(Clone, Copy)]
+pub enum Epilogue<'a> {
+    Store,
+    /// Add to the output (the residual stream).
+    Add,
+    /// `silu(gate) * up`: the weight's rows are the gate's, then from `up_row` the up's.
+    Gated {
+        up_row: usize,
+    },
+    Gelu,
+    /// RoPE on q and k, q to the output, k and v into the KV cache.
+    Qkv(QkvOut<'a>),
+}
+
+/// One fused product: norm of the input, bias, epilogue.
+#[derive(Clone, Copy)]
+pub struct Matvec<'a> {
+    pub norm: Option<NormIn>,
+    pub bias: Option<Bias<'a>>,
+    pub epilogue: Epilogue<'a>,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// `y = epilogue(W . norm(x) + bias)` for up to `MATVEC_TOKENS` tokens (matvec.wgsl). Gated and
+/// q|k|v products need `w` in one part (the model packs them so).
+pub fn matvec<'a>(
+    pass: &mut Pass<'a>,
+    w: &'a GpuTensor,
+    x: Rows<'a>,
+    y: Out<'a>,
+    m: Matvec<'a>,
+    fused: &Fused<'a>,
+) {
+    assert!(u(x.n) <= MATVEC_TOKENS, "matvec handles at most {MATVEC_TOKENS} tokens");
+    let (vectors, bias_base) = match m.bias {
+        Some(Bias::Buffer(b, off)) => (b, Some(off)),
+        Some(Bias::Vectors(off)) => (fused.vectors, Some(off)),
+        None => (fused.vectors, None),
+    };
+    assert!(
+        m.norm.is_none() || std::ptr::eq(vectors, fused.vectors),
+        "a norm reads the vectors buffer"
+    );
+    let (epilogue, outputs) = match m.epilogue {
+        Epilogue::Store => (0, w.rows),
+        Epilogue::Add => (1, w.rows),
+        Epilogue::Gated { up_row } => (2, up_row),
+        Epilogue::Gelu => (3, w.rows),
+        Epilogue::Qkv(_) => (4, w.rows),
+    };
+    if matches!(m.epilogue, Epilogue::Gated { .. } | Epilogue::Qkv(_)) {
+        assert_eq!(w.parts.len(), 1, "gated and q|k|v products need one part");
+    }
+    let norm = m.norm.map_or(0, |n| match n.kind {
+        Norm::Rms => 1,
+        Norm::Layer => 2,
+    });
+    for part in &w.parts {
+        let rows = if let Epilogue::Gated { .. } = m.epilogue { outputs } else { part.rows };
+        let mut p = MatvecParams {
+            rows: u(rows),
+            cols: u(w.cols),
+            n_tok: u(x.n),
+            row_bytes: u(w.row_bytes),
+            w_byte0: u(part.byte0),
+            x_row0: u(x.row0),
+            norm,
+            eps: m.norm.map_or(0.0, |n| n.eps),
+            norm_w: m.norm.map_or(NONE, |n| u(n.weight)),
+            norm_b: m.norm.and_then(|n| n.bias).map_or(NONE, u),
+            bias: bias_base.map_or(NONE, |b| u(b + part.row0)),
+            epilogue,
+            y_stride: u(y.stride),
+            y_col0: u(y.col0 + part.row0),
+            up_row: if let Epilogue::Gated { up_row } = m.epilogue { u(up_row) } else { 0 },
+            ..MatvecParams::default()
+        };
+        let mut kv = fused.no_kv;
+        if let Epilogue::Qkv(q) = m.epilogue {
+            p.row0 = u(q.row0);
+            p.q_dim = u(q.q_dim);
+            p.kv_dim = u(q.kv_dim);
+            p.head_dim = u(q.head_dim);
+            p.rope_dims = u(q.rope_dims);
+            p.rope_mode = q.mode as u32;
+            p.start = u(q.start);
+            p.v_base = u(q.v_base);
+            kv = q.kv;
+        }
+        let per_group = if epilogue == 2 { MATVEC_ROWS / 2 } else { MATVEC_ROWS };
+        let (gx, gy) = grid(u(rows).div_ceil(per_group));
+        let buffers = [&part.buffer, x.buf, vectors, fused.table, fused.step, y.buf, kv];
+        pass.dispatch(Kernel::Matvec(w.ty, fused.f16_kv), &buffers, &p.words(), [gx, gy, 1]);
     }
 }
 
@@ -178,19 +488,20 @@ pub fn embedding<'a>(
     let by_position = lookup == Lookup::Positions;
     let (id0, pos_off) = if by_position { (0, tokens.start) } else { (tokens.start, 0) };
     for part in &w.parts {
-        let params = [
-            u(tokens.n),
-            u(w.cols),
-            u(w.row_bytes),
-            u(part.row0),
-            u(part.rows),
-            by_position as u32,
-            u(pos_off),
-            u(STEP_IDS + id0),
-            by_position as u32,
-        ];
+        assert_eq!(part.byte0, 0, "embedding tables are not packed");
+        let params = EmbeddingParams {
+            n_tok: u(tokens.n),
+            cols: u(w.cols),
+            row_bytes: u(w.row_bytes),
+            row0: u(part.row0),
+            rows: u(part.rows),
+            use_pos: by_position as u32,
+            pos_off: u(pos_off),
+            id0: u(STEP_IDS + id0),
+            accumulate: by_position as u32,
+        };
         let buffers = [&part.buffer, tokens.step, y];
-        pass.dispatch(Kernel::Embedding(w.ty), &buffers, &params, [u(tokens.n), 1, 1]);
+        pass.dispatch(Kernel::Embedding(w.ty), &buffers, &params.words(), [u(tokens.n), 1, 1]);
     }
 }
 
@@ -212,7 +523,7 @@ pub fn norm<'a>(
     n_tok: usize,
     y: &'a wgpu::Buffer,
 ) {
-    let params = [u(width), f(op.eps)];
+    let params = NormParams { n: u(width), eps: op.eps }.words();
     match op.kind {
         Norm::Layer => {
             let b = op.bias.expect("layer norm needs a bias buffer (zeros if the model has none)");
@@ -267,29 +578,29 @@ pub fn rope<'a>(
     y: RopeOut<'a>,
 ) {
     let width = heads.n * heads.dim;
-    let params = [
-        u(tokens.n),
-        u(heads.n),
-        u(heads.dim),
-        u(heads.rotated),
-        mode as u32,
-        u(x.stride),
-        u(x.col0),
-        u(width),
-        u(y.row0),
-        u(tokens.start),
-        y.at_pos as u32,
-    ];
+    let params = RopeParams {
+        n_tok: u(tokens.n),
+        n_head: u(heads.n),
+        head_dim: u(heads.dim),
+        rope_dims: u(heads.rotated),
+        mode: mode as u32,
+        in_stride: u(x.stride),
+        in_col0: u(x.col0),
+        out_stride: u(width),
+        out_row0: u(y.row0),
+        start: u(tokens.start),
+        out_at_pos: y.at_pos as u32,
+    };
     let (gx, gy) = grid(u(tokens.n * width).div_ceil(256));
     let buffers = [x.buf, table, tokens.step, y.buf];
-    pass.dispatch(Kernel::Rope(y.f16), &buffers, &params, [gx, gy, 1]);
+    pass.dispatch(Kernel::Rope(y.f16), &buffers, &params.words(), [gx, gy, 1]);
 }
 
-/// One layer's KV cache: keys and values, f16 when `f16`.
+/// One layer's KV cache: keys, then from element `v_base` the values; f16 when `f16`.
 #[derive(Clone, Copy)]
 pub struct KvBuffers<'a> {
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
+    pub kv: &'a wgpu::Buffer,
+    pub v_base: usize,
     pub f16: bool,
 }
 
@@ -301,21 +612,60 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
+/// Most chunks attention splits a sequence into (the scratch holds this many per head and token).
+pub const MAX_CHUNKS: usize = 32;
+
+/// Positions per attention chunk for a cache of `max_seq` positions: at least 64, and few
+/// enough chunks for the scratch. Fixed per model, so decode steps keep their parameters.
+pub fn attention_chunk(max_seq: usize) -> usize {
+    max_seq.div_ceil(MAX_CHUNKS).next_multiple_of(64).max(64)
+}
+
+/// Floats of attention scratch for `n_tok` tokens.
+pub fn attention_scratch_floats(n_tok: usize, shape: AttentionShape) -> usize {
+    n_tok * shape.n_head * MAX_CHUNKS * (shape.head_dim + 2)
+}
+
 /// Causal attention of the tokens' queries (rows of n_head * head_dim in `q`) at positions
-/// `pos0 + t` (`pos0 = step[0] + start`) over caches holding positions `0..pos0 + n`.
+/// `pos0 + t` (`pos0 = step[0] + start`) over caches holding positions `0..pos0 + n`, split over
+/// the sequence in chunks of `chunk` positions (attention.wgsl), then merged (attention_merge.wgsl).
+/// `max_seen`: the most positions any token of this dispatch sees (sizes the grid).
+#[allow(clippy::too_many_arguments)]
 pub fn attention<'a>(
     pass: &mut Pass<'a>,
     q: &'a wgpu::Buffer,
     kv: KvBuffers<'a>,
     tokens: Tokens<'a>,
     shape: AttentionShape,
+    chunk: usize,
+    max_seen: usize,
+    scratch: &'a wgpu::Buffer,
     out: &'a wgpu::Buffer,
 ) {
     let AttentionShape { n_head, n_head_kv, head_dim } = shape;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let params = [u(n_head), u(n_head_kv), u(head_dim), u(tokens.start), f(scale)];
-    let buffers = [q, kv.k, kv.v, tokens.step, out];
-    pass.dispatch(Kernel::Attention(kv.f16), &buffers, &params, [u(n_head), u(tokens.n), 1]);
+    let chunks = max_seen.div_ceil(chunk).clamp(1, MAX_CHUNKS);
+    let params = AttentionParams {
+        n_head: u(n_head),
+        n_head_kv: u(n_head_kv),
+        head_dim: u(head_dim),
+        start: u(tokens.start),
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        v_base: u(kv.v_base),
+        chunk: u(chunk),
+        max_chunks: u(MAX_CHUNKS),
+    };
+    let buffers = [q, kv.kv, tokens.step, scratch];
+    let groups = [u(n_head), u(tokens.n), u(chunks)];
+    pass.dispatch(Kernel::Attention(kv.f16), &buffers, &params.words(), groups);
+    let merge = MergeParams {
+        n_head: u(n_head),
+        head_dim: u(head_dim),
+        start: u(tokens.start),
+        chunk: u(chunk),
+        max_chunks: u(MAX_CHUNKS),
+    };
+    let buffers = [scratch, tokens.step, out];
+    pass.dispatch(Kernel::AttentionMerge, &buffers, &merge.words(), [u(n_head), u(tokens.n), 1]);
 }
 
 /// Workgroups and slice length of the first top-k pass over `n` logits.
@@ -351,23 +701,15 @@ pub fn topk<'a>(
 ) {
     assert!((1..=MAX_TOP_K).contains(&k), "top-k needs 1 <= k <= {MAX_TOP_K}");
     let (groups, slice) = topk_groups(n);
-    pass.dispatch(
-        Kernel::TopkPartial,
-        &[x, bufs.cand],
-        &[u(n), u(x_off), u(k), u(slice)],
-        [u(groups), 1, 1],
-    );
-    pass.dispatch(
-        Kernel::TopkMerge,
-        &[bufs.cand, bufs.out, bufs.step],
-        &[u(groups), u(k), chain as u32],
-        [1, 1, 1],
-    );
+    let partial = TopkPartialParams { n: u(n), x_off: u(x_off), k: u(k), slice: u(slice) };
+    pass.dispatch(Kernel::TopkPartial, &[x, bufs.cand], &partial.words(), [u(groups), 1, 1]);
+    let merge = TopkMergeParams { groups: u(groups), k: u(k), chain: chain as u32 };
+    pass.dispatch(Kernel::TopkMerge, &[bufs.cand, bufs.out, bufs.step], &merge.words(), [1, 1, 1]);
 }
 
 fn elementwise<'a>(pass: &mut Pass<'a>, k: Kernel, bufs: &[&'a wgpu::Buffer], n: usize) {
     let (gx, gy) = grid(u(n).div_ceil(256));
-    pass.dispatch(k, bufs, &[u(n)], [gx, gy, 1]);
+    pass.dispatch(k, bufs, &ElementwiseParams { n: u(n) }.words(), [gx, gy, 1]);
 }
 
 /// `y += x` over `n` floats.
@@ -375,9 +717,19 @@ pub fn add<'a>(pass: &mut Pass<'a>, x: &'a wgpu::Buffer, y: &'a wgpu::Buffer, n:
     elementwise(pass, Kernel::Add, &[x, y], n);
 }
 
-/// `up *= silu(gate)` over `n` floats.
-pub fn silu_mul<'a>(pass: &mut Pass<'a>, gate: &'a wgpu::Buffer, up: &'a wgpu::Buffer, n: usize) {
-    elementwise(pass, Kernel::SiluMul, &[gate, up], n);
+/// `out[t][i] = silu(gate) * up` for `n_tok` rows of `width`, from `gate_up`'s rows of gate then
+/// up (2 * width each).
+pub fn silu_mul<'a>(
+    pass: &mut Pass<'a>,
+    gate_up: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+    n_tok: usize,
+    width: usize,
+) {
+    let n = n_tok * width;
+    let (gx, gy) = grid(u(n).div_ceil(256));
+    let params = SiluMulParams { n: u(n), width: u(width) };
+    pass.dispatch(Kernel::SiluMul, &[gate_up, out], &params.words(), [gx, gy, 1]);
 }
 
 /// `y = gelu(y)` over `n` floats.

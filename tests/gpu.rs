@@ -953,6 +953,7 @@ fn kernel_parameter_structs_match_their_shaders() {
         ("gelu.wgsl", ElementwiseParams::FIELDS),
         (TopkPartialParams::SHADER, TopkPartialParams::FIELDS),
         (TopkMergeParams::SHADER, TopkMergeParams::FIELDS),
+        (ReadParams::SHADER, ReadParams::FIELDS),
     ];
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
     let mut files: Vec<String> = std::fs::read_dir(&dir)

@@ -27,6 +27,7 @@ const ATTENTION_MERGE: &str = include_str!("../../shaders/attention_merge.wgsl")
 const ADD: &str = include_str!("../../shaders/add.wgsl");
 const SILU_MUL: &str = include_str!("../../shaders/silu_mul.wgsl");
 const GELU: &str = include_str!("../../shaders/gelu.wgsl");
+const READ_BANDWIDTH: &str = include_str!("../../shaders/read_bandwidth.wgsl");
 const TOPK: &str = include_str!("../../shaders/topk.wgsl");
 const TOPK_PARTIAL: &str = include_str!("../../shaders/topk_partial.wgsl");
 const TOPK_MERGE: &str = include_str!("../../shaders/topk_merge.wgsl");
@@ -71,6 +72,8 @@ pub enum Kernel {
     TopkPartial,
     /// Merge of the partial top-k lists and log-sum-exp.
     TopkMerge,
+    /// A plain buffer read (the benchmark's bandwidth reference).
+    ReadBandwidth,
 }
 
 fn type_suffix(ty: GgmlType) -> &'static str {
@@ -119,6 +122,7 @@ impl Kernel {
             Kernel::Gelu => GELU.into(),
             Kernel::TopkPartial => format!("{TOPK_PARTIAL}\n{TOPK}"),
             Kernel::TopkMerge => format!("{TOPK_MERGE}\n{TOPK}"),
+            Kernel::ReadBandwidth => READ_BANDWIDTH.into(),
         }
     }
 
@@ -146,6 +150,7 @@ impl Kernel {
             Kernel::Gelu => &[true],
             Kernel::TopkPartial => &[false, true],
             Kernel::TopkMerge => &[false, true, true],
+            Kernel::ReadBandwidth => &[false, true],
         }
     }
 }

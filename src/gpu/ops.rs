@@ -222,6 +222,11 @@ params! {
 }
 
 params! {
+    /// read_bandwidth.wgsl
+    ReadParams for "read_bandwidth.wgsl" { n: u32, stride: u32 }
+}
+
+params! {
     /// topk_merge.wgsl
     TopkMergeParams for "topk_merge.wgsl" { groups: u32, k: u32, chain: u32 }
 }
@@ -740,4 +745,32 @@ pub fn gelu<'a>(pass: &mut Pass<'a>, y: &'a wgpu::Buffer, n: usize) {
 /// A zeroed storage buffer for `n` floats.
 pub fn floats(ctx: &GpuContext, label: &str, n: usize) -> wgpu::Buffer {
     storage(ctx, label, n as u64 * 4)
+}
+
+/// The device's read bandwidth in bytes per second: a plain kernel reads a buffer of `bytes`
+/// (at most one storage binding) `reps` times in one submission (native; blocks). The reference
+/// the benchmark compares the weights' read rate with.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn read_bandwidth(kernels: &super::kernels::Kernels, bytes: u64, reps: usize) -> Result<f64> {
+    let ctx = &kernels.ctx;
+    let bytes = bytes.min(ctx.max_binding()) / 16 * 16;
+    let data = storage(ctx, "bandwidth data", bytes);
+    let out = storage(ctx, "bandwidth out", 4096 * 4);
+    let n = u(bytes as usize / 16);
+    let groups = n.div_ceil(256).min(16_384);
+    let params = ReadParams { n, stride: groups * 256 };
+    let run = |reps: usize| -> Result<f64> {
+        let mut pass = Pass::new(kernels);
+        for _ in 0..reps {
+            pass.dispatch(Kernel::ReadBandwidth, &[&data, &out], &params.words(), [groups, 1, 1]);
+        }
+        let start = std::time::Instant::now();
+        pass.submit();
+        super::host::read(ctx, &out, 1)?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    run(1)?;
+    // The difference of two runs removes the submit-and-wait floor.
+    let (one, many) = (run(1)?, run(reps + 1)?);
+    Ok(reps as f64 * bytes as f64 / (many - one).max(1e-9))
 }

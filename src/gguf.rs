@@ -53,6 +53,16 @@ impl Value {
             _ => None,
         }
     }
+    /// Any integer type as i64 (u64 values past i64::MAX are rejected).
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            Value::I8(v) => Some(v as i64),
+            Value::I16(v) => Some(v as i64),
+            Value::I32(v) => Some(v as i64),
+            Value::I64(v) => Some(v),
+            _ => self.as_u64().and_then(|v| i64::try_from(v).ok()),
+        }
+    }
     pub fn as_f64(&self) -> Option<f64> {
         match *self {
             Value::F32(v) => Some(v as f64),
@@ -69,6 +79,30 @@ impl Value {
     pub fn as_bool(&self) -> Option<bool> {
         match *self {
             Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+    /// The GGUF name of the value's type, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::U8(_) => "uint8",
+            Value::I8(_) => "int8",
+            Value::U16(_) => "uint16",
+            Value::I16(_) => "int16",
+            Value::U32(_) => "uint32",
+            Value::I32(_) => "int32",
+            Value::U64(_) => "uint64",
+            Value::I64(_) => "int64",
+            Value::F32(_) => "float32",
+            Value::F64(_) => "float64",
+            Value::Bool(_) => "bool",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(items) => Some(items),
             _ => None,
         }
     }
@@ -221,6 +255,45 @@ impl Gguf {
 
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
+    }
+
+    /// The array `key` with each element converted by `item` (None for an element of the wrong
+    /// type, which is an error naming the key and the element); `Ok(None)` when `key` is absent.
+    fn array_of<'g, T>(
+        &'g self,
+        key: &str,
+        what: &str,
+        item: impl Fn(&'g Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(value) = self.get(key) else { return Ok(None) };
+        let Some(items) = value.as_array() else {
+            return gguf_err!("metadata {key:?} is not an array (of {what})");
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, v) in items.iter().enumerate() {
+            match item(v) {
+                Some(x) => out.push(x),
+                None => {
+                    return gguf_err!("metadata {key:?}[{i}] is a {}, not {what}", v.type_name())
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The string array `key` (e.g. `tokenizer.ggml.tokens`), or None when absent.
+    pub fn str_array(&self, key: &str) -> Result<Option<Vec<&str>>> {
+        self.array_of(key, "strings", Value::as_str)
+    }
+
+    /// The float array `key` (e.g. `tokenizer.ggml.scores`; integers are accepted too).
+    pub fn f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        self.array_of(key, "numbers", |v| v.as_f64().map(|x| x as f32))
+    }
+
+    /// The integer array `key` (e.g. `tokenizer.ggml.token_type`), of any integer type.
+    pub fn int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
+        self.array_of(key, "integers", Value::as_i64)
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {

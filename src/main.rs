@@ -52,6 +52,11 @@ enum Command {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Copy the tokenizer (every tokenizer.* key) from this GGUF, e.g. a llama.cpp
+        /// ggml-vocab-*.gguf, instead of writing a placeholder vocabulary; its token count
+        /// becomes the vocabulary size. The file then needs no tokenizer.json.
+        #[arg(long)]
+        vocab_from: Option<PathBuf>,
     },
     /// Measure load time, prefill and decode speed, bandwidth and peak memory.
     Bench {
@@ -84,7 +89,8 @@ struct ModelArgs {
     /// A GGUF file, or a table model (.json). Default: the embedded model (www/models/default.gguf).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// tokenizer.json (default: tokenizer.json beside the model). Table models need none.
+    /// tokenizer.json (default: tokenizer.json beside the model, else the tokenizer the GGUF's
+    /// own metadata describes). Table models need none.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Where the forward pass runs: gpu (wgpu: Vulkan/Metal/DX12), cpu, or auto (gpu when an
@@ -163,7 +169,9 @@ fn main() -> ExitCode {
         Command::Generate(args) => with_model(&args.model, |m, v| run_generate(m, v, &args)),
         Command::Score(args) => with_model(&args.model, |m, v| run_score(m, v, &args)),
         Command::Info { model } => run_info(model.as_deref()),
-        Command::Synth { config, ty, out, seed } => synth::run(&config, &ty, &out, seed),
+        Command::Synth { config, ty, out, seed, vocab_from } => {
+            synth::run(&config, &ty, &out, seed, vocab_from.as_deref())
+        }
         Command::Bench { model, backend, threads, prefill, contexts, steps, exact, json } => {
             bench::run(&bench::BenchOptions {
                 model,
@@ -204,15 +212,9 @@ fn with_model(
             return f(&table, &table);
         }
         Some(path) => {
-            let tokenizer_path =
-                args.tokenizer.clone().unwrap_or_else(|| path.with_file_name("tokenizer.json"));
-            if !tokenizer_path.exists() {
-                return Err(Error::Tokenizer(format!(
-                    "no tokenizer: {} does not exist (pass --tokenizer PATH)",
-                    tokenizer_path.display()
-                )));
-            }
-            (Model::open(path)?, HfTokenizer::from_file(&tokenizer_path)?)
+            let model = Model::open(path)?;
+            let tokenizer = gguf_tokenizer(path, args.tokenizer.as_deref(), &model)?;
+            (model, tokenizer)
         }
     };
     let choice = backend::choose_native(args.backend.parse::<BackendRequest>()?)?;
@@ -254,6 +256,28 @@ fn with_model(
             f(&cpu.with_max_seq(args.context), &tokenizer)
         }
     }
+}
+
+/// The tokenizer of the GGUF model at `path`: `--tokenizer` if given, else a `tokenizer.json`
+/// beside the model, else the one the GGUF's own metadata describes.
+fn gguf_tokenizer(path: &Path, explicit: Option<&Path>, model: &Model) -> Result<HfTokenizer> {
+    if let Some(file) = explicit {
+        return HfTokenizer::from_file(file);
+    }
+    let beside = path.with_file_name("tokenizer.json");
+    if beside.exists() {
+        return HfTokenizer::from_file(&beside);
+    }
+    HfTokenizer::from_gguf_bytes(&model.storage).map_err(|e| {
+        let why = match e {
+            Error::Tokenizer(m) => m,
+            other => other.to_string(),
+        };
+        Error::Tokenizer(format!(
+            "no tokenizer: {} does not exist and the model's own is unusable: {why} (pass --tokenizer PATH)",
+            beside.display()
+        ))
+    })
 }
 
 /// The project's own model (see www/models/README.md), compiled in so the CLI works with no

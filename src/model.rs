@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo, Value};
 use crate::quant::GgmlType;
 use crate::tensor_names as names;
+use crate::tokenizer::SpecialTokens;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -35,6 +36,11 @@ impl Arch {
                 "unsupported architecture {other:?} (supported: llama, qwen2, gpt2)"
             ))),
         }
+    }
+    /// Whether prompts start with BOS when the file does not say (`tokenizer.ggml.add_bos_token`):
+    /// Llama's models were trained with it, Qwen2's and GPT-2's without.
+    pub fn adds_bos_by_default(self) -> bool {
+        self == Arch::Llama
     }
     pub fn gguf_name(self) -> &'static str {
         match self {
@@ -487,10 +493,10 @@ fn read_config(g: &Gguf) -> Result<Config> {
         )));
     }
     // Each architecture's choices, made here once: every backend branches on these fields.
-    let (rope, norm, mlp, add_bos_default) = match arch {
-        Arch::Llama => (RopeStyle::Interleaved, Norm::Rms, Mlp::GatedSilu, true),
-        Arch::Qwen2 => (RopeStyle::HalfSplit, Norm::Rms, Mlp::GatedSilu, false),
-        Arch::Gpt2 => (RopeStyle::None, Norm::Layer, Mlp::Gelu, false),
+    let (rope, norm, mlp) = match arch {
+        Arch::Llama => (RopeStyle::Interleaved, Norm::Rms, Mlp::GatedSilu),
+        Arch::Qwen2 => (RopeStyle::HalfSplit, Norm::Rms, Mlp::GatedSilu),
+        Arch::Gpt2 => (RopeStyle::None, Norm::Layer, Mlp::Gelu),
     };
     let norm_eps_key = match norm {
         Norm::Rms => "attention.layer_norm_rms_epsilon",
@@ -505,18 +511,9 @@ fn read_config(g: &Gguf) -> Result<Config> {
             "rope dimension count {rope_dims} does not fit head size {head_dim}"
         )));
     }
-    let token_id = |k: &str| -> Option<u32> {
-        g.get(k).and_then(Value::as_u64).filter(|&v| (v as usize) < n_vocab).map(|v| v as u32)
-    };
-    let bos_token = token_id("tokenizer.ggml.bos_token_id");
-    let add_bos =
-        g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(add_bos_default)
-            && bos_token.is_some();
-    let mut eos_tokens: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
-        .iter()
-        .filter_map(|k| token_id(k))
-        .collect();
-    eos_tokens.dedup();
+    // BOS, EOS and whether prompts start with BOS: one decision, shared with the tokenizer built
+    // from the same metadata (`HfTokenizer::from_gguf`).
+    let special = SpecialTokens::from_gguf(g, n_vocab);
 
     let config = Config {
         arch,
@@ -534,9 +531,9 @@ fn read_config(g: &Gguf) -> Result<Config> {
         rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0) as f32,
         rope_dims,
         norm_eps: opt_f(norm_eps_key).unwrap_or(1e-5) as f32,
-        bos_token,
-        add_bos,
-        eos_tokens,
+        bos_token: special.bos,
+        add_bos: special.add_bos,
+        eos_tokens: special.end_tokens(),
     };
     if config.n_layer > 1024 {
         return Err(Error::Model(format!("block_count {} is absurd", config.n_layer)));

@@ -2,7 +2,8 @@
 //! models' shapes, for benchmarks without downloading weights) and the tests' tiny models.
 //!
 //! The file is what llama.cpp writes for the architecture (its tensor names from `tensor_names`,
-//! its metadata keys, a placeholder SentencePiece vocabulary), so llama.cpp loads it too. The
+//! its metadata keys, a placeholder SentencePiece vocabulary or a real tokenizer's metadata copied
+//! from another GGUF, [`VocabMeta`]), so llama.cpp loads it too. The
 //! numbers mean nothing but stay tame: weight matrices are normal-ish with standard deviation
 //! 1/sqrt(row length), so activations keep unit scale through any depth; norms are 1 + N(0, 0.1),
 //! biases N(0, 0.1). Every tensor row has its own seed (from `Spec::seed`, the tensor's name and
@@ -16,7 +17,7 @@
 
 use half::f16;
 
-use crate::gguf::{GgufWriter, Value};
+use crate::gguf::{Gguf, GgufWriter, Value};
 use crate::model::Arch;
 use crate::quant::{quantize, GgmlType};
 use crate::tensor_names::{self as names, block};
@@ -50,9 +51,58 @@ pub struct Spec {
     pub weight_type: GgmlType,
     /// ... except these, by full tensor name (e.g. `blk.0.ffn_down.weight`).
     pub type_overrides: Vec<(String, GgmlType)>,
+    /// Placeholder vocabulary only (a [`VocabMeta`] carries its own ids).
     pub bos: u32,
     pub eos: u32,
     pub seed: u64,
+    /// A real tokenizer written instead of the placeholder vocabulary (see [`Spec::with_vocab`]),
+    /// so the file alone is a model with a usable tokenizer.
+    pub vocab: Option<VocabMeta>,
+}
+
+/// A real tokenizer's metadata: every `tokenizer.*` key of a GGUF file (llama.cpp's
+/// vocabulary-only `ggml-vocab-*.gguf` files, or any model), to write into a synthetic model.
+#[derive(Clone, PartialEq)]
+pub struct VocabMeta {
+    keys: Vec<(String, Value)>,
+    n_tokens: usize,
+}
+
+impl VocabMeta {
+    /// The `tokenizer.*` keys of `g`, refused unless they describe a tokenizer this library can
+    /// build (so a synthetic model never carries one it cannot load).
+    pub fn from_gguf(g: &Gguf) -> Result<VocabMeta> {
+        crate::tokenizer::HfTokenizer::from_gguf(g)?;
+        let n_tokens = g.str_array("tokenizer.ggml.tokens")?.map_or(0, |t| t.len());
+        let mut keys: Vec<(String, Value)> = g
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer."))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        // The map's order is random; the file's bytes should not be.
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(VocabMeta { keys, n_tokens })
+    }
+
+    /// Tokens in the vocabulary: the model's `n_vocab`.
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// `tokenizer.ggml.{name}_token_id`, when present.
+    pub fn token_id(&self, name: &str) -> Option<u32> {
+        let key = format!("tokenizer.ggml.{name}_token_id");
+        let id = self.keys.iter().find(|(k, _)| *k == key)?.1.as_u64()?;
+        u32::try_from(id).ok()
+    }
+}
+
+/// Short: a vocabulary's Debug would print every token into error messages.
+impl std::fmt::Debug for VocabMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VocabMeta({} keys, {} tokens)", self.keys.len(), self.n_tokens)
+    }
 }
 
 impl Spec {
@@ -90,6 +140,19 @@ impl Spec {
             bos: 1,
             eos: 2,
             seed: 0,
+            vocab: None,
+        }
+    }
+
+    /// This spec with `vocab`'s tokenizer: `n_vocab` becomes its token count, and `bos`/`eos` its
+    /// ids where it names them.
+    pub fn with_vocab(self, vocab: VocabMeta) -> Spec {
+        Spec {
+            n_vocab: vocab.n_tokens(),
+            bos: vocab.token_id("bos").unwrap_or(self.bos),
+            eos: vocab.token_id("eos").unwrap_or(self.eos),
+            vocab: Some(vocab),
+            ..self
         }
     }
 
@@ -188,6 +251,15 @@ fn check(s: &Spec) -> Result<()> {
             return bad(format!("{} rope_freqs for {} rope dims", f.len(), s.rope_dims));
         }
     }
+    if let Some(v) = &s.vocab {
+        if v.n_tokens() != s.n_vocab {
+            return bad(format!(
+                "n_vocab {} but the vocabulary has {} tokens",
+                s.n_vocab,
+                v.n_tokens()
+            ));
+        }
+    }
     if s.bos as usize >= s.n_vocab || s.eos as usize >= s.n_vocab {
         return bad(format!("BOS {} / EOS {} outside the vocabulary", s.bos, s.eos));
     }
@@ -225,7 +297,10 @@ fn metadata(s: &Spec) -> Vec<(String, Value)> {
         key("attention.key_length", u32v(s.head_dim));
         key("attention.value_length", u32v(s.head_dim));
     }
-    m.extend(vocabulary(s));
+    match &s.vocab {
+        Some(v) => m.extend(v.keys.iter().cloned()),
+        None => m.extend(vocabulary(s)),
+    }
     m
 }
 

@@ -171,12 +171,18 @@ fn bad_input_gives_clear_errors() {
     let (dir, _) = fixture("llama");
     let model = format!("{dir}/llama-q8_0.gguf");
 
-    // A model without a tokenizer beside it.
+    // A model with no tokenizer.json beside it and no tokenizer metadata of its own.
+    let mut parts = common::synth_parts("llama", nexttoken::quant::GgmlType::F32, 1);
+    parts.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
     let lonely = tmp.join("lonely.gguf");
-    std::fs::copy(&model, &lonely).unwrap();
+    std::fs::write(&lonely, parts.to_bytes()).unwrap();
     fails_with(
-        &["generate", "--model", lonely.to_str().unwrap(), "--prompt", "hi"],
+        &["generate", "--model", lonely.to_str().unwrap(), "--prompt", "hi", "--backend", "cpu"],
         "no tokenizer",
+    );
+    fails_with(
+        &["generate", "--model", lonely.to_str().unwrap(), "--prompt", "hi", "--backend", "cpu"],
+        "no tokenizer.ggml.model",
     );
 
     // A truncated file.
@@ -195,5 +201,83 @@ fn bad_input_gives_clear_errors() {
     // A prompt longer than the context (128 tokens for this fixture).
     let long = "Flat is better than nested. ".repeat(60);
     fails_with(&["generate", "--model", &model, "--prompt", &long], "context");
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// With no tokenizer.json beside it, a GGUF model's own tokenizer metadata is used: the fixture
+/// alone gives transformers' greedy ids (so its prompt was tokenized as by the tokenizer.json).
+/// A synthetic model made with `synth --vocab-from` (a real Qwen2 vocabulary) runs the same way.
+#[test]
+fn gguf_without_tokenizer_json_uses_its_own_tokenizer() {
+    let tmp = std::env::temp_dir().join(format!("nexttoken-cli-gguf-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (dir, reference) = fixture("qwen2");
+    let model = tmp.join("qwen2-f32.gguf");
+    std::fs::copy(format!("{dir}/qwen2-f32.gguf"), &model).unwrap();
+    let want = ids(&reference["variants"]["f32"]["greedy_ids"]);
+    let n = want.len().to_string();
+    let model = model.to_str().unwrap();
+    let prompt = reference["prompt"].as_str().unwrap();
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        prompt,
+        "--backend",
+        "cpu",
+        "--temperature",
+        "0",
+    ];
+    let out = stdout(&nexttoken(&[&args[..], &["--max-tokens", &n, "--json"]].concat()));
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (summary, tokens) = lines.split_last().unwrap();
+    let got: Vec<u64> = tokens.iter().map(|t| t["id"].as_u64().unwrap()).collect();
+    assert!(!got.is_empty());
+    assert_eq!(got, want[..got.len()]);
+    assert_eq!(
+        summary["prompt_tokens"].as_u64().unwrap() as usize,
+        reference["prompt_ids"].as_array().map_or(0, |a| a.len()),
+        "{summary}"
+    );
+    // An explicit --tokenizer still wins (a missing one is an error naming it).
+    fails_with(&[&args[..], &["--tokenizer", "/nonexistent/tok.json"]].concat(), "tok.json");
+
+    if let Some(shared) = common::shared() {
+        let config = tmp.join("config.json");
+        let c = r#"{"model_type": "qwen2", "vocab_size": 1000, "hidden_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 96, "max_position_embeddings": 64, "tie_word_embeddings": true}"#;
+        std::fs::write(&config, c).unwrap();
+        let vocab = shared.join("tokenizer-tests/qwen2/ggml-vocab-qwen2.gguf");
+        let synth = tmp.join("synth.gguf");
+        let o = nexttoken(&[
+            "synth",
+            "--config",
+            config.to_str().unwrap(),
+            "--vocab-from",
+            vocab.to_str().unwrap(),
+            "--out",
+            synth.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let info = stdout(&nexttoken(&["info", "--model", synth.to_str().unwrap()]));
+        assert!(info.contains("vocab          151936"), "{info}");
+        let out = stdout(&nexttoken(&[
+            "generate",
+            "--model",
+            synth.to_str().unwrap(),
+            "--prompt",
+            "Hello world",
+            "--max-tokens",
+            "4",
+            "--backend",
+            "cpu",
+            "--json",
+        ]));
+        let summary: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        // "Hello" " world": Qwen2's real ids, no BOS.
+        assert_eq!(summary["prompt_tokens"], 2, "{summary}");
+    }
     std::fs::remove_dir_all(&tmp).ok();
 }

@@ -4,12 +4,19 @@
 //! with exactly the described shapes and types, and runs to finite logits on the exact CPU path.
 //! (The numbers' correctness is checked elsewhere, against transformers fixtures.)
 
+mod common;
+
 use nexttoken::cpu::CpuModel;
+use nexttoken::generate::{self, prompt_ids, GenerateOptions};
+use nexttoken::gguf::Gguf;
 use nexttoken::model::{Arch, Ffn, Model, Qkv, RopeStyle};
 use nexttoken::quant::{dequantize_row, GgmlType};
+use nexttoken::synthetic::VocabMeta;
 use nexttoken::synthetic::{self, Spec};
 use nexttoken::tensor_names::{self as names, block};
+use nexttoken::tokenizer::HfTokenizer;
 use nexttoken::LanguageModel;
+use nexttoken::Vocab;
 
 fn specs() -> Vec<Spec> {
     let llama = Spec {
@@ -181,4 +188,53 @@ fn bad_specs_are_refused() {
         let e = synthetic::write(&bad).unwrap_err().to_string();
         assert!(e.contains(needle), "{e:?} lacks {needle:?}");
     }
+}
+
+/// A synthetic model of a real shape carrying a real tokenizer copied from llama.cpp's Qwen2
+/// vocabulary file: the one GGUF file is enough to tokenize, generate and decode (no
+/// tokenizer.json), and the model and its tokenizer agree on BOS and the end tokens.
+#[test]
+fn real_tokenizer_from_a_vocab_gguf() {
+    let Some(shared) = common::shared() else { return };
+    let dir = shared.join("tokenizer-tests/qwen2");
+    let vocab_file = std::fs::read(dir.join("ggml-vocab-qwen2.gguf")).unwrap();
+    let vocab = VocabMeta::from_gguf(&Gguf::parse(&vocab_file).unwrap()).unwrap();
+    let spec = Spec {
+        n_head_kv: 2,
+        tied: true,
+        weight_type: GgmlType::Q8_0,
+        seed: 9,
+        ..Spec::new(Arch::Qwen2, 1, 64, 2, 4, 96, 64)
+    }
+    .with_vocab(vocab);
+    assert_eq!((spec.n_vocab, spec.bos, spec.eos), (151936, 151643, 151643));
+    let e = synthetic::write(&Spec { n_vocab: 1000, ..spec.clone() }).unwrap_err().to_string();
+    assert!(e.contains("the vocabulary has 151936 tokens"), "{e}");
+    let bytes = synthetic::write(&spec).unwrap();
+
+    let tok = HfTokenizer::from_gguf_bytes(&bytes).unwrap();
+    let model = CpuModel::new(Model::from_bytes(bytes).unwrap());
+    let c = &model.model.config;
+    assert_eq!(c.n_vocab, 151936);
+    assert_eq!(c.prompt_start(), tok.special().prompt_start());
+    assert_eq!(c.eos_tokens, tok.special().end_tokens());
+    assert_eq!(c.bos_token, Some(151643));
+
+    let text = "Hello world, this is Qwen2's tokenizer.";
+    let ids = prompt_ids(model.bos_token(), &tok, text).unwrap();
+    // Qwen2 adds no BOS; the ids are those of the real tokenizer.json.
+    let json = HfTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    assert_eq!(ids, json.encode(text).unwrap());
+    assert_eq!(tok.decode(&ids), text);
+
+    let opts = GenerateOptions { max_tokens: 6, stop_at_eos: false, ..GenerateOptions::default() };
+    let mut events = Vec::new();
+    let summary = generate::generate(&model, &tok, &ids, opts, |e| {
+        events.push(e.id);
+        true
+    })
+    .unwrap();
+    assert_eq!(summary.generated_tokens, 6);
+    assert!(events.iter().all(|&id| (id as usize) < c.n_vocab));
+    assert_eq!(summary.text, tok.decode(&events));
 }

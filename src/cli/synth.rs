@@ -3,15 +3,17 @@
 //! downloading the weights.
 //!
 //! This file reads the config; `nexttoken::synthetic` writes the model (how the weights and the
-//! placeholder vocabulary are made is described there). The BOS/EOS ids are the config's.
+//! placeholder vocabulary are made is described there). The BOS/EOS ids are the config's, or with
+//! `--vocab-from` those of the GGUF whose tokenizer is copied.
 
 use std::path::Path;
 
 use serde_json::Value as Json;
 
+use nexttoken::gguf::Gguf;
 use nexttoken::model::Arch;
 use nexttoken::quant::GgmlType;
-use nexttoken::synthetic::{self, Spec};
+use nexttoken::synthetic::{self, Spec, VocabMeta};
 use nexttoken::{Error, Result};
 
 fn bad(msg: String) -> Error {
@@ -108,8 +110,19 @@ pub fn spec_from_hf_json(text: &str, ty: GgmlType, seed: u64) -> Result<Spec> {
     })
 }
 
+/// The tokenizer metadata of the GGUF file at `path` (mapped, not read: it may be a whole model).
+fn vocab_from(path: &Path) -> Result<VocabMeta> {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: read-only map, read once while the header is parsed.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let gguf = Gguf::parse(&map)?;
+    VocabMeta::from_gguf(&gguf)
+        .map_err(|e| Error::Input(format!("--vocab-from {}: {e}", path.display())))
+}
+
 /// The `synth` command: read the config, write the file, say what was written.
-pub fn run(config: &Path, ty: &str, out: &Path, seed: u64) -> Result<()> {
+pub fn run(config: &Path, ty: &str, out: &Path, seed: u64, vocab: Option<&Path>) -> Result<()> {
     let ty = match ty.to_ascii_lowercase().as_str() {
         "f32" => GgmlType::F32,
         "f16" => GgmlType::F16,
@@ -121,7 +134,18 @@ pub fn run(config: &Path, ty: &str, out: &Path, seed: u64) -> Result<()> {
     };
     let text = std::fs::read_to_string(config)
         .map_err(|source| Error::Io { path: config.display().to_string(), source })?;
-    let c = spec_from_hf_json(&text, ty, seed)?;
+    let mut c = spec_from_hf_json(&text, ty, seed)?;
+    if let Some(path) = vocab {
+        let config_vocab = c.n_vocab;
+        c = c.with_vocab(vocab_from(path)?);
+        if c.n_vocab != config_vocab {
+            eprintln!(
+                "vocabulary: {} tokens from {} (the config says {config_vocab})",
+                c.n_vocab,
+                path.display()
+            );
+        }
+    }
     let t0 = std::time::Instant::now();
     let bytes = synthetic::write(&c)?;
     std::fs::write(out, &bytes)

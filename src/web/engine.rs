@@ -150,16 +150,21 @@ impl Engine {
     }
 
     /// A GGUF model (its bytes, collected in `sink`, which this consumes) and its
-    /// `tokenizer.json`. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path:
-    /// the reference kernels instead of the fast ones).
+    /// `tokenizer.json`, or null/undefined/empty bytes for the tokenizer the GGUF's own metadata
+    /// describes. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path: the
+    /// reference kernels instead of the fast ones).
     #[wasm_bindgen(js_name = loadGguf)]
     pub async fn load_gguf(
         sink: ByteSink,
-        tokenizer: Vec<u8>,
+        tokenizer: Option<Vec<u8>>,
         options: JsValue,
     ) -> Result<Engine, JsError> {
         let opts = LoadOptions::parse(options)?;
-        let tokenizer = Rc::new(HfTokenizer::from_bytes(&tokenizer).map_err(js_err)?);
+        let tokenizer = match tokenizer.filter(|b| !b.is_empty()) {
+            Some(json) => HfTokenizer::from_bytes(&json),
+            None => HfTokenizer::from_gguf_bytes(&sink.buf),
+        };
+        let tokenizer = Rc::new(tokenizer.map_err(js_err)?);
         let model = Model::from_bytes(sink.buf).map_err(js_err)?;
         if tokenizer.vocab_size() > model.config.n_vocab {
             // More tokenizer ids than logits: a mismatched pair; ids past n_vocab would fail later.

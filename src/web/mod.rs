@@ -3,6 +3,7 @@
 //! ```js
 //! const sink = new ByteSink(totalBytes);          // the model's bytes go straight into wasm memory
 //! for await (const chunk of download) sink.push(chunk);
+//! // tokenizerBytes: a tokenizer.json, or null to use the one in the GGUF's own metadata
 //! const engine = await Engine.loadGguf(sink, tokenizerBytes, { backend: "auto", maxSeq: 2048 });
 //! // or: Engine.loadTable(jsonText)
 //! const session = engine.start("Once upon a time", { temperature: 0, maxTokens: 32 });
@@ -63,6 +64,16 @@ pub fn version() -> String {
 pub fn kernel_self_test() -> Result<String, JsError> {
     let isa = crate::cpu::kernels::Isa::detect();
     crate::cpu::kernels::check_isa_against_scalar(isa, 1).map_err(|e| JsError::new(&e))
+}
+
+/// Token ids of `text` (no BOS) by the tokenizer the GGUF file in `gguf` describes in its
+/// metadata (a vocabulary-only file is enough): for the browser tests, which run llama.cpp's
+/// tokenizer vectors through the wasm build. Throws when the file has no usable tokenizer.
+#[wasm_bindgen(js_name = tokenizeWithGguf)]
+pub fn tokenize_with_gguf(gguf: &[u8], text: &str) -> Result<Vec<u32>, JsError> {
+    use crate::Vocab;
+    let tokenizer = crate::tokenizer::HfTokenizer::from_gguf_bytes(gguf).map_err(js_err)?;
+    tokenizer.encode(text).map_err(js_err)
 }
 
 /// Whether this is the threads build (nightly, +atomics: its memory is a SharedArrayBuffer, so

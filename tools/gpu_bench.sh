@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU benchmark table of README.md, from a prebuilt release binary, on a machine that may have
+# no Rust toolchain and no network:
+#
+#   cargo build --release                       # here, where Rust is
+#   tools/gpu_bench.sh --pack DIR               # here: DIR gets the binary, configs, this script
+#                                               #   (and libvulkan1's .deb when apt-get can fetch it)
+#   DIR/gpu_bench.sh                            # there: synthesises the models, runs the table
+#
+# There, Vulkan may need the loader from the .deb (unpacked into DIR/vulkan) and the vendor's ICD:
+#   VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json DIR/gpu_bench.sh
+# Output: one `nexttoken bench --json` line per model in DIR/results.jsonl and a Markdown table
+# (decode @16 and @2048, prefill 16/128/512, dispatches per step against the 8 per layer + 6
+# budget, the weights' read rate against the GPU's measured read bandwidth).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+if [[ "${1:-}" == "--pack" ]]; then
+    out="${2:?usage: tools/gpu_bench.sh --pack DIR}"
+    root="$(cd "$here/.." && pwd)"
+    mkdir -p "$out/configs"
+    cp "$root/target/release/nexttoken" "$out/"
+    cp "$root/tools/gpu_bench.sh" "$out/"
+    cp "$root"/../shared/configs/{SmolLM2-135M-Instruct,Qwen2.5-0.5B-Instruct,Llama-3.2-1B}.config.json \
+        "$out/configs/"
+    (cd "$out" && apt-get download libvulkan1 >/dev/null 2>&1) || echo "note: no libvulkan1 .deb fetched"
+    echo "packed into $out: run $out/gpu_bench.sh on the GPU machine"
+    exit 0
+fi
+
+bin="${NEXTTOKEN:-$here/nexttoken}"
+[[ -x "$bin" ]] || bin="$(cd "$here/.." && pwd)/target/release/nexttoken"
+configs="$here/configs"
+[[ -d "$configs" ]] || configs="$(cd "$here/../.." && pwd)/shared/configs"
+models="${MODELS:-$here/models}"
+mkdir -p "$models"
+
+# A Vulkan loader shipped beside the script (a machine with the driver but no loader).
+deb="$(ls "$here"/libvulkan1_*.deb 2>/dev/null | head -1 || true)"
+if [[ -n "$deb" ]] && ! ldconfig -p | grep -q libvulkan.so.1; then
+    mkdir -p "$here/vulkan"
+    dpkg -x "$deb" "$here/vulkan"
+    export LD_LIBRARY_PATH="$here/vulkan/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+
+run() { # name config type
+    local file="$models/$1.gguf"
+    [[ -f "$file" ]] || "$bin" synth --config "$configs/$2.config.json" --type "$3" --out "$file" >/dev/null
+    "$bin" bench --model "$file" --backend gpu --prefill 16,128,512 --contexts 16,2048 \
+        --steps "${STEPS:-32}" --json | tee -a "$here/results.jsonl" >/dev/null
+    "$bin" bench --model "$file" --backend gpu --prefill 16 --contexts 16 --steps 8 \
+        | grep -E "device|per step|GPU read" | sed "s/^/  $1: /" >&2
+}
+
+: > "$here/results.jsonl"
+run smollm2-135m-q8_0 SmolLM2-135M-Instruct q8_0
+run qwen2.5-0.5b-q4_0 Qwen2.5-0.5B-Instruct q4_0
+run llama-3.2-1b-q4_0 Llama-3.2-1B q4_0
+run llama-3.2-1b-f16 Llama-3.2-1B f16
+
+python3 - "$here/results.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("| model | decode @16 | decode @2048 | prefill 16 / 128 / 512 | weights GB/s @16 (of GPU read) | dispatches/step (budget) |")
+print("| --- | ---: | ---: | --- | ---: | ---: |")
+for r in rows:
+    g = r["results"][0]
+    d, p = g["decode_tok_s"], g["prefill_tok_s"]
+    bw = g["weight_bandwidth_bytes_s"].get("16", 0)
+    ref = g.get("read_bytes_s") or 1
+    name = r["model"].rsplit("/", 1)[-1]
+    print(f"| {name} | {d.get('16', 0):.0f} | {d.get('2048', 0):.0f} | "
+          f"{p.get('16', 0):.0f} / {p.get('128', 0):.0f} / {p.get('512', 0):.0f} | "
+          f"{bw / 1e9:.0f} ({100 * bw / ref:.0f}% of {ref / 1e9:.0f}) | "
+          f"{g.get('dispatches_per_step')} ({g.get('dispatch_budget')}) |")
+PY

@@ -570,7 +570,18 @@ impl<S> Chat<S> {
     /// Render the conversation (which should end with a user message), fit it to the model's
     /// context, keep the cached prefix it shares with the previous turns, and start the
     /// assistant's reply. `opts.stop_tokens` gets the template's stop tokens added.
-    pub fn start_reply<'m, M, R, V>(
+    pub fn start_reply<'m, M: LanguageModel<State = S>>(
+        &mut self,
+        model: &'m M,
+        vocab: &'m dyn Vocab,
+        opts: GenerateOptions,
+    ) -> Result<(Generation<'m, M>, TurnStats)> {
+        self.start_reply_with_handles(model, vocab, opts)
+    }
+
+    /// Like [`start_reply`](Chat::start_reply), with the model and vocabulary held through `R`
+    /// and `V` (e.g. `Rc<M>` and `Rc<dyn Vocab>`), as [`Generation::with_handles`].
+    pub fn start_reply_with_handles<'m, M, R, V>(
         &mut self,
         model: R,
         vocab: V,

@@ -119,6 +119,22 @@ fn reuse_equals_full_recompute_cpu_exact() {
     }
 }
 
+/// The fast path (int8 activations, f16 KV cache for quantised weights, threads): reuse against
+/// its own full recompute, on every instruction set this machine has.
+#[test]
+fn reuse_equals_full_recompute_cpu_fast() {
+    use nexttoken::cpu::{kernels::Isa, Precision};
+    for arch in ["llama", "gpt2"] {
+        for isa in Isa::available() {
+            let m = synth_cpu(arch, GgmlType::Q8_0)
+                .with_precision(Precision::Fast)
+                .with_isa(isa)
+                .with_threads(2);
+            check_reuse(&format!("cpu fast {arch} q8_0 {}", isa.name()), &m, &m, CPU_TOL);
+        }
+    }
+}
+
 #[test]
 fn reuse_equals_full_recompute_gpu() {
     let Some(ctx) = gpu_context() else { return };

@@ -12,6 +12,9 @@ pub enum Error {
     Model(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A chat template that is missing, does not compile or fails to render.
+    #[error("chat template: {0}")]
+    Template(String),
     /// A request the model cannot serve (prompt longer than the context, empty prompt, ...).
     #[error("{0}")]
     Input(String),

@@ -25,6 +25,12 @@ pub trait LanguageModel {
     /// How many tokens the state holds (the position the next token will take).
     fn position(&self, state: &Self::State) -> usize;
 
+    /// Forget every token after the first `len`: the state becomes what it was after those `len`
+    /// tokens, so a conversation can keep the KV cache of the prefix it shares with its next
+    /// prompt and run only the rest (`chat::reuse_prefix`). Errors (and leaves `state` unchanged)
+    /// when `len` is more than the state holds.
+    fn truncate(&self, state: &mut Self::State, len: usize) -> Result<()>;
+
     /// Append `tokens` to `state` in one pass (prefill when there are many, a decode step when
     /// there is one) and return logits. With `all_logits` the result holds `tokens.len()` rows of
     /// `vocab_size()` (row i predicts the token after `tokens[i]`); otherwise only the last row.
@@ -44,6 +50,17 @@ pub trait LanguageModel {
     fn forward_top(&self, state: &mut Self::State, tokens: &[u32], k: usize) -> Result<TopK> {
         Ok(TopK::from_logits(&self.forward(state, tokens, false)?, k))
     }
+}
+
+/// The error of [`LanguageModel::truncate`] when a state holding `held` tokens is asked to keep
+/// `len`.
+pub fn check_truncate(held: usize, len: usize) -> Result<()> {
+    if len > held {
+        return Err(crate::error::Error::Input(format!(
+            "cannot keep {len} tokens of a state that holds {held}"
+        )));
+    }
+    Ok(())
 }
 
 /// The k most likely next tokens, with the log-sum-exp of all the logits: the probability of
@@ -79,4 +96,14 @@ pub trait Vocab {
     fn decode(&self, ids: &[u32]) -> String;
     /// Display form of one token (for probability views), e.g. "▁cat" or "<0x0A>".
     fn token_text(&self, id: u32) -> String;
+
+    /// The id of the token whose text is exactly `token` (e.g. a special token such as
+    /// `<|im_end|>`), if the vocabulary has one. This default encodes `token` and accepts a
+    /// single id that displays as `token`; tokenizers with a lookup table override it.
+    fn token_id(&self, token: &str) -> Option<u32> {
+        match self.encode(token).ok()?.as_slice() {
+            &[id] if self.token_text(id) == token => Some(id),
+            _ => None,
+        }
+    }
 }

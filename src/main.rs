@@ -1,6 +1,6 @@
 //! The `nexttoken` command line: generate, score and inspect models natively.
 
-use std::io::Write;
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -11,8 +11,10 @@ use serde_json::json;
 
 use cli::{bench, synth};
 use nexttoken::backend::{self, BackendChoice, BackendRequest};
+use nexttoken::chat::{Chat, ChatTemplate, Message, Overflow};
 use nexttoken::cpu::{kernels::Isa, CpuModel, Precision};
 use nexttoken::generate::{self, prompt_ids, BeamOptions, GenerateOptions, Generation};
+use nexttoken::gguf::Gguf;
 use nexttoken::gpu::GpuModel;
 use nexttoken::model::{Model, Storage};
 use nexttoken::sampling::SamplerConfig;
@@ -31,6 +33,10 @@ struct Cli {
 enum Command {
     /// Print the prompt, then stream its continuation token by token.
     Generate(GenerateArgs),
+    /// Chat with an instruct model through its own chat template (tokenizer.chat_template in the
+    /// GGUF): interactive (one user message per stdin line, `/clear` starts over, EOF quits; the
+    /// KV cache is reused between turns), or one reply to --messages.
+    Chat(ChatArgs),
     /// Score a text with the chain rule: each token's probability, log P and perplexity.
     Score(ScoreArgs),
     /// Describe a model file: architecture, shapes, parameters, tensor types and bytes.
@@ -123,6 +129,38 @@ struct GenerateArgs {
     model: ModelArgs,
     #[arg(long, default_value = "")]
     prompt: String,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Beam search with this many beams (1 = off); the best beam is printed.
+    #[arg(long, default_value_t = 1)]
+    beams: usize,
+    /// Divide a beam's log P by its length when ranking beams.
+    #[arg(long)]
+    length_normalise: bool,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// System message the conversation starts with (when --messages has none).
+    #[arg(long)]
+    system: Option<String>,
+    /// A conversation as JSON, OpenAI-style: [{"role": "user", "content": "..."}, ...]. Prints
+    /// the assistant's next reply and exits.
+    #[arg(long)]
+    messages: Option<PathBuf>,
+    /// When the conversation outgrows the context, drop the oldest turns (keeping the system
+    /// message) instead of stopping with an error.
+    #[arg(long)]
+    drop_oldest: bool,
+}
+
+/// The sampling and stopping options `generate` and `chat` share.
+#[derive(Args)]
+struct SamplingArgs {
     #[arg(long, default_value_t = GenerateOptions::default().max_tokens)]
     max_tokens: usize,
     /// 0 means greedy (always the most likely token).
@@ -144,15 +182,28 @@ struct GenerateArgs {
     repeat_window: usize,
     #[arg(long, default_value_t = SamplerConfig::default().seed)]
     seed: u64,
-    /// Beam search with this many beams (1 = off); the best beam is printed.
-    #[arg(long, default_value_t = 1)]
-    beams: usize,
-    /// Divide a beam's log P by its length when ranking beams.
-    #[arg(long)]
-    length_normalise: bool,
     /// Stop when the text contains this string (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    fn options(&self) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampler: SamplerConfig {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_window: self.repeat_window,
+                seed: self.seed,
+            },
+            stop_strings: self.stop.clone(),
+            ..GenerateOptions::default()
+        }
+    }
 }
 
 #[derive(Args)]
@@ -167,6 +218,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => with_model(&args.model, |m, v| run_generate(m, v, &args)),
+        Command::Chat(args) => with_model(&args.model, |m, v| {
+            let template = load_chat_template(&args.model, v)?;
+            m.chat(v, &args, template)
+        }),
         Command::Score(args) => with_model(&args.model, |m, v| run_score(m, v, &args)),
         Command::Info { model } => run_info(model.as_deref()),
         Command::Synth { config, ty, out, seed, vocab_from } => {
@@ -200,22 +255,12 @@ fn with_model(
     f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>,
 ) -> Result<()> {
     let (model, tokenizer) = match &args.model {
-        None => {
-            let tokenizer = match &args.tokenizer {
-                Some(path) => HfTokenizer::from_file(path)?,
-                None => HfTokenizer::from_bytes(DEFAULT_TOKENIZER)?,
-            };
-            (default_model()?, tokenizer)
-        }
+        None => (default_model()?, load_tokenizer(args, None)?),
         Some(path) if path.extension().is_some_and(|e| e == "json") => {
             let table = TableModel::from_json(&read_to_string(path)?)?;
             return f(&table, &table);
         }
-        Some(path) => {
-            let model = Model::open(path)?;
-            let tokenizer = gguf_tokenizer(path, args.tokenizer.as_deref(), &model)?;
-            (model, tokenizer)
-        }
+        Some(path) => (Model::open(path)?, load_tokenizer(args, Some(path))?),
     };
     let choice = backend::choose_native(args.backend.parse::<BackendRequest>()?)?;
     eprintln!("backend: {}", choice.reason());
@@ -258,17 +303,25 @@ fn with_model(
     }
 }
 
-/// The tokenizer of the GGUF model at `path`: `--tokenizer` if given, else a `tokenizer.json`
-/// beside the model, else the one the GGUF's own metadata describes.
-fn gguf_tokenizer(path: &Path, explicit: Option<&Path>, model: &Model) -> Result<HfTokenizer> {
-    if let Some(file) = explicit {
+/// The tokenizer for the GGUF model at `model` (None: the embedded default model):
+/// `--tokenizer` if given, else a `tokenizer.json` beside the model, else the one the GGUF's own
+/// metadata describes.
+fn load_tokenizer(args: &ModelArgs, model: Option<&Path>) -> Result<HfTokenizer> {
+    if let Some(file) = &args.tokenizer {
         return HfTokenizer::from_file(file);
     }
+    let Some(path) = model else {
+        return HfTokenizer::from_bytes(DEFAULT_TOKENIZER);
+    };
     let beside = path.with_file_name("tokenizer.json");
     if beside.exists() {
         return HfTokenizer::from_file(&beside);
     }
-    HfTokenizer::from_gguf_bytes(&model.storage).map_err(|e| {
+    let io = |source| Error::Io { path: path.display().to_string(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: read-only map, as in Model::open.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    HfTokenizer::from_gguf_bytes(&map).map_err(|e| {
         let why = match e {
             Error::Tokenizer(m) => m,
             other => other.to_string(),
@@ -278,6 +331,25 @@ fn gguf_tokenizer(path: &Path, explicit: Option<&Path>, model: &Model) -> Result
             beside.display()
         ))
     })
+}
+
+/// The chat template of the model `args` names (its GGUF header, read again: `Model` keeps only
+/// what the forward pass needs), with `vocab` for the token strings the file lacks.
+fn load_chat_template(args: &ModelArgs, vocab: &dyn Vocab) -> Result<ChatTemplate> {
+    let from = |bytes: &[u8]| ChatTemplate::from_gguf_with_vocab(&Gguf::parse(bytes)?, Some(vocab));
+    match &args.model {
+        None => from(DEFAULT_GGUF),
+        Some(path) if path.extension().is_some_and(|e| e == "json") => {
+            Err(Error::Template("table models have no chat template; use generate".into()))
+        }
+        Some(path) => {
+            let io = |source| Error::Io { path: path.display().to_string(), source };
+            let file = std::fs::File::open(path).map_err(io)?;
+            // SAFETY: read-only map, as in Model::open.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+            from(&map)
+        }
+    }
 }
 
 /// The project's own model (see www/models/README.md), compiled in so the CLI works with no
@@ -295,6 +367,7 @@ fn default_model() -> Result<Model> {
 trait DynModel {
     fn generate(&self, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()>;
     fn score(&self, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()>;
+    fn chat(&self, vocab: &dyn Vocab, args: &ChatArgs, template: ChatTemplate) -> Result<()>;
 }
 
 impl<M: LanguageModel> DynModel for M {
@@ -303,6 +376,9 @@ impl<M: LanguageModel> DynModel for M {
     }
     fn score(&self, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
         score_with(self, vocab, args)
+    }
+    fn chat(&self, vocab: &dyn Vocab, args: &ChatArgs, template: ChatTemplate) -> Result<()> {
+        chat_with(self, vocab, args, template)
     }
 }
 
@@ -330,7 +406,7 @@ fn generate_with<M: LanguageModel>(
     if args.beams > 1 {
         let opts = BeamOptions {
             beams: args.beams,
-            max_tokens: args.max_tokens,
+            max_tokens: args.sampling.max_tokens,
             length_normalise: args.length_normalise,
         };
         let beams = generate::beam_search(model, &ids, opts)?;
@@ -350,20 +426,7 @@ fn generate_with<M: LanguageModel>(
         return Ok(());
     }
 
-    let opts = GenerateOptions {
-        max_tokens: args.max_tokens,
-        sampler: SamplerConfig {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            repeat_window: args.repeat_window,
-            seed: args.seed,
-        },
-        stop_strings: args.stop.clone(),
-        ..GenerateOptions::default()
-    };
+    let opts = args.sampling.options();
     if !args.model.json {
         write!(out, "{}", args.prompt).map_err(write_err)?;
         out.flush().map_err(write_err)?;
@@ -400,6 +463,112 @@ fn generate_with<M: LanguageModel>(
             s.decode_tokens_per_second(),
         );
     }
+    Ok(())
+}
+
+fn chat_with<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    args: &ChatArgs,
+    template: ChatTemplate,
+) -> Result<()> {
+    let overflow = if args.drop_oldest {
+        // Room for a whole reply, but never more than half the context.
+        Overflow::DropOldest {
+            reply_room: args.sampling.max_tokens.min(model.context_length() / 2),
+        }
+    } else {
+        Overflow::Error
+    };
+    let mut chat: Chat<M::State> =
+        Chat::new(template, args.system.as_deref()).with_overflow(overflow);
+    let mut out = std::io::stdout().lock();
+
+    if let Some(path) = &args.messages {
+        let messages: Vec<Message> = serde_json::from_str(&read_to_string(path)?).map_err(|e| {
+            Error::Input(format!(
+                "{}: not a conversation ([{{\"role\": ..., \"content\": ...}}, ...]): {e}",
+                path.display()
+            ))
+        })?;
+        if messages.first().is_some_and(|m| m.role == "system") {
+            chat.messages.clear();
+        }
+        chat.messages.extend(messages);
+        return chat_turn(model, vocab, &mut chat, args, &mut out);
+    }
+
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!("chat: one message per line; /clear starts over; end with Ctrl-D");
+    }
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.map_err(|source| Error::Io { path: "stdin".into(), source })?;
+        let text = line.trim_end_matches(['\r', '\n']);
+        if text.trim().is_empty() {
+            continue;
+        }
+        if text.trim() == "/clear" {
+            chat.clear();
+            eprintln!("(conversation cleared)");
+            continue;
+        }
+        chat.push(Message::user(text));
+        if let Err(e) = chat_turn(model, vocab, &mut chat, args, &mut out) {
+            // The message that could not be answered is not part of the conversation.
+            chat.messages.pop();
+            eprintln!("error: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// One assistant reply to `chat`, streamed to `out`; the reuse and speed go to stderr.
+fn chat_turn<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    chat: &mut Chat<M::State>,
+    args: &ChatArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
+    let (mut generation, stats) = chat.start_reply(model, vocab, args.sampling.options())?;
+    eprintln!("{stats}");
+    while let Some(ev) = generation.step()? {
+        if !args.model.json {
+            write!(out, "{}", ev.text).map_err(write_err)?;
+            out.flush().map_err(write_err)?;
+        }
+    }
+    let s = generation.summary().expect("generation has stopped");
+    let ids = generation.generated_ids().to_vec();
+    let text = chat.finish_reply(generation);
+    if args.model.json {
+        let line = json!({
+            "role": "assistant",
+            "content": text,
+            "ids": ids,
+            "prompt_tokens": s.prompt_tokens,
+            "reused_tokens": s.reused_tokens,
+            "generated_tokens": s.generated_tokens,
+            "stop_reason": format!("{:?}", s.stop_reason),
+        });
+        writeln!(out, "{line}").map_err(write_err)?;
+    } else {
+        writeln!(out).map_err(write_err)?;
+    }
+    eprintln!(
+        "{} generated ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s",
+        s.generated_tokens,
+        s.stop_reason,
+        s.prefill_tokens_per_second(),
+        s.decode_tokens_per_second(),
+    );
     Ok(())
 }
 

@@ -68,11 +68,20 @@ pub struct TableModel {
     logits: Vec<f32>,
 }
 
-/// Where a table model is in a sequence. The last word is all a bigram model remembers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a table model is in a sequence. The last word is all a bigram model uses; the state
+/// keeps the whole sequence so it can be cut back to a prefix ([`LanguageModel::truncate`]).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct TableState {
-    pub position: usize,
-    pub last: Option<u32>,
+    pub tokens: Vec<u32>,
+}
+
+impl TableState {
+    pub fn position(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn last(&self) -> Option<u32> {
+        self.tokens.last().copied()
+    }
 }
 
 fn model_err<T>(message: String) -> Result<T> {
@@ -197,11 +206,17 @@ impl LanguageModel for TableModel {
     }
 
     fn new_state(&self) -> TableState {
-        TableState { position: 0, last: None }
+        TableState::default()
     }
 
     fn position(&self, state: &TableState) -> usize {
-        state.position
+        state.position()
+    }
+
+    fn truncate(&self, state: &mut TableState, len: usize) -> Result<()> {
+        crate::lm::check_truncate(state.position(), len)?;
+        state.tokens.truncate(len);
+        Ok(())
     }
 
     fn forward(
@@ -210,12 +225,12 @@ impl LanguageModel for TableModel {
         tokens: &[u32],
         all_logits: bool,
     ) -> Result<Vec<f32>> {
-        let end = state.position + tokens.len();
+        let end = state.position() + tokens.len();
         if end > self.context_length {
             return Err(Error::Input(format!(
                 "{} tokens at position {} would not fit in the context of {}",
                 tokens.len(),
-                state.position,
+                state.position(),
                 self.context_length
             )));
         }
@@ -225,9 +240,9 @@ impl LanguageModel for TableModel {
                 self.words.len()
             )));
         }
-        let Some(&last) = tokens.last() else {
+        if tokens.is_empty() {
             return Ok(Vec::new());
-        };
+        }
 
         // A bigram model needs no work per token: each row is a lookup.
         let rows = if all_logits { tokens } else { &tokens[tokens.len() - 1..] };
@@ -235,7 +250,7 @@ impl LanguageModel for TableModel {
         for &id in rows {
             out.extend_from_slice(self.row(id).expect("id checked above"));
         }
-        *state = TableState { position: end, last: Some(last) };
+        state.tokens.extend_from_slice(tokens);
         Ok(out)
     }
 }

@@ -134,4 +134,8 @@ impl Vocab for HfTokenizer {
     fn token_text(&self, id: u32) -> String {
         self.inner.id_to_token(id).unwrap_or_else(|| format!("<{id}>"))
     }
+
+    fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
 }

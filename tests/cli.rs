@@ -281,3 +281,214 @@ fn gguf_without_tokenizer_json_uses_its_own_tokenizer() {
     }
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+// ---------------------------------------------------------------------------------------------
+// chat: a synthetic Qwen2-shaped model (random weights, tiny dims, Qwen2.5's real vocabulary size)
+// whose GGUF carries Qwen2.5-Instruct's chat template, with Qwen2.5's tokenizer.json. The
+// references: transformers' rendering of the conversation (../shared/chat-templates) tokenised
+// by the library, and a greedy decode by the CPU's exact path.
+// ---------------------------------------------------------------------------------------------
+
+use common::EditParts;
+use nexttoken::gguf::Value as Meta;
+use nexttoken::Vocab;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+/// <|endoftext|> and <|im_end|> in Qwen2.5's vocabulary.
+const QWEN_ENDOFTEXT: u32 = 151643;
+const QWEN_IM_END: u32 = 151645;
+
+struct ChatFixture {
+    dir: PathBuf,
+    model: PathBuf,
+    tokenizer: PathBuf,
+    shared: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Drop for ChatFixture {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// The model file (with the template when `template`), in a fresh temporary folder.
+fn chat_fixture(name: &str, template: bool) -> Option<ChatFixture> {
+    let shared = common::shared()?;
+    let tokenizer = shared.join("tokenizer-tests/qwen2/tokenizer.json");
+    let n_vocab = nexttoken::tokenizer::HfTokenizer::from_file(&tokenizer).unwrap().vocab_size();
+    let spec = nexttoken::synthetic::Spec {
+        n_vocab,
+        n_ctx: 256,
+        bos: QWEN_ENDOFTEXT,
+        eos: QWEN_IM_END,
+        ..common::synth_spec("qwen2", nexttoken::quant::GgmlType::Q8_0, 11)
+    };
+    let mut parts = nexttoken::synthetic::parts(&spec).unwrap();
+    if template {
+        let source =
+            std::fs::read_to_string(shared.join("chat-templates/Qwen2.5-Instruct.jinja")).unwrap();
+        parts.set_meta("tokenizer.chat_template", Meta::String(source));
+    }
+    let bytes = parts.into_bytes();
+    let dir = std::env::temp_dir().join(format!("nexttoken-chat-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("chat.gguf");
+    std::fs::write(&model, &bytes).unwrap();
+    Some(ChatFixture { dir, model, tokenizer, shared, bytes })
+}
+
+fn chat_args<'a>(f: &'a ChatFixture, extra: &[&'a str]) -> Vec<String> {
+    let mut args = vec![
+        "chat",
+        "--model",
+        f.model.to_str().unwrap(),
+        "--tokenizer",
+        f.tokenizer.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--exact",
+        "--temperature",
+        "0",
+    ];
+    args.extend(extra);
+    args.into_iter().map(String::from).collect()
+}
+
+/// Greedy ids after `prompt` on the CPU's exact path, up to `n` or the first end token.
+fn greedy_reply(bytes: &[u8], prompt: &[u32], n: usize) -> Vec<u32> {
+    let model =
+        nexttoken::cpu::CpuModel::new(nexttoken::model::Model::from_bytes(bytes.to_vec()).unwrap());
+    let mut ids = common::greedy(&model, prompt, n);
+    if let Some(end) = ids.iter().position(|id| *id == QWEN_IM_END) {
+        ids.truncate(end + 1);
+    }
+    ids
+}
+
+#[test]
+fn chat_messages_replies_to_the_conversation_transformers_renders() {
+    let Some(f) = chat_fixture("messages", true) else { return };
+    let examples: Value = serde_json::from_str(
+        &std::fs::read_to_string(f.shared.join("chat-templates/rendered_examples.json")).unwrap(),
+    )
+    .unwrap();
+    let conversation = &examples["_meta"]["conversations"]["with_system"];
+    let rendered = examples["Qwen2.5-0.5B-Instruct/with_system"].as_str().unwrap();
+    let messages = f.dir.join("conversation.json");
+    std::fs::write(&messages, conversation.to_string()).unwrap();
+
+    let args =
+        chat_args(&f, &["--messages", messages.to_str().unwrap(), "--max-tokens", "6", "--json"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = nexttoken(&args);
+    let out: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+
+    let tokenizer = nexttoken::tokenizer::HfTokenizer::from_file(&f.tokenizer).unwrap();
+    // Qwen2 prompts start without BOS; the template's special tokens are single ids.
+    let prompt = tokenizer.encode(rendered).unwrap();
+    assert_eq!(prompt.iter().filter(|&&id| id == QWEN_IM_END).count(), 4);
+    let want = greedy_reply(&f.bytes, &prompt, 6);
+    assert_eq!(ids(&out["ids"]), want.iter().map(|&i| i as u64).collect::<Vec<_>>());
+    assert_eq!(out["prompt_tokens"].as_u64().unwrap() as usize, prompt.len());
+    assert_eq!(out["reused_tokens"], 0);
+    assert_eq!(out["role"], "assistant");
+    let text_ids: Vec<u32> = want.iter().copied().filter(|&id| id != QWEN_IM_END).collect();
+    assert_eq!(out["content"].as_str().unwrap(), tokenizer.decode(&text_ids));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("reused 0 of {} prompt tokens", prompt.len())), "{err}");
+}
+
+#[test]
+fn chat_interactive_reuses_the_cache_between_turns() {
+    let Some(f) = chat_fixture("interactive", true) else { return };
+    let args = chat_args(&f, &["--system", "You are a helpful assistant.", "--max-tokens", "4"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nexttoken"))
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Hello!\nTell me a story.\n/clear\nHello!\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = stdout(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+
+    // Turn 1's prompt as transformers renders it: the with_system conversation up to the first
+    // opening of the assistant's turn.
+    let examples: Value = serde_json::from_str(
+        &std::fs::read_to_string(f.shared.join("chat-templates/rendered_examples.json")).unwrap(),
+    )
+    .unwrap();
+    let rendered = examples["Qwen2.5-0.5B-Instruct/with_system"].as_str().unwrap();
+    let opening = "<|im_start|>assistant\n";
+    let turn1 = &rendered[..rendered.find(opening).unwrap() + opening.len()];
+    let tokenizer = nexttoken::tokenizer::HfTokenizer::from_file(&f.tokenizer).unwrap();
+    let t1 = tokenizer.encode(turn1).unwrap();
+
+    let stats: Vec<(usize, usize)> = err
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("reused ")?;
+            let (n, rest) = rest.split_once(" of ")?;
+            let m = rest.split_once(' ')?.0;
+            Some((n.parse().unwrap(), m.parse().unwrap()))
+        })
+        .collect();
+    assert_eq!(stats.len(), 3, "{err}");
+    assert_eq!(stats[0], (0, t1.len()), "{err}");
+    // Turn 2 repeats turn 1's prompt (and the reply): all of it comes from the cache.
+    assert!(stats[1].0 >= t1.len() && stats[1].0 < stats[1].1, "{err}");
+    // After /clear the prompt is turn 1's again, all in the cache but its last token.
+    assert_eq!(stats[2], (t1.len() - 1, t1.len()), "{err}");
+    assert!(err.contains("(conversation cleared)"), "{err}");
+    // Greedy from the same prompt: turn 3 replies what turn 1 did, and that is the reference's.
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[0], lines[2]);
+    let want = greedy_reply(&f.bytes, &t1, 4);
+    let text_ids: Vec<u32> = want.into_iter().filter(|&id| id != QWEN_IM_END).collect();
+    assert_eq!(lines[0], tokenizer.decode(&text_ids));
+}
+
+#[test]
+fn chat_errors_are_clear() {
+    let Some(f) = chat_fixture("errors", false) else { return };
+    let messages = f.dir.join("conversation.json");
+    std::fs::write(&messages, r#"[{"role": "user", "content": "Hello!"}]"#).unwrap();
+    let args = chat_args(&f, &["--messages", messages.to_str().unwrap()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_with(&args, "the model has no chat template");
+
+    // A conversation that is not a list of messages.
+    let Some(f) = chat_fixture("errors2", true) else { return };
+    let bad = f.dir.join("bad.json");
+    std::fs::write(&bad, r#"{"role": "user"}"#).unwrap();
+    let args = chat_args(&f, &["--messages", bad.to_str().unwrap()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_with(&args, "not a conversation");
+
+    // Longer than the context (256 tokens here), then the same with --drop-oldest.
+    let long = "many words here ".repeat(60);
+    let conversation = serde_json::json!([
+        {"role": "user", "content": long},
+        {"role": "assistant", "content": long},
+        {"role": "user", "content": "Hello!"},
+    ]);
+    let path = f.dir.join("long.json");
+    std::fs::write(&path, conversation.to_string()).unwrap();
+    let args = chat_args(&f, &["--messages", path.to_str().unwrap(), "--max-tokens", "2"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_with(&args, "the model's context is 256 tokens");
+    let args = chat_args(
+        &f,
+        &["--messages", path.to_str().unwrap(), "--max-tokens", "2", "--drop-oldest"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = nexttoken(&args);
+    stdout(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("(2 oldest messages dropped to fit the context)"), "{err}");
+}

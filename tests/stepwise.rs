@@ -135,6 +135,7 @@ fn rates_count_per_second() {
     assert_eq!(memcpy_bandwidth(bytes, ticking_clock), 2.0 * bytes as f64 / 0.002);
     let s = GenerationSummary {
         prompt_tokens: 10,
+        reused_tokens: 0,
         generated_tokens: 5,
         text: String::new(),
         stop_reason: StopReason::MaxTokens,
@@ -144,4 +145,7 @@ fn rates_count_per_second() {
     };
     // Decode counts the tokens after the first.
     assert_eq!((s.prefill_tokens_per_second(), s.decode_tokens_per_second()), (20.0, 2.0));
+    // Prefill counts only the prompt tokens it ran, not those reused from a conversation's cache.
+    let s = GenerationSummary { reused_tokens: 6, ..s };
+    assert_eq!(s.prefill_tokens_per_second(), 8.0);
 }

@@ -20,7 +20,7 @@ pub mod kernels;
 use std::ops::Range;
 
 use crate::error::Result;
-use crate::lm::LanguageModel;
+use crate::lm::{check_truncate, LanguageModel};
 use crate::model::{Ffn, Linear, Model, Norm, NormWeights, Qkv, Tensor};
 use crate::quant::{dequantize_row, GgmlType};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -124,6 +124,13 @@ impl KvStore {
                 v.resize(start + rows.len(), f16::ZERO);
                 v[start..].convert_from_f32_slice(rows);
             }
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            KvStore::F32(v) => v.truncate(len),
+            KvStore::F16(v) => v.truncate(len),
         }
     }
 
@@ -691,6 +698,15 @@ impl LanguageModel for CpuModel {
     }
     fn position(&self, state: &KvCache) -> usize {
         state.pos
+    }
+    fn truncate(&self, state: &mut KvCache, len: usize) -> Result<()> {
+        check_truncate(state.pos, len)?;
+        let kv_dim = self.model.config.kv_dim();
+        for store in state.k.iter_mut().chain(&mut state.v) {
+            store.truncate(len * kv_dim);
+        }
+        state.pos = len;
+        Ok(())
     }
 
     fn forward(&self, state: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {

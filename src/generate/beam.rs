@@ -367,6 +367,7 @@ impl BeamReplay {
     pub fn summary(&self, search_ms: f64) -> GenerationSummary {
         GenerationSummary {
             prompt_tokens: self.prompt_tokens,
+            reused_tokens: 0,
             generated_tokens: self.events.len(),
             text: self.text.clone(),
             stop_reason: self.stop_reason,

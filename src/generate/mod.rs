@@ -31,6 +31,9 @@ pub struct GenerateOptions {
     pub stop_strings: Vec<String>,
     /// Stop when the model samples one of its end tokens.
     pub stop_at_eos: bool,
+    /// More ids that end generation like the model's end tokens (when `stop_at_eos`): a chat
+    /// template's end-of-turn markers such as `<|im_end|>` (`chat::ChatTemplate::stop_tokens`).
+    pub stop_tokens: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
@@ -40,6 +43,7 @@ impl Default for GenerateOptions {
             sampler: SamplerConfig::default(),
             stop_strings: Vec::new(),
             stop_at_eos: true,
+            stop_tokens: Vec::new(),
         }
     }
 }
@@ -78,6 +82,9 @@ pub enum StopReason {
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerationSummary {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values were already in the state it started from
+    /// ([`Generation::resume`]); the prefill ran only the other `prompt_tokens - reused_tokens`.
+    pub reused_tokens: usize,
     /// Tokens sampled, the end token included.
     pub generated_tokens: usize,
     pub text: String,
@@ -91,9 +98,9 @@ pub struct GenerationSummary {
 }
 
 impl GenerationSummary {
-    /// Prompt tokens per second of prefill.
+    /// Prompt tokens per second of prefill (the tokens it ran, not those reused).
     pub fn prefill_tokens_per_second(&self) -> f64 {
-        per_second(self.prompt_tokens, self.prefill_ms)
+        per_second(self.prompt_tokens - self.reused_tokens, self.prefill_ms)
     }
 
     /// Tokens per second after the first (whose time is the prefill's and the first sample's).
@@ -138,6 +145,8 @@ pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
     /// Prompt, then every sampled token: what the repetition penalty looks at.
     tokens: Vec<u32>,
     prompt_len: usize,
+    /// Prompt tokens the state held when generation started: the prefill runs the rest.
+    reused: usize,
     prefilled: bool,
     /// Logits for the next token (once prefilled).
     logits: Vec<f32>,
@@ -169,6 +178,22 @@ impl<'m, M: LanguageModel> Generation<'m, M> {
     ) -> Result<Self> {
         Generation::with_handles(model, vocab, prompt_ids, opts)
     }
+
+    /// A generation that starts from `state`, which holds the keys and values of the first
+    /// `model.position(&state)` ids of `prompt_ids` (the caller's promise, e.g. the prefix a
+    /// conversation's previous turns share with this prompt: `chat::reuse_prefix`). The prefill
+    /// runs only the rest of the prompt, which must be at least one token; everything else
+    /// (sampling, the repetition penalty's view of the prompt, positions) is as if the whole
+    /// prompt had been run from an empty state.
+    pub fn resume(
+        model: &'m M,
+        vocab: &'m dyn Vocab,
+        state: M::State,
+        prompt_ids: &[u32],
+        opts: GenerateOptions,
+    ) -> Result<Self> {
+        Generation::resume_with_handles(model, vocab, state, prompt_ids, opts)
+    }
 }
 
 impl<'m, M, R, V> Generation<'m, M, R, V>
@@ -185,15 +210,34 @@ where
         prompt_ids: &[u32],
         opts: GenerateOptions,
     ) -> Result<Self> {
+        let state = Borrow::<M>::borrow(&model).new_state();
+        Generation::resume_with_handles(model, vocab, state, prompt_ids, opts)
+    }
+
+    /// Like [`Generation::resume`], with the model and vocabulary held through `R` and `V`.
+    pub fn resume_with_handles(
+        model: R,
+        vocab: V,
+        state: M::State,
+        prompt_ids: &[u32],
+        opts: GenerateOptions,
+    ) -> Result<Self> {
         let m: &M = Borrow::<M>::borrow(&model);
         check_prompt(m, prompt_ids)?;
+        let reused = m.position(&state);
+        if reused >= prompt_ids.len() {
+            return Err(Error::Input(format!(
+                "the state already holds {reused} tokens; the prompt of {} must add at least one",
+                prompt_ids.len()
+            )));
+        }
         if opts.stop_strings.iter().any(String::is_empty) {
             return Err(Error::Input("a stop string is empty (it would match at once)".into()));
         }
         let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
-        let state = m.new_state();
         let anchor_text = Borrow::<dyn Vocab + 'm>::borrow(&vocab).decode(anchor);
         Ok(Generation {
+            reused,
             model,
             vocab,
             _borrows: PhantomData,
@@ -271,7 +315,7 @@ where
         }
         self.step_start = (self.clock)();
         if !self.prefilled {
-            Some(self.tokens.clone())
+            Some(self.tokens[self.reused..].to_vec())
         } else {
             Some(self.pending.map(|id| vec![id]).unwrap_or_default())
         }
@@ -311,7 +355,9 @@ where
     fn accept(&mut self, pick: Pick) -> TokenEvent {
         let position = self.tokens.len();
         self.tokens.push(pick.id);
-        if self.opts.stop_at_eos && Borrow::<M>::borrow(&self.model).eos_tokens().contains(&pick.id)
+        let model = Borrow::<M>::borrow(&self.model);
+        if self.opts.stop_at_eos
+            && (model.eos_tokens().contains(&pick.id) || self.opts.stop_tokens.contains(&pick.id))
         {
             self.stop = Some(StopReason::Eos);
         } else {
@@ -376,6 +422,25 @@ where
         &self.tokens[self.prompt_len..]
     }
 
+    /// Prompt tokens that were already in the state it started from (0 unless
+    /// [`resume`](Generation::resume)d).
+    pub fn reused_tokens(&self) -> usize {
+        self.reused
+    }
+
+    /// The ids whose keys and values the state holds: the prompt and every sampled token that
+    /// was fed back (the last sampled token never is). A conversation keeps them with the state
+    /// ([`into_state`](Generation::into_state)) to reuse the prefix its next prompt shares.
+    pub fn held_ids(&self) -> &[u32] {
+        let held = self.model().position(&self.state).min(self.tokens.len());
+        &self.tokens[..held]
+    }
+
+    /// The model state (KV cache), e.g. to continue a conversation after this reply.
+    pub fn into_state(self) -> M::State {
+        self.state
+    }
+
     /// The text streamed so far (the concatenation of the events' `text`).
     pub fn text(&self) -> &str {
         &self.text
@@ -398,6 +463,7 @@ where
     pub fn summary(&self) -> Option<GenerationSummary> {
         Some(GenerationSummary {
             prompt_tokens: self.prompt_len,
+            reused_tokens: self.reused,
             generated_tokens: self.generated_ids().len(),
             text: self.text.clone(),
             stop_reason: self.stop?,

@@ -1088,6 +1088,13 @@ impl LanguageModel for GpuModel {
     fn position(&self, state: &GpuState) -> usize {
         state.pos
     }
+    /// The rows past `len` stay in the buffers but are never read (attention stops at the
+    /// position) and the next tokens overwrite them.
+    fn truncate(&self, state: &mut GpuState, len: usize) -> Result<()> {
+        crate::lm::check_truncate(state.pos, len)?;
+        state.pos = len;
+        Ok(())
+    }
 
     #[cfg(not(target_arch = "wasm32"))]
     fn forward(&self, state: &mut GpuState, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {

@@ -187,6 +187,7 @@ impl<M: Backend> Stepper<M> {
                 run.aborted = true;
                 let summary = run.summary.get_or_insert_with(|| GenerationSummary {
                     prompt_tokens: run.prompt.len(),
+                    reused_tokens: 0,
                     generated_tokens: 0,
                     text: String::new(),
                     stop_reason: generate::StopReason::Aborted,

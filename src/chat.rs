@@ -1,0 +1,634 @@
+//! Chat: a conversation rendered into a prompt by the model's own chat template, and continued
+//! turn after turn on one KV cache.
+//!
+//! A chat model is still a next-token predictor; what makes it chat is the text it was trained
+//! on: turns wrapped in markers (`<|im_start|>user\n...<|im_end|>`), written by a Jinja template
+//! that the GGUF carries (`tokenizer.chat_template`). [`ChatTemplate`] renders it with a real Jinja
+//! engine (minijinja) configured as transformers configures Jinja2 (`trim_blocks`,
+//! `lstrip_blocks`, Python string methods, `raise_exception`, `strftime_now`, a Python-style
+//! `tojson`), so the prompt is byte for byte the one the model was trained on.
+//!
+//! Each turn re-renders the whole conversation, and the new prompt starts with the tokens the
+//! state already holds (the previous prompt and reply). [`reuse_prefix`] keeps the keys and values
+//! of the longest common prefix and [`Generation::resume`] prefills only the rest: a long
+//! conversation costs one short prefill per turn instead of the whole history. [`Chat`] ties the
+//! two together, and drops the oldest turns when asked to make a conversation fit the context.
+
+use std::borrow::Borrow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::generate::{GenerateOptions, Generation};
+use crate::gguf::{Gguf, Value};
+use crate::lm::{LanguageModel, Vocab};
+
+/// One message of a conversation, as OpenAI's API and transformers' `apply_chat_template` take
+/// them: `{"role": "user", "content": "Hello!"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// "system", "user" or "assistant" (templates may know others, e.g. "tool").
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
+        Message { role: role.into(), content: content.into() }
+    }
+    pub fn system(content: impl Into<String>) -> Message {
+        Message::new("system", content)
+    }
+    pub fn user(content: impl Into<String>) -> Message {
+        Message::new("user", content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Message {
+        Message::new("assistant", content)
+    }
+}
+
+/// Markers that end a turn in common chat formats (ChatML, Llama 3, Phi-3, Gemma, GPT-style end
+/// of text). Each is a stop token when the vocabulary has it and the template writes it.
+pub const END_OF_TURN_MARKERS: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+];
+
+/// A model's chat template, compiled, with the special tokens it refers to.
+pub struct ChatTemplate {
+    env: minijinja::Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+    stop_tokens: Vec<u32>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("stop_tokens", &self.stop_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+const TEMPLATE_NAME: &str = "chat_template";
+const GGUF_TEMPLATE_KEY: &str = "tokenizer.chat_template";
+
+impl ChatTemplate {
+    /// Compile `source` (Jinja). `bos_token` and `eos_token` are the strings the template sees
+    /// under those names (e.g. `<s>` and `</s>`). Stop tokens: none until
+    /// [`with_stop_tokens`](ChatTemplate::with_stop_tokens). A syntax error is an
+    /// [`Error::Template`] with minijinja's message and line.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+    ) -> Result<ChatTemplate> {
+        let source = source.into();
+        let mut env = minijinja::Environment::new();
+        // transformers renders with Jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
+        // lstrip_blocks=True) and keep_trailing_newline left off, as here.
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .map_err(|e| template_err(&e))?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(|e| template_err(&e))?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+            stop_tokens: Vec::new(),
+        })
+    }
+
+    /// The template of a GGUF file (`tokenizer.chat_template`), its BOS and EOS strings (from
+    /// `tokenizer.ggml.tokens` at `tokenizer.ggml.bos_token_id` / `eos_token_id`), and its stop
+    /// tokens: the EOS and EOT ids, and the [`END_OF_TURN_MARKERS`] that the token list has and
+    /// the template writes. A file without a template is an error that says so.
+    pub fn from_gguf(gguf: &Gguf) -> Result<ChatTemplate> {
+        ChatTemplate::from_gguf_with_vocab(gguf, None)
+    }
+
+    /// Like [`from_gguf`](ChatTemplate::from_gguf), with `vocab` (the tokenizer the text will be
+    /// encoded with) consulted for the token strings and markers the GGUF's token list lacks (a
+    /// file without `tokenizer.ggml.tokens`, used with a `tokenizer.json`).
+    pub fn from_gguf_with_vocab(gguf: &Gguf, vocab: Option<&dyn Vocab>) -> Result<ChatTemplate> {
+        let source = gguf.get(GGUF_TEMPLATE_KEY).and_then(Value::as_str).ok_or_else(|| {
+            Error::Template(format!(
+                "the model has no chat template (no {GGUF_TEMPLATE_KEY} in the GGUF metadata); \
+                 use a chat/instruct model, or `generate` with a plain prompt"
+            ))
+        })?;
+        let tokens: Option<&[Value]> = match gguf.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(list)) => Some(list),
+            _ => None,
+        };
+        let id_of = |key: &str| gguf.get(key).and_then(Value::as_u64).map(|v| v as u32);
+        let text_of = |id: u32| -> Option<String> {
+            match tokens {
+                Some(list) => list.get(id as usize).and_then(Value::as_str).map(str::to_owned),
+                None => vocab.map(|v| v.token_text(id)),
+            }
+        };
+        let bos = id_of("tokenizer.ggml.bos_token_id").and_then(text_of).unwrap_or_default();
+        let eos = id_of("tokenizer.ggml.eos_token_id").and_then(text_of).unwrap_or_default();
+
+        let mut stop: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+            .iter()
+            .filter_map(|k| id_of(k))
+            .collect();
+        for marker in END_OF_TURN_MARKERS.iter().filter(|m| source.contains(*m)) {
+            let id = match tokens {
+                Some(list) => {
+                    list.iter().position(|t| t.as_str() == Some(marker)).map(|i| i as u32)
+                }
+                None => vocab.and_then(|v| v.token_id(marker)),
+            };
+            stop.extend(id);
+        }
+        let mut template = ChatTemplate::new(source, bos, eos)?;
+        template.add_stop_tokens(&stop);
+        Ok(template)
+    }
+
+    /// Replace the stop tokens.
+    pub fn with_stop_tokens(mut self, ids: &[u32]) -> ChatTemplate {
+        self.stop_tokens.clear();
+        self.add_stop_tokens(ids);
+        self
+    }
+
+    fn add_stop_tokens(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if !self.stop_tokens.contains(&id) {
+                self.stop_tokens.push(id);
+            }
+        }
+    }
+
+    /// Ids that end the assistant's turn: pass them to [`GenerateOptions::stop_tokens`].
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stop_tokens
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
+    /// The prompt text of `messages`, with the opening of the assistant's turn after them when
+    /// `add_generation_prompt`. The template sees what transformers' `apply_chat_template` passes:
+    /// `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, the functions
+    /// `raise_exception` and `strftime_now`; `tools` and `documents` are left undefined. A
+    /// template that fails (or calls `raise_exception`) is an [`Error::Template`] with the message
+    /// and line.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_err(&e))?;
+        template
+            .render(minijinja::context! {
+                messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+            })
+            .map_err(|e| template_err(&e))
+    }
+
+    /// The token ids of the rendered conversation: the text encoded with its special tokens
+    /// recognised, after `bos` (the model's [`LanguageModel::bos_token`]: it is `Some` only when
+    /// the model wants prompts to start with it, as llama.cpp does) unless the template already
+    /// wrote it.
+    pub fn prompt_ids(
+        &self,
+        vocab: &dyn Vocab,
+        bos: Option<u32>,
+        messages: &[Message],
+    ) -> Result<Vec<u32>> {
+        let text = self.render(messages, true)?;
+        let ids = vocab.encode(&text)?;
+        Ok(match bos {
+            Some(bos) if ids.first() != Some(&bos) => std::iter::once(bos).chain(ids).collect(),
+            _ => ids,
+        })
+    }
+}
+
+fn template_err(e: &minijinja::Error) -> Error {
+    let mut message = e.kind().to_string();
+    if let Some(detail) = e.detail() {
+        message = format!("{message}: {detail}");
+    }
+    if let Some(line) = e.line() {
+        message = format!("{message} (line {line})");
+    }
+    Error::Template(message)
+}
+
+/// `raise_exception(message)`: templates call it to reject a conversation they cannot render
+/// (e.g. roles that do not alternate).
+fn raise_exception(message: String) -> std::result::Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
+}
+
+/// `tojson` as transformers defines it: Python's `json.dumps(value, ensure_ascii=False)` (", " and
+/// ": " separators, non-ASCII kept), or with `indent` the same with newlines. (minijinja's own
+/// `tojson` escapes `<`, `>`, `&` and `'` for HTML, which would change the prompt.)
+fn tojson(
+    value: minijinja::Value,
+    indent: Option<usize>,
+) -> std::result::Result<String, minijinja::Error> {
+    let mut out = Vec::new();
+    let result = match indent {
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+            value.serialize(&mut ser)
+        }
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+            value.serialize(&mut ser)
+        }
+    };
+    result.map_err(|e| {
+        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
+    })?;
+    String::from_utf8(out)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))
+}
+
+/// serde_json's compact output with Python's default separators.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// `strftime_now(format)`: the current date and time (UTC) in a C `strftime` format; Llama 3's
+/// templates write today's date with `strftime_now("%d %b %Y")`. Supports %Y %y %m %d %e %H %I %M
+/// %S %p %b %B %a %A %j %% and glibc's %-d, %-m, %-H, %-I, %-M, %-S (no padding).
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    strftime(&format, unix_seconds_now())
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn unix_seconds_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(target_arch = "wasm32")]
+fn unix_seconds_now() -> i64 {
+    (js_sys::Date::now() / 1000.0) as i64
+}
+
+/// `format` at `secs` seconds after 1970-01-01 00:00:00 UTC.
+pub fn strftime(format: &str, secs: i64) -> std::result::Result<String, minijinja::Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] =
+        ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy_march = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy_march + 2) / 153;
+    let day = doy_march - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let before: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = before[month as usize - 1] + day + i64::from(leap && month > 2);
+    // 1970-01-01 was a Thursday.
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let (pad, spec) = match chars.next() {
+            Some('-') => (false, chars.next()),
+            other => (true, other),
+        };
+        let num = |v: i64, width: usize| if pad { format!("{v:0width$}") } else { v.to_string() };
+        let piece = match spec {
+            Some('Y') => year.to_string(),
+            Some('y') => num(year.rem_euclid(100), 2),
+            Some('m') => num(month, 2),
+            Some('d') => num(day, 2),
+            Some('e') => format!("{day:>2}"),
+            Some('H') => num(hour, 2),
+            Some('I') => num(hour12, 2),
+            Some('M') => num(minute, 2),
+            Some('S') => num(second, 2),
+            Some('p') => (if hour < 12 { "AM" } else { "PM" }).to_string(),
+            Some('j') => num(yday, 3),
+            Some('B') => MONTHS[month as usize - 1].to_string(),
+            Some('b') => MONTHS[month as usize - 1][..3].to_string(),
+            Some('A') => DAYS[weekday].to_string(),
+            Some('a') => DAYS[weekday][..3].to_string(),
+            Some('%') => "%".to_string(),
+            other => {
+                return Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    format!("strftime_now: unsupported format %{}", other.unwrap_or(' ')),
+                ))
+            }
+        };
+        out.push_str(&piece);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV reuse between turns
+// ---------------------------------------------------------------------------------------------
+
+/// Length of the longest common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Make `state`, which holds the keys and values of `held`, ready to continue into `prompt`:
+/// keep the longest prefix the two share (at most all of `prompt` but its last token, so the
+/// prefill still has a token to run and gives the next token's logits) and forget the rest.
+/// Returns how many tokens were kept: [`Generation::resume`] then prefills only
+/// `prompt[kept..]`, and the logits are those of running all of `prompt` from an empty state.
+pub fn reuse_prefix<M: LanguageModel>(
+    model: &M,
+    state: &mut M::State,
+    held: &[u32],
+    prompt: &[u32],
+) -> Result<usize> {
+    if model.position(state) != held.len() {
+        return Err(Error::Input(format!(
+            "the state holds {} tokens but {} ids were given for it",
+            model.position(state),
+            held.len()
+        )));
+    }
+    let keep = common_prefix(held, prompt).min(prompt.len().saturating_sub(1));
+    model.truncate(state, keep)?;
+    Ok(keep)
+}
+
+/// What happens when a conversation does not fit the model's context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overflow {
+    /// An error that says so.
+    Error,
+    /// Drop the oldest turns (a user message and the replies after it), keeping the system
+    /// message and the last user message, until the prompt leaves `reply_room` tokens free.
+    DropOldest { reply_room: usize },
+}
+
+/// What a turn's prompt cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnStats {
+    /// Tokens of the rendered conversation.
+    pub prompt_tokens: usize,
+    /// Of those, tokens whose keys and values were kept from the previous turns.
+    pub reused_tokens: usize,
+    /// Messages dropped to fit the context ([`Overflow::DropOldest`]).
+    pub dropped_messages: usize,
+}
+
+impl std::fmt::Display for TurnStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "reused {} of {} prompt tokens", self.reused_tokens, self.prompt_tokens)?;
+        if self.dropped_messages > 0 {
+            write!(f, " ({} oldest messages dropped to fit the context)", self.dropped_messages)?;
+        }
+        Ok(())
+    }
+}
+
+/// The prompt ids of `messages` (see [`ChatTemplate::prompt_ids`]), fitted to a context of
+/// `context` tokens: with [`Overflow::Error`] a prompt that leaves no room for a reply is an
+/// error; with [`Overflow::DropOldest`] the oldest turns are removed from `messages` until it
+/// fits. Returns the ids and how many messages were dropped.
+pub fn fit_prompt(
+    template: &ChatTemplate,
+    vocab: &dyn Vocab,
+    bos: Option<u32>,
+    messages: &mut Vec<Message>,
+    context: usize,
+    overflow: Overflow,
+) -> Result<(Vec<u32>, usize)> {
+    let mut dropped = 0;
+    loop {
+        let ids = template.prompt_ids(vocab, bos, messages)?;
+        let room = match overflow {
+            Overflow::Error => 1,
+            Overflow::DropOldest { reply_room } => reply_room.clamp(1, context.max(1)),
+        };
+        if ids.len() + room <= context {
+            return Ok((ids, dropped));
+        }
+        let first = messages.iter().position(|m| m.role != "system");
+        let last_user = messages.iter().rposition(|m| m.role == "user");
+        let droppable = matches!(overflow, Overflow::DropOldest { .. })
+            && matches!((first, last_user), (Some(f), Some(l)) if f < l);
+        if !droppable {
+            let advice = match overflow {
+                Overflow::Error => "drop the oldest turns or start a new conversation",
+                Overflow::DropOldest { .. } => {
+                    "the system message and the last user message alone are too long"
+                }
+            };
+            return Err(Error::Input(format!(
+                "the conversation is {} tokens and needs {room} more for the reply, but the \
+                 model's context is {context} tokens: {advice}",
+                ids.len()
+            )));
+        }
+        // Remove the oldest turn: the first non-system message and everything up to the next
+        // user message (templates often insist that user and assistant alternate).
+        let f = first.expect("droppable");
+        let mut end = f + 1;
+        while end < messages.len() && messages[end].role != "user" {
+            end += 1;
+        }
+        dropped += end - f;
+        messages.drain(f..end);
+    }
+}
+
+/// A conversation on one model: its messages, and the model state (KV cache) with the ids it
+/// holds, kept between turns so each prompt prefills only what is new.
+///
+/// Per turn: [`push`](Chat::push) the user's message, [`start_reply`](Chat::start_reply) (renders,
+/// fits, reuses the cache; gives a [`Generation`] to step), then [`finish_reply`](Chat::finish_reply)
+/// with that generation (stores the reply and takes the state back).
+pub struct Chat<S> {
+    pub template: ChatTemplate,
+    pub messages: Vec<Message>,
+    pub overflow: Overflow,
+    /// The state and the ids it holds; `None` before the first turn (or after a failed one).
+    cache: Option<(S, Vec<u32>)>,
+}
+
+impl<S> Chat<S> {
+    /// A conversation that starts with `system` as its system message, if given.
+    pub fn new(template: ChatTemplate, system: Option<&str>) -> Chat<S> {
+        Chat {
+            template,
+            messages: system.map(Message::system).into_iter().collect(),
+            overflow: Overflow::Error,
+            cache: None,
+        }
+    }
+
+    pub fn with_overflow(mut self, overflow: Overflow) -> Chat<S> {
+        self.overflow = overflow;
+        self
+    }
+
+    pub fn push(&mut self, message: Message) {
+        self.messages.push(message);
+    }
+
+    /// Forget every message but the system message. The cache stays: the next prompt shares
+    /// the system part with it, and only what differs is recomputed.
+    pub fn clear(&mut self) {
+        self.messages.retain(|m| m.role == "system");
+    }
+
+    /// The ids the kept state holds (empty before the first turn).
+    pub fn cached_ids(&self) -> &[u32] {
+        self.cache.as_ref().map_or(&[], |(_, ids)| ids)
+    }
+
+    /// Render the conversation (which should end with a user message), fit it to the model's
+    /// context, keep the cached prefix it shares with the previous turns, and start the
+    /// assistant's reply. `opts.stop_tokens` gets the template's stop tokens added.
+    pub fn start_reply<'m, M: LanguageModel<State = S>>(
+        &mut self,
+        model: &'m M,
+        vocab: &'m dyn Vocab,
+        opts: GenerateOptions,
+    ) -> Result<(Generation<'m, M>, TurnStats)> {
+        self.start_reply_with_handles(model, vocab, opts)
+    }
+
+    /// Like [`start_reply`](Chat::start_reply), with the model and vocabulary held through `R`
+    /// and `V` (e.g. `Rc<M>` and `Rc<dyn Vocab>`), as [`Generation::with_handles`].
+    pub fn start_reply_with_handles<'m, M, R, V>(
+        &mut self,
+        model: R,
+        vocab: V,
+        mut opts: GenerateOptions,
+    ) -> Result<(Generation<'m, M, R, V>, TurnStats)>
+    where
+        M: LanguageModel<State = S>,
+        R: Borrow<M>,
+        V: Borrow<dyn Vocab + 'm>,
+    {
+        let m: &M = model.borrow();
+        let (ids, dropped) = fit_prompt(
+            &self.template,
+            vocab.borrow(),
+            m.bos_token(),
+            &mut self.messages,
+            m.context_length(),
+            self.overflow,
+        )?;
+        let (mut state, held) = self.cache.take().unwrap_or_else(|| (m.new_state(), Vec::new()));
+        let reused = reuse_prefix(m, &mut state, &held, &ids)?;
+        for &id in self.template.stop_tokens() {
+            if !opts.stop_tokens.contains(&id) {
+                opts.stop_tokens.push(id);
+            }
+        }
+        let generation = Generation::resume_with_handles(model, vocab, state, &ids, opts)?;
+        let stats = TurnStats {
+            prompt_tokens: ids.len(),
+            reused_tokens: reused,
+            dropped_messages: dropped,
+        };
+        Ok((generation, stats))
+    }
+
+    /// End the turn begun by [`start_reply`](Chat::start_reply): the reply's text becomes an
+    /// assistant message and the generation's state is kept for the next turn.
+    pub fn finish_reply<'m, M, R, V>(&mut self, generation: Generation<'m, M, R, V>) -> String
+    where
+        M: LanguageModel<State = S>,
+        R: Borrow<M>,
+        V: Borrow<dyn Vocab + 'm>,
+    {
+        let text = generation.text().to_owned();
+        let held = generation.held_ids().to_vec();
+        self.cache = Some((generation.into_state(), held));
+        self.messages.push(Message::assistant(text.clone()));
+        text
+    }
+}

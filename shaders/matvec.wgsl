@@ -78,12 +78,13 @@ var<workgroup> red: array<f32, 2048>; // TB * WG
 var<workgroup> stat: array<f32, 16>; // per token: mean, 1 / standard deviation
 var<workgroup> sums: array<f32, 128>; // TB * RPW
 
-// Sum red[t * WG + 0..WG] into red[t * WG] for every token.
-fn reduce_all(lid: u32) {
+// Sum red[t * WG + 0..WG] into red[t * WG] for the nt tokens (workgroup memory may be indexed
+// by a loop bound that is not constant; private arrays may not, or they spill).
+fn reduce_all(lid: u32, nt: u32) {
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if (lid < k) {
-            for (var t = 0u; t < TB; t++) {
+            for (var t = 0u; t < nt; t++) {
                 red[t * WG + lid] += red[t * WG + lid + k];
             }
         }
@@ -105,7 +106,7 @@ fn norm_stats(lid: u32, nt: u32) {
             }
             red[t * WG + lid] = s;
         }
-        reduce_all(lid);
+        reduce_all(lid, nt);
         if (lid < TB) {
             stat[2u * lid] = red[lid * WG] / n;
         }
@@ -133,7 +134,7 @@ fn norm_stats(lid: u32, nt: u32) {
         }
         red[t * WG + lid] = s;
     }
-    reduce_all(lid);
+    reduce_all(lid, nt);
     if (lid < TB) {
         stat[2u * lid + 1u] = 1.0 / sqrt(red[lid * WG] / n + P.eps);
     }
@@ -244,7 +245,7 @@ fn main(
     workgroupBarrier();
     for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
-            for (var t = 0u; t < TB; t++) {
+            for (var t = 0u; t < nt; t++) {
                 red[t * WG + lid] += red[t * WG + lid + s];
             }
         }

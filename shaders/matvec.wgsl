@@ -13,8 +13,9 @@
 //
 // W is a weight matrix in its GGUF encoding (decoded by the dequant.wgsl prelude); its rows start
 // at byte w_byte0 (packed tensors share a buffer). VEC holds the model's small vectors (norm
-// weights and biases, projection biases) at the offsets in Params. A workgroup of WG = 256
-// threads computes RPW = 16 rows: a team of TEAM = 16 threads per row splits the row's chunks of
+// weights and biases, projection biases) at the offsets in Params. A workgroup of WG = 64
+// threads computes RPW = 4 rows (small workgroups: many of them for small matrices, and cheap
+// barriers where a GPU is emulated on the CPU): a team of TEAM = 16 threads per row splits the row's chunks of
 // 32 and the team's sums are reduced in workgroup memory. Loops over chunk elements and tokens
 // have constant bounds, so the private arrays stay in registers. Grid: (x, y) cover the groups of
 // rows (x + y * nx).
@@ -59,10 +60,10 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> KV: array<kvt>;
 @group(0) @binding(7) var<uniform> P: Params;
 
-const WG: u32 = 256u;
+const WG: u32 = 64u;
 const TB: u32 = 8u;
 const TEAM: u32 = 16u;
-const RPW: u32 = 16u; // WG / TEAM
+const RPW: u32 = 4u; // WG / TEAM
 const NONE: u32 = 0xffffffffu;
 
 const NORM_RMS: u32 = 1u;
@@ -74,9 +75,9 @@ const GATED: u32 = 2u;
 const GELU: u32 = 3u;
 const QKV: u32 = 4u;
 
-var<workgroup> red: array<f32, 2048>; // TB * WG
+var<workgroup> red: array<f32, 512>; // TB * WG
 var<workgroup> stat: array<f32, 16>; // per token: mean, 1 / standard deviation
-var<workgroup> sums: array<f32, 128>; // TB * RPW
+var<workgroup> sums: array<f32, 32>; // TB * RPW
 
 // Sum red[t * WG + 0..WG] into red[t * WG] for the nt tokens (workgroup memory may be indexed
 // by a loop bound that is not constant; private arrays may not, or they spill).
@@ -179,7 +180,7 @@ fn bias_at(r: u32) -> f32 {
     return VEC[P.bias + r];
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,

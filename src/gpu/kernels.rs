@@ -37,7 +37,7 @@ pub const MAX_GROUPS: u32 = 65535;
 /// Most tokens one matvec.wgsl dispatch handles (`TB`); larger batches use the tiled kernel.
 pub const MATVEC_TOKENS: u32 = 8;
 /// Rows one matvec.wgsl workgroup handles (`RPW`).
-pub const MATVEC_ROWS: u32 = 16;
+pub const MATVEC_ROWS: u32 = 4;
 /// Rows and tokens of the output tile of one matmul_tiled.wgsl workgroup (`TR`, `TT`).
 pub const TILED_ROWS: u32 = 32;
 pub const TILED_TOKENS: u32 = 32;

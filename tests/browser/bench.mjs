@@ -12,7 +12,9 @@
 // Environment: CHROMIUM (default /usr/bin/chromium), MODEL / TOKENIZER (URLs under www/, default
 // models/default.gguf, models/default-tokenizer.json; or MODEL_FILE / TOKENIZER_FILE: paths of
 // files anywhere, served from their folders), REPS (default 5), THREADS (default 2; 1 skips the
-// threaded runs), NO_WLLAMA=1, NO_WEBGPU=1 (SwiftShader takes minutes per token on real shapes).
+// threaded runs), NO_WLLAMA=1, NO_WEBGPU=1 (SwiftShader takes minutes per token on real shapes),
+// WEBGPU_REPS (default 1: this Chromium's WebGPU is SwiftShader, a software renderer, so its run
+// shows that the GPU path completes, not a speed worth repeating).
 // Closing line: "N passed, N failed" (a run passes when it produced numbers).
 
 import fs from "node:fs";
@@ -148,8 +150,8 @@ async function runPage(name, url, { webgpu = false } = {}) {
   }
 }
 
-const q = (backend, threads = 1) =>
-  `?model=${encodeURIComponent(MODEL)}&tokenizer=${encodeURIComponent(TOKENIZER)}&backend=${backend}&reps=${REPS}&threads=${threads}` +
+const q = (backend, threads = 1, reps = REPS) =>
+  `?model=${encodeURIComponent(MODEL)}&tokenizer=${encodeURIComponent(TOKENIZER)}&backend=${backend}&reps=${reps}&threads=${threads}` +
   (threads > 1 ? "" : "&isolate=0");
 const wq = (threads) => `/wllama/index.html?model=${encodeURIComponent("/" + MODEL)}&tokenizer=${encodeURIComponent("/" + TOKENIZER)}&reps=${REPS}&threads=${threads}` + (threads > 1 ? "" : "&isolate=0");
 try {
@@ -160,7 +162,8 @@ try {
     await runPage(`nexttoken cpu ${THREADS} threads`, `/bench.html${q("cpu", THREADS)}`);
     if (haveWllama) await runPage(`wllama ${THREADS} threads`, wq(THREADS));
   }
-  if (!process.env.NO_WEBGPU) await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto")}`, { webgpu: true });
+  const webgpuReps = process.env.WEBGPU_REPS || "1";
+  if (!process.env.NO_WEBGPU) await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto", 1, webgpuReps)}`, { webgpu: true });
 } finally {
   server.closeAllConnections?.();
   await new Promise((r) => server.close(r));

@@ -4,8 +4,8 @@
 use super::context::GpuContext;
 use super::kernels::{readback, storage, upload, Kernels, Pass};
 use super::ops::{
-    self, floats, step_words, AttentionShape, Bias, Columns, Fused, GpuTensor, Heads, KvBuffers,
-    Lookup, NormOp, Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+    self, floats, step_words, AttentionShape, Columns, Fused, GpuTensor, Heads, KvBuffers, Lookup,
+    NormOp, Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
 use crate::error::Result;
 use crate::model::{cos_sin_table, Norm};
@@ -19,7 +19,8 @@ fn upload_f32(ctx: &GpuContext, x: &[f32]) -> wgpu::Buffer {
     upload(ctx, "host input", &f32_bytes(x))
 }
 
-/// Stand-ins for the buffers a fused product binds but a plain product does not read.
+/// The buffers a fused product binds: `vectors` holds the bias (if any) at offset 0; the others
+/// are stand-ins a plain product does not read.
 struct Unfused {
     vectors: wgpu::Buffer,
     table: wgpu::Buffer,
@@ -28,9 +29,9 @@ struct Unfused {
 }
 
 impl Unfused {
-    fn new(ctx: &GpuContext) -> Unfused {
+    fn new(ctx: &GpuContext, bias: Option<&[f32]>) -> Unfused {
         Unfused {
-            vectors: floats(ctx, "vectors", 4),
+            vectors: bias.map_or_else(|| floats(ctx, "vectors", 4), |b| upload_f32(ctx, b)),
             table: floats(ctx, "table", 4),
             step: floats(ctx, "step", 4),
             no_kv: floats(ctx, "no kv", 4),
@@ -95,13 +96,12 @@ pub fn matmul_with(
     let n_tok = x.len() / cols;
     let wt = GpuTensor::upload(ctx, "w", ty, rows, cols, w)?;
     let xb = upload_f32(ctx, x);
-    let bb = bias.map(|b| upload_f32(ctx, b));
     let y = floats(ctx, "y", n_tok * rows);
-    let unfused = Unfused::new(ctx);
+    let unfused = Unfused::new(ctx, bias);
     let mut pass = Pass::new(k);
     let x = Rows { buf: &xb, row0: 0, n: n_tok };
     let out = Out { buf: &y, stride: rows, col0: 0 };
-    let bias = bb.as_ref().map(|b| Bias::Buffer(b, 0));
+    let bias = bias.map(|_| 0);
     if tiled {
         ops::matmul_tiled(&mut pass, &wt, bias, x, out, &unfused.fused());
     } else {
@@ -140,7 +140,7 @@ pub fn matmul_split(
     let wt = GpuTensor { ty, rows, cols, row_bytes: rb, parts };
     let xb = upload_f32(ctx, x);
     let y = floats(ctx, "y", n_tok * rows);
-    let unfused = Unfused::new(ctx);
+    let unfused = Unfused::new(ctx, None);
     let mut pass = Pass::new(k);
     let x = Rows { buf: &xb, row0: 0, n: n_tok };
     let out = Out { buf: &y, stride: rows, col0: 0 };

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEAD_DIM, MAX_TOP_K};
 use super::ops::{
-    self, floats, AttentionShape, Bias, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers,
-    Lookup, Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+    self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
+    Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
@@ -69,6 +69,61 @@ struct LayerPlan {
     down_bias: Option<usize>,
 }
 
+/// The weights on the GPU, each tensor uploaded once (a tied output projection shares its
+/// embedding's buffer), keyed by its place in the file.
+struct Uploads<'m> {
+    ctx: &'m GpuContext,
+    model: &'m Model,
+    cache: HashMap<(usize, usize), Arc<GpuTensor>>,
+}
+
+impl Uploads<'_> {
+    fn key(t: &Tensor) -> (usize, usize) {
+        (t.offset, t.size_bytes)
+    }
+
+    fn one(&mut self, t: &Tensor) -> Result<Arc<GpuTensor>> {
+        if let Some(g) = self.cache.get(&Uploads::key(t)) {
+            return Ok(g.clone());
+        }
+        let bytes = self.model.bytes(t);
+        let g = Arc::new(GpuTensor::upload(self.ctx, &t.name, t.ty, t.rows, t.cols, bytes)?);
+        self.cache.insert(Uploads::key(t), g.clone());
+        Ok(g)
+    }
+
+    /// Tensors whose rows one product covers (q|k|v, gate|up): each run of one type and row
+    /// length packed into one buffer (the tensors become views of it). Returns the products as
+    /// (tensor, first row): one when all share a type; more when, as in Q4_K_M files, they differ.
+    fn packed(&mut self, ts: &[&Tensor]) -> Result<Vec<(Arc<GpuTensor>, usize)>> {
+        let mut products = Vec::new();
+        let mut row0 = 0;
+        for run in ts.chunk_by(|a, b| a.ty == b.ty && a.cols == b.cols) {
+            let pieces: Vec<_> =
+                run.iter().map(|t| (t.name.as_str(), t.rows, self.model.bytes(t))).collect();
+            let packed = (run.len() > 1)
+                .then(|| GpuTensor::upload_packed(self.ctx, run[0].ty, run[0].cols, &pieces))
+                .flatten();
+            match packed {
+                Some((whole, views)) => {
+                    for (t, view) in run.iter().zip(views) {
+                        self.cache.insert(Uploads::key(t), Arc::new(view));
+                    }
+                    products.push((Arc::new(whole), row0));
+                }
+                None => {
+                    for (i, t) in run.iter().enumerate() {
+                        let at = row0 + run[..i].iter().map(|t| t.rows).sum::<usize>();
+                        products.push((self.one(t)?, at));
+                    }
+                }
+            }
+            row0 += run.iter().map(|t| t.rows).sum::<usize>();
+        }
+        Ok(products)
+    }
+}
+
 /// The small vectors of a model (norm weights and biases, projection biases) decoded to f32 in
 /// one buffer, so a fused product binds one buffer for all of them.
 #[derive(Default)]
@@ -84,12 +139,10 @@ impl Vectors {
         at
     }
 
-    /// Several vectors one after the other (q, k and v biases); the offset of the first.
-    fn add_all(&mut self, model: &Model, ts: &[&Tensor]) -> usize {
+    /// `n` zeros (a missing bias among q, k and v); their offset.
+    fn zeros(&mut self, n: usize) -> usize {
         let at = self.data.len();
-        for t in ts {
-            self.add(model, t);
-        }
+        self.data.resize(at + n, 0.0);
         at
     }
 
@@ -332,131 +385,39 @@ impl GpuModel {
                 c.head_dim
             )));
         }
-        // Packs first: q|k|v and gate|up of one type go into one buffer each, and the tensors
-        // become views of it; then every other tensor is uploaded on its own (a tied output
-        // projection shares its embedding's buffer).
-        let key = |t: &Tensor| (t.offset, t.size_bytes);
-        let mut cache: HashMap<(usize, usize), Arc<GpuTensor>> = HashMap::new();
-        let mut qkv_packs = Vec::new();
-        let mut gate_up_packs = Vec::new();
-        for lw in &model.weights.layers {
-            let mut qkv = Vec::new();
-            if let Qkv::Separate { q, k, v } = &lw.qkv {
-                let ts = [&q.weight, &k.weight, &v.weight];
-                let mut row0 = 0;
-                // Runs of one type (a Q4_K_M file may keep v in another).
-                let mut i = 0;
-                while i < ts.len() {
-                    let mut j = i + 1;
-                    while j < ts.len() && ts[j].ty == ts[i].ty && ts[j].cols == ts[i].cols {
-                        j += 1;
-                    }
-                    let run = &ts[i..j];
-                    let rows: usize = run.iter().map(|t| t.rows).sum();
-                    if run.len() > 1 {
-                        let pieces: Vec<_> =
-                            run.iter().map(|t| (t.name.as_str(), t.rows, model.bytes(t))).collect();
-                        if let Some((whole, views)) =
-                            GpuTensor::upload_packed(&ctx, run[0].ty, run[0].cols, &pieces)
-                        {
-                            for (t, view) in run.iter().zip(views) {
-                                cache.insert(key(t), Arc::new(view));
-                            }
-                            qkv.push((Some(Arc::new(whole)), row0));
-                            row0 += rows;
-                            i = j;
-                            continue;
-                        }
-                    }
-                    for t in run {
-                        qkv.push((None, row0));
-                        row0 += t.rows;
-                    }
-                    i = j;
-                }
-            }
-            qkv_packs.push(qkv);
-            let mut gate_up = None;
-            if let Ffn::GatedSilu { gate, up, .. } = &lw.ffn {
-                let (g, u) = (&gate.weight, &up.weight);
-                if g.ty == u.ty && g.cols == u.cols && g.rows == u.rows {
-                    let pieces = [
-                        (g.name.as_str(), g.rows, model.bytes(g)),
-                        (u.name.as_str(), u.rows, model.bytes(u)),
-                    ];
-                    if let Some((whole, views)) =
-                        GpuTensor::upload_packed(&ctx, g.ty, g.cols, &pieces)
-                    {
-                        let mut views = views.into_iter();
-                        cache.insert(key(g), Arc::new(views.next().expect("two")));
-                        cache.insert(key(u), Arc::new(views.next().expect("two")));
-                        gate_up = Some(Arc::new(whole));
-                    }
-                }
-            }
-            gate_up_packs.push(gate_up);
-        }
-        let weights = model.weights.try_map(|t: &Tensor| -> Result<Arc<GpuTensor>> {
-            if let Some(g) = cache.get(&key(t)) {
-                return Ok(g.clone());
-            }
-            let g =
-                Arc::new(GpuTensor::upload(&ctx, &t.name, t.ty, t.rows, t.cols, model.bytes(t))?);
-            cache.insert(key(t), g.clone());
-            Ok(g)
-        })?;
-
-        // The plans: products per dispatch and the small vectors' offsets.
+        // The plans: q|k|v and gate|up of one type packed into one buffer each (the tensors
+        // become views of it), and the small vectors' offsets. Then every other tensor.
+        let mut uploads = Uploads { ctx: &ctx, model: &model, cache: HashMap::new() };
         let mut vectors = Vectors::default();
         let mut plans = Vec::new();
-        for (((lw, gw), qkv_pack), gate_up) in
-            model.weights.layers.iter().zip(&weights.layers).zip(qkv_packs).zip(gate_up_packs)
-        {
-            let (qkv, qkv_bias) = match (&lw.qkv, &gw.qkv) {
-                (Qkv::Fused(l), Qkv::Fused(g)) => {
-                    (vec![(g.weight.clone(), 0)], l.bias.as_ref().map(|b| vectors.add(&model, b)))
-                }
-                (Qkv::Separate { q, k, v }, Qkv::Separate { q: gq, k: gk, v: gv }) => {
-                    let singles = [&gq.weight, &gk.weight, &gv.weight];
-                    let mut pieces = Vec::new();
-                    let mut single = singles.iter();
-                    for (whole, row0) in qkv_pack {
-                        match whole {
-                            Some(w) => {
-                                // Skip the views the pack covers.
-                                let mut covered = 0;
-                                while covered < w.rows {
-                                    covered += single.next().expect("pack covers views").rows;
-                                }
-                                pieces.push((w, row0));
-                            }
-                            None => {
-                                pieces.push(((*single.next().expect("one each")).clone(), row0))
-                            }
-                        }
-                    }
-                    let biases = [&q.bias, &k.bias, &v.bias];
-                    let bias = if biases.iter().all(|b| b.is_some()) {
-                        let ts: Vec<&Tensor> = biases.iter().flat_map(|b| b.as_ref()).collect();
-                        Some(vectors.add_all(&model, &ts))
-                    } else if biases.iter().any(|b| b.is_some()) {
-                        // Some biases but not all: zeros for the missing ones.
+        for lw in &model.weights.layers {
+            let (qkv, qkv_bias) = match &lw.qkv {
+                Qkv::Fused(l) => (
+                    vec![(uploads.one(&l.weight)?, 0)],
+                    l.bias.as_ref().map(|b| vectors.add(&model, b)),
+                ),
+                Qkv::Separate { q, k, v } => {
+                    let pieces = uploads.packed(&[&q.weight, &k.weight, &v.weight])?;
+                    // One bias vector for q|k|v: zeros where one of them has none.
+                    let bias = [q, k, v].iter().any(|l| l.bias.is_some()).then(|| {
                         let at = vectors.data.len();
-                        for (b, rows) in biases.iter().zip([c.q_dim(), c.kv_dim(), c.kv_dim()]) {
-                            match b {
-                                Some(t) => {
-                                    vectors.add(&model, t);
-                                }
-                                None => vectors.data.resize(vectors.data.len() + rows, 0.0),
-                            }
+                        for l in [q, k, v] {
+                            match &l.bias {
+                                Some(t) => vectors.add(&model, t),
+                                None => vectors.zeros(l.weight.rows),
+                            };
                         }
-                        Some(at)
-                    } else {
-                        None
-                    };
+                        at
+                    });
                     (pieces, bias)
                 }
-                _ => unreachable!("the same description mapped"),
+            };
+            let gate_up = match &lw.ffn {
+                Ffn::GatedSilu { gate, up, .. } => {
+                    let pieces = uploads.packed(&[&gate.weight, &up.weight])?;
+                    (pieces.len() == 1).then(|| pieces[0].0.clone())
+                }
+                Ffn::Gelu { .. } => None,
             };
             let (gate_bias, up_bias, down_bias) = match &lw.ffn {
                 Ffn::GatedSilu { gate, up, down } => (
@@ -482,6 +443,8 @@ impl GpuModel {
                 down_bias,
             });
         }
+        let weights = model.weights.try_map(|t: &Tensor| uploads.one(t))?;
+        let cache = uploads.cache;
         let output_norm = vectors.norm(&model, &model.weights.output_norm);
         let vectors_bytes: Vec<u8> = vectors.data.iter().flat_map(|v| v.to_le_bytes()).collect();
         let vectors = super::kernels::upload(&ctx, "vectors", &vectors_bytes);
@@ -941,7 +904,7 @@ impl GpuModel {
         let few = ops::fits_matvec(len);
         let rows = |buf| Rows { buf, row0: 0, n: len };
         let out = |buf, stride, col0| Out { buf, stride, col0 };
-        let bias = |b: Option<usize>, row0: usize| b.map(|o| Bias::Vectors(o + row0));
+        let bias = |b: Option<usize>, row0: usize| b.map(|o| o + row0);
         // A product whose output is added to the residual stream.
         let residual = |pass: &mut Pass<'a>, t: &'a GpuTensor, x, b: Option<usize>| {
             if few {

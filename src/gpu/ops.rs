@@ -257,11 +257,11 @@ pub fn fits_matvec(n: usize) -> bool {
 }
 
 /// `y[t][col0 + r] = W[r] . x[t] (+ bias[r])` for the rows of `x`: matvec.wgsl for a few tokens
-/// (decode), the tiled kernel for more (prefill).
+/// (decode), the tiled kernel for more (prefill). `bias`: a float offset in `fused.vectors`.
 pub fn matmul<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
-    bias: Option<Bias<'a>>,
+    bias: Option<usize>,
     x: Rows<'a>,
     y: Out<'a>,
     fused: &Fused<'a>,
@@ -277,16 +277,11 @@ pub fn matmul<'a>(
 pub fn matmul_tiled<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
-    bias: Option<Bias<'a>>,
+    bias: Option<usize>,
     x: Rows<'a>,
     y: Out<'a>,
     fused: &Fused<'a>,
 ) {
-    let (bias_buf, bias_at) = match bias {
-        Some(Bias::Buffer(b, at)) => (Some(b), at),
-        Some(Bias::Vectors(at)) => (Some(fused.vectors), at),
-        None => (None, 0),
-    };
     for part in &w.parts {
         let (gx, gy) = grid(u(part.rows).div_ceil(TILED_ROWS));
         let gz = u(x.n).div_ceil(TILED_TOKENS);
@@ -298,12 +293,11 @@ pub fn matmul_tiled<'a>(
             x_row0: u(x.row0),
             y_stride: u(y.stride),
             y_col0: u(y.col0 + part.row0),
-            bias_row0: u(bias_at + part.row0),
-            has_bias: bias_buf.is_some() as u32,
+            bias_row0: u(bias.unwrap_or(0) + part.row0),
+            has_bias: bias.is_some() as u32,
             w_byte0: u(part.byte0),
         };
-        // Every binding must be bound: without a bias, the (unread) bias binding gets `x`.
-        let buffers = [&part.buffer, x.buf, bias_buf.unwrap_or(x.buf), y.buf];
+        let buffers = [&part.buffer, x.buf, fused.vectors, y.buf];
         pass.dispatch(Kernel::MatmulTiled(w.ty), &buffers, &params.words(), [gx, gy, gz]);
     }
 }
@@ -329,13 +323,6 @@ pub struct NormIn {
     pub eps: f32,
     pub weight: usize,
     pub bias: Option<usize>,
-}
-
-/// A product's bias: at a float offset of the vectors buffer, or a buffer of its own (host tests).
-#[derive(Clone, Copy)]
-pub enum Bias<'a> {
-    Vectors(usize),
-    Buffer(&'a wgpu::Buffer, usize),
 }
 
 /// How the q|k|v rows are laid out and where keys and values go.
@@ -370,11 +357,11 @@ pub enum Epilogue<'a> {
     Qkv(QkvOut<'a>),
 }
 
-/// One fused product: norm of the input, bias, epilogue.
+/// One fused product: norm of the input, bias (a float offset in the vectors buffer), epilogue.
 #[derive(Clone, Copy)]
 pub struct Matvec<'a> {
     pub norm: Option<NormIn>,
-    pub bias: Option<Bias<'a>>,
+    pub bias: Option<usize>,
     pub epilogue: Epilogue<'a>,
 }
 
@@ -391,15 +378,6 @@ pub fn matvec<'a>(
     fused: &Fused<'a>,
 ) {
     assert!(u(x.n) <= MATVEC_TOKENS, "matvec handles at most {MATVEC_TOKENS} tokens");
-    let (vectors, bias_base) = match m.bias {
-        Some(Bias::Buffer(b, off)) => (b, Some(off)),
-        Some(Bias::Vectors(off)) => (fused.vectors, Some(off)),
-        None => (fused.vectors, None),
-    };
-    assert!(
-        m.norm.is_none() || std::ptr::eq(vectors, fused.vectors),
-        "a norm reads the vectors buffer"
-    );
     let (epilogue, outputs) = match m.epilogue {
         Epilogue::Store => (0, w.rows),
         Epilogue::Add => (1, w.rows),
@@ -427,7 +405,7 @@ pub fn matvec<'a>(
             eps: m.norm.map_or(0.0, |n| n.eps),
             norm_w: m.norm.map_or(NONE, |n| u(n.weight)),
             norm_b: m.norm.and_then(|n| n.bias).map_or(NONE, u),
-            bias: bias_base.map_or(NONE, |b| u(b + part.row0)),
+            bias: m.bias.map_or(NONE, |b| u(b + part.row0)),
             epilogue,
             y_stride: u(y.stride),
             y_col0: u(y.col0 + part.row0),
@@ -448,7 +426,7 @@ pub fn matvec<'a>(
         }
         let per_group = if epilogue == 2 { MATVEC_ROWS / 2 } else { MATVEC_ROWS };
         let (gx, gy) = grid(u(rows).div_ceil(per_group));
-        let buffers = [&part.buffer, x.buf, vectors, fused.table, fused.step, y.buf, kv];
+        let buffers = [&part.buffer, x.buf, fused.vectors, fused.table, fused.step, y.buf, kv];
         pass.dispatch(Kernel::Matvec(w.ty, fused.f16_kv), &buffers, &p.words(), [gx, gy, 1]);
     }
 }

@@ -217,12 +217,11 @@ struct ScoreArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate(args) => with_model(&args.model, |m, v| run_generate(m, v, &args)),
-        Command::Chat(args) => with_model(&args.model, |m, v| {
-            let template = load_chat_template(&args.model, v)?;
-            m.chat(v, &args, template)
-        }),
-        Command::Score(args) => with_model(&args.model, |m, v| run_score(m, v, &args)),
+        Command::Generate(args) => with_model(&args.model, |m, v, _| run_generate(m, v, &args)),
+        Command::Chat(args) => {
+            with_model(&args.model, |m, v, header| m.chat(v, &args, load_chat_template(header, v)?))
+        }
+        Command::Score(args) => with_model(&args.model, |m, v, _| run_score(m, v, &args)),
         Command::Info { model } => run_info(model.as_deref()),
         Command::Synth { config, ty, out, seed, vocab_from } => {
             synth::run(&config, &ty, &out, seed, vocab_from.as_deref())
@@ -249,26 +248,32 @@ fn main() -> ExitCode {
     }
 }
 
-/// Load the model named by `args` on the chosen backend and hand it to `f`.
+/// Load the model named by `args` on the chosen backend and hand it to `f`, with its tokenizer
+/// and its GGUF header (the metadata: `None` for a table model).
 fn with_model(
     args: &ModelArgs,
-    f: impl FnOnce(&dyn DynModel, &dyn Vocab) -> Result<()>,
+    f: impl FnOnce(&dyn DynModel, &dyn Vocab, Option<&Gguf>) -> Result<()>,
 ) -> Result<()> {
-    let (model, tokenizer) = match &args.model {
-        None => (default_model()?, load_tokenizer(args, None)?),
+    let model = match &args.model {
+        None => default_model()?,
         Some(path) if path.extension().is_some_and(|e| e == "json") => {
             let table = TableModel::from_json(&read_to_string(path)?)?;
-            return f(&table, &table);
+            return f(&table, &table, None);
         }
-        Some(path) => (Model::open(path)?, load_tokenizer(args, Some(path))?),
+        Some(path) => Model::open(path)?,
     };
+    // The metadata the tokenizer and the chat template read (`Model` keeps only what the forward
+    // pass needs), from the bytes the model already holds.
+    let header = Gguf::parse(&model.storage)?;
+    let tokenizer = load_tokenizer(args, &header)?;
+    let header = Some(&header);
     let choice = backend::choose_native(args.backend.parse::<BackendRequest>()?)?;
     eprintln!("backend: {}", choice.reason());
     match choice {
         BackendChoice::Gpu { context, .. } => {
             let model = pollster::block_on(GpuModel::with_context(context, model))?
                 .with_max_seq(args.context);
-            f(&model, &tokenizer)
+            f(&model, &tokenizer, header)
         }
         BackendChoice::Cpu { .. } => {
             let cpu = if args.exact {
@@ -298,30 +303,26 @@ fn with_model(
                     }
                 }
             };
-            f(&cpu.with_max_seq(args.context), &tokenizer)
+            f(&cpu.with_max_seq(args.context), &tokenizer, header)
         }
     }
 }
 
-/// The tokenizer for the GGUF model at `model` (None: the embedded default model):
-/// `--tokenizer` if given, else a `tokenizer.json` beside the model, else the one the GGUF's own
-/// metadata describes.
-fn load_tokenizer(args: &ModelArgs, model: Option<&Path>) -> Result<HfTokenizer> {
+/// The tokenizer of the model `args` names, whose GGUF header is `header`: `--tokenizer` if
+/// given, else (a file) a `tokenizer.json` beside the model or (the embedded model) its own
+/// tokenizer.json, else the one the GGUF's metadata describes.
+fn load_tokenizer(args: &ModelArgs, header: &Gguf) -> Result<HfTokenizer> {
     if let Some(file) = &args.tokenizer {
         return HfTokenizer::from_file(file);
     }
-    let Some(path) = model else {
+    let Some(path) = &args.model else {
         return HfTokenizer::from_bytes(DEFAULT_TOKENIZER);
     };
     let beside = path.with_file_name("tokenizer.json");
     if beside.exists() {
         return HfTokenizer::from_file(&beside);
     }
-    let io = |source| Error::Io { path: path.display().to_string(), source };
-    let file = std::fs::File::open(path).map_err(io)?;
-    // SAFETY: read-only map, as in Model::open.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    HfTokenizer::from_gguf_bytes(&map).map_err(|e| {
+    HfTokenizer::from_gguf(header).map_err(|e| {
         let why = match e {
             Error::Tokenizer(m) => m,
             other => other.to_string(),
@@ -333,22 +334,12 @@ fn load_tokenizer(args: &ModelArgs, model: Option<&Path>) -> Result<HfTokenizer>
     })
 }
 
-/// The chat template of the model `args` names (its GGUF header, read again: `Model` keeps only
-/// what the forward pass needs), with `vocab` for the token strings the file lacks.
-fn load_chat_template(args: &ModelArgs, vocab: &dyn Vocab) -> Result<ChatTemplate> {
-    let from = |bytes: &[u8]| ChatTemplate::from_gguf_with_vocab(&Gguf::parse(bytes)?, Some(vocab));
-    match &args.model {
-        None => from(DEFAULT_GGUF),
-        Some(path) if path.extension().is_some_and(|e| e == "json") => {
-            Err(Error::Template("table models have no chat template; use generate".into()))
-        }
-        Some(path) => {
-            let io = |source| Error::Io { path: path.display().to_string(), source };
-            let file = std::fs::File::open(path).map_err(io)?;
-            // SAFETY: read-only map, as in Model::open.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-            from(&map)
-        }
+/// The chat template in the GGUF header `header` (`None`: a table model, which has none), with
+/// `vocab` for the token strings the file lacks.
+fn load_chat_template(header: Option<&Gguf>, vocab: &dyn Vocab) -> Result<ChatTemplate> {
+    match header {
+        Some(header) => ChatTemplate::from_gguf_with_vocab(header, Some(vocab)),
+        None => Err(Error::Template("table models have no chat template; use generate".into())),
     }
 }
 

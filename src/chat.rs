@@ -282,28 +282,29 @@ fn tojson(
 /// serde_json's compact output with Python's default separators.
 struct PythonFormatter;
 
+/// Python's item separator, before every item but the first.
+fn python_separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
 impl serde_json::ser::Formatter for PythonFormatter {
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        python_separator(w, first)
     }
     fn begin_object_key<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        python_separator(w, first)
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
@@ -311,8 +312,7 @@ impl serde_json::ser::Formatter for PythonFormatter {
 }
 
 /// `strftime_now(format)`: the current date and time (UTC) in a C `strftime` format; Llama 3's
-/// templates write today's date with `strftime_now("%d %b %Y")`. Supports %Y %y %m %d %e %H %I %M
-/// %S %p %b %B %a %A %j %% and glibc's %-d, %-m, %-H, %-I, %-M, %-S (no padding).
+/// templates write today's date with `strftime_now("%d %b %Y")`.
 fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
     strftime(&format, unix_seconds_now())
 }
@@ -329,82 +329,21 @@ fn unix_seconds_now() -> i64 {
     (js_sys::Date::now() / 1000.0) as i64
 }
 
-/// `format` at `secs` seconds after 1970-01-01 00:00:00 UTC.
+/// `format` at `secs` seconds after 1970-01-01 00:00:00 UTC (C `strftime` specifiers, through
+/// chrono). An unknown specifier is an error, not a panic.
 pub fn strftime(format: &str, secs: i64) -> std::result::Result<String, minijinja::Error> {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] =
-        ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy_march = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy_march + 2) / 153;
-    let day = doy_march - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-    let before: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = before[month as usize - 1] + day + i64::from(leap && month > 2);
-    // 1970-01-01 was a Thursday.
-    let weekday = (days + 3).rem_euclid(7) as usize;
-    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
-
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let (pad, spec) = match chars.next() {
-            Some('-') => (false, chars.next()),
-            other => (true, other),
-        };
-        let num = |v: i64, width: usize| if pad { format!("{v:0width$}") } else { v.to_string() };
-        let piece = match spec {
-            Some('Y') => year.to_string(),
-            Some('y') => num(year.rem_euclid(100), 2),
-            Some('m') => num(month, 2),
-            Some('d') => num(day, 2),
-            Some('e') => format!("{day:>2}"),
-            Some('H') => num(hour, 2),
-            Some('I') => num(hour12, 2),
-            Some('M') => num(minute, 2),
-            Some('S') => num(second, 2),
-            Some('p') => (if hour < 12 { "AM" } else { "PM" }).to_string(),
-            Some('j') => num(yday, 3),
-            Some('B') => MONTHS[month as usize - 1].to_string(),
-            Some('b') => MONTHS[month as usize - 1][..3].to_string(),
-            Some('A') => DAYS[weekday].to_string(),
-            Some('a') => DAYS[weekday][..3].to_string(),
-            Some('%') => "%".to_string(),
-            other => {
-                return Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    format!("strftime_now: unsupported format %{}", other.unwrap_or(' ')),
-                ))
-            }
-        };
-        out.push_str(&piece);
+    use chrono::format::{Item, StrftimeItems};
+    use std::fmt::Write;
+    let fail = |why: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, why);
+    let items: Vec<Item> = StrftimeItems::new(format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(fail(format!("strftime_now: unsupported format {format:?}")));
     }
+    let when = chrono::DateTime::from_timestamp(secs, 0)
+        .ok_or_else(|| fail(format!("strftime_now: {secs} s is out of range")))?;
+    let mut out = String::new();
+    write!(out, "{}", when.format_with_items(items.into_iter()))
+        .map_err(|_| fail(format!("strftime_now: cannot format {format:?}")))?;
     Ok(out)
 }
 

@@ -85,6 +85,10 @@ enum Command {
         /// Time the exact (reference) CPU path instead of the fast one.
         #[arg(long)]
         exact: bool,
+        /// GPU: time every kernel of one decode step at each context (timestamp queries, where
+        /// the adapter has them): dispatches, µs and GB/s per kernel family.
+        #[arg(long)]
+        profile: bool,
         #[arg(long)]
         json: bool,
     },
@@ -226,18 +230,27 @@ fn main() -> ExitCode {
         Command::Synth { config, ty, out, seed, vocab_from } => {
             synth::run(&config, &ty, &out, seed, vocab_from.as_deref())
         }
-        Command::Bench { model, backend, threads, prefill, contexts, steps, exact, json } => {
-            bench::run(&bench::BenchOptions {
-                model,
-                backend,
-                threads,
-                prefill,
-                contexts,
-                steps,
-                exact,
-                json,
-            })
-        }
+        Command::Bench {
+            model,
+            backend,
+            threads,
+            prefill,
+            contexts,
+            steps,
+            exact,
+            profile,
+            json,
+        } => bench::run(&bench::BenchOptions {
+            model,
+            backend,
+            threads,
+            prefill,
+            contexts,
+            steps,
+            exact,
+            profile,
+            json,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

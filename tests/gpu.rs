@@ -982,3 +982,42 @@ fn kernel_parameter_structs_match_their_shaders() {
         assert_eq!(wgsl, rust, "{file}");
     }
 }
+
+/// The per-kernel profile times every dispatch of a decode step (on adapters with timestamp
+/// queries), labels the fused products by what they fuse, counts the weight bytes they read
+/// (every matrix once: the weights' own size), and leaves the state as an ordinary step does.
+#[test]
+fn profile_times_every_dispatch_of_a_step() {
+    let Some(ctx) = context() else { return };
+    let model = synth_model(Arch::Llama, GgmlType::Q8_0, 9, false);
+    let weight_bytes = model.weight_bytes_per_token() - model.weights.token_embd.row_bytes();
+    let norms: usize = model.weights.output_norm.weight.size_bytes
+        + model
+            .weights
+            .layers
+            .iter()
+            .map(|l| l.attn_norm.weight.size_bytes + l.ffn_norm.weight.size_bytes)
+            .sum::<usize>();
+    let gpu = gpu_model(&ctx, model, GpuOptions::f32());
+    let mut st = gpu.new_state();
+    gpu.forward(&mut st, &[1, 2, 3], false).unwrap();
+    let mut plain = st.clone();
+    gpu.forward(&mut plain, &[4], false).unwrap();
+    let Some(times) = gpu.profile(&mut st, &[4]).unwrap() else {
+        eprintln!("SKIPPED profile: the adapter has no timestamp queries");
+        return;
+    };
+    assert_eq!(times.len(), gpu.stats().dispatches_last);
+    assert!(times.iter().all(|t| t.micros >= 0.0));
+    let labels: Vec<&str> = times.iter().map(|t| t.label).collect();
+    assert_eq!(labels.iter().filter(|l| **l == "matvec q|k|v rope kv").count(), 2);
+    assert_eq!(labels.iter().filter(|l| **l == "matvec gate|up silu").count(), 2);
+    assert_eq!(labels.iter().filter(|l| **l == "attention chunks").count(), 2);
+    // The products read every weight matrix once (norms are folded in, read as vectors).
+    let read: u64 = times.iter().map(|t| t.bytes).sum();
+    assert_eq!(read as usize, weight_bytes - norms, "{labels:?}");
+    assert_eq!(gpu.position(&st), 4);
+    let after = gpu.forward(&mut st, &[5], false).unwrap();
+    let again = gpu.forward(&mut plain, &[5], false).unwrap();
+    assert_eq!(after, again, "a profiled step leaves the state as a plain one does");
+}

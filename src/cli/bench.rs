@@ -30,6 +30,8 @@ pub struct BenchOptions {
     pub steps: usize,
     /// Reference (exact) CPU path instead of the fast one.
     pub exact: bool,
+    /// GPU: per-kernel times of one decode step at each context.
+    pub profile: bool,
     pub json: bool,
 }
 
@@ -79,6 +81,47 @@ fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
     Ok(json!({"prefill_tok_s": prefill, "fill_tok_s": fill, "decode_tok_s": decode}))
 }
 
+/// Per-kernel times of one decode step after filling the cache to each context: per label
+/// (kernel family, and for products what they fuse), dispatches, µs and weight bytes read.
+/// `null` when the adapter has no timestamp queries.
+fn profile(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
+    let vocab = gm.vocab_size();
+    let mut out = serde_json::Map::new();
+    for &ctx in &o.contexts {
+        let mut s = gm.new_state();
+        let mut pos = 0;
+        while pos < ctx {
+            let n = (ctx - pos).min(256);
+            let ids: Vec<u32> = (pos..pos + n).map(|i| bench_token(i, vocab)).collect();
+            gm.forward(&mut s, &ids, false)?;
+            pos += n;
+        }
+        let Some(times) = gm.profile(&mut s, &[bench_token(ctx, vocab)])? else {
+            return Ok(Value::Null);
+        };
+        // Families in the order they first run.
+        let mut rows: Vec<(&str, usize, f64, u64)> = Vec::new();
+        for t in &times {
+            match rows.iter_mut().find(|r| r.0 == t.label) {
+                Some(r) => {
+                    r.1 += 1;
+                    r.2 += t.micros;
+                    r.3 += t.bytes;
+                }
+                None => rows.push((t.label, 1, t.micros, t.bytes)),
+            }
+        }
+        let rows: Vec<Value> = rows
+            .into_iter()
+            .map(|(label, n, us, bytes)| {
+                json!({"kernel": label, "dispatches": n, "micros": us, "bytes": bytes})
+            })
+            .collect();
+        out.insert(ctx.to_string(), Value::Array(rows));
+    }
+    Ok(Value::Object(out))
+}
+
 /// Peak resident memory of this process (VmHWM), in bytes.
 pub fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -99,6 +142,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         contexts: o.contexts.iter().map(|&n| fit(n)).collect(),
         steps: o.steps,
         exact: o.exact,
+        profile: o.profile,
         json: o.json,
     };
     let max_ctx = o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps + 8;
@@ -130,6 +174,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["gpu_memory_bytes"] = json!(st.model_bytes + st.kv_bytes_per_state);
             r["f16_kv"] = json!(st.f16_kv);
             r["dispatch_budget"] = json!(8 * gm.model.config.n_layer + 6);
+            if o.profile {
+                r["profile"] = profile(&gm, o)?;
+            }
             // The reference for the weights' read rate: a plain kernel reading a buffer.
             let kernels = nexttoken::gpu::kernels::Kernels::new(gm.context().clone());
             r["read_bytes_s"] = json!(nexttoken::gpu::ops::read_bandwidth(&kernels, 256 << 20, 8)?);
@@ -232,6 +279,40 @@ pub fn run(o: &BenchOptions) -> Result<()> {
                 mib(r["gpu_memory_bytes"].as_f64().unwrap_or(0.0)),
                 r["f16_kv"]
             );
+        }
+        for (ctx, rows) in r["profile"].as_object().into_iter().flatten() {
+            let total: f64 = rows
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| r["micros"].as_f64().unwrap_or(0.0))
+                .sum();
+            println!(
+                "profile @{ctx:>5}  one decode step, each dispatch in its own pass: {total:.0} µs"
+            );
+            for row in rows.as_array().into_iter().flatten() {
+                let us = row["micros"].as_f64().unwrap_or(0.0);
+                let bytes = row["bytes"].as_f64().unwrap_or(0.0);
+                let rate = if bytes > 0.0 && us > 0.0 {
+                    format!(
+                        "  {:.1} GB/s ({:.0}% of the GPU read)",
+                        bytes / us / 1e3,
+                        100.0 * bytes / (us * 1e-6) / reference
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "  {:<24} {:>4} dispatches {:>9.1} µs {:>5.1}%{rate}",
+                    row["kernel"].as_str().unwrap_or("?"),
+                    row["dispatches"],
+                    us,
+                    100.0 * us / total.max(1e-9)
+                );
+            }
+        }
+        if r.get("profile").is_some_and(Value::is_null) {
+            println!("profile        this adapter has no timestamp queries");
         }
         if let Some(note) = r["note"].as_str() {
             println!("note           {note}");

@@ -17,6 +17,9 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     /// Whether the device has `shader-f16` (requested whenever the adapter offers it).
     pub shader_f16: bool,
+    /// Whether the device can write timestamps at compute-pass boundaries (`timestamp-query`,
+    /// requested whenever offered): the per-kernel profile needs it.
+    pub timestamps: bool,
     /// Set by the device-lost callback (or a failed wait on the device): why it was lost.
     lost: Arc<Mutex<Option<String>>>,
     /// The last error no error scope caught (instead of wgpu's default handler, which panics).
@@ -63,9 +66,11 @@ impl GpuContext {
         let adapter = adapter.ok_or_else(|| gpu_err(NO_ADAPTER))?;
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
-        let required_features =
-            if shader_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let offered = adapter.features();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        let required_features = offered & wanted;
+        let shader_f16 = required_features.contains(wgpu::Features::SHADER_F16);
+        let timestamps = required_features.contains(wgpu::Features::TIMESTAMP_QUERY);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("nexttoken"),
@@ -94,6 +99,7 @@ impl GpuContext {
             info,
             limits,
             shader_f16,
+            timestamps,
             lost,
             uncaptured,
             buffers_created: AtomicU64::new(0),

@@ -126,6 +126,24 @@ impl Kernel {
         }
     }
 
+    /// The kernel family, for the per-kernel profile.
+    pub fn family(self) -> &'static str {
+        match self {
+            Kernel::Matvec(..) => "matvec",
+            Kernel::MatmulTiled(_) => "matmul tiled",
+            Kernel::Embedding(_) => "embedding",
+            Kernel::RmsNorm | Kernel::LayerNorm => "norm",
+            Kernel::Rope(_) => "rope",
+            Kernel::Attention(_) => "attention chunks",
+            Kernel::AttentionMerge => "attention merge",
+            Kernel::Add => "add",
+            Kernel::SiluMul => "silu*up",
+            Kernel::Gelu => "gelu",
+            Kernel::TopkPartial | Kernel::TopkMerge => "top-k",
+            Kernel::ReadBandwidth => "read bandwidth",
+        }
+    }
+
     fn entry(self) -> &'static str {
         match self {
             Kernel::TopkPartial => "partial",
@@ -252,8 +270,22 @@ pub fn grid(groups: u32) -> (u32, u32) {
 }
 
 enum Op<'a> {
-    Dispatch { kernel: Kernel, buffers: Vec<&'a wgpu::Buffer>, slot: u64, groups: [u32; 3] },
-    Copy { src: &'a wgpu::Buffer, src_off: u64, dst: &'a wgpu::Buffer, dst_off: u64, size: u64 },
+    Dispatch {
+        kernel: Kernel,
+        buffers: Vec<&'a wgpu::Buffer>,
+        slot: u64,
+        groups: [u32; 3],
+        /// What the profile calls it, and the weight bytes it reads (0: not a product).
+        label: &'static str,
+        bytes: u64,
+    },
+    Copy {
+        src: &'a wgpu::Buffer,
+        src_off: u64,
+        dst: &'a wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    },
 }
 
 type BindKey = (Kernel, Vec<wgpu::Buffer>);
@@ -291,22 +323,65 @@ impl Binder {
 }
 
 /// What one submission did.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Default)]
 pub struct PassStats {
     pub dispatches: usize,
     pub submissions: usize,
+    /// With [`Pass::profile`] on a device with timestamps: where they will be readable.
+    pub timestamps: Option<Timestamps>,
 }
+
+/// The timestamps of a profiled submission: a begin and end tick per dispatch, in `readback`
+/// once the submission has run; `labels` and `bytes` per dispatch, in order.
+pub struct Timestamps {
+    pub readback: wgpu::Buffer,
+    pub labels: Vec<&'static str>,
+    pub bytes: Vec<u64>,
+}
+
+/// One dispatch's time in a profiled submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatchTime {
+    pub label: &'static str,
+    pub micros: f64,
+    /// Weight bytes it reads (0 for kernels that are not products).
+    pub bytes: u64,
+}
+
+impl Timestamps {
+    /// The times of the dispatches, from the read-back ticks (`period`: nanoseconds per tick).
+    pub fn times(&self, ticks: &[u8], period: f32) -> Vec<DispatchTime> {
+        let tick = |i: usize| u64::from_le_bytes(ticks[8 * i..8 * i + 8].try_into().expect("8"));
+        (0..self.labels.len())
+            .map(|i| DispatchTime {
+                label: self.labels[i],
+                micros: tick(2 * i + 1).saturating_sub(tick(2 * i)) as f64 * period as f64 / 1e3,
+                bytes: self.bytes[i],
+            })
+            .collect()
+    }
+}
+
+/// Most dispatches one profiled submission times (two queries each).
+const MAX_PROFILED: usize = 2048;
 
 /// Work recorded for one submission.
 pub struct Pass<'a> {
     kernels: &'a Kernels,
     ops: Vec<Op<'a>>,
     params: Vec<u8>,
+    profile: bool,
 }
 
 impl<'a> Pass<'a> {
     pub fn new(kernels: &'a Kernels) -> Pass<'a> {
-        Pass { kernels, ops: Vec::new(), params: Vec::new() }
+        Pass { kernels, ops: Vec::new(), params: Vec::new(), profile: false }
+    }
+
+    /// Time every dispatch (where the device has timestamp queries): each gets a compute pass
+    /// of its own with a timestamp at its start and end. For profiles, not for speed.
+    pub fn profile(&mut self) {
+        self.profile = true;
     }
 
     /// Run `kernel` with storage `buffers` at bindings 0.., then `params` (u32 words; f32 as bits)
@@ -318,13 +393,27 @@ impl<'a> Pass<'a> {
         params: &[u32],
         groups: [u32; 3],
     ) {
+        self.dispatch_labelled(kernel, kernel.family(), 0, buffers, params, groups);
+    }
+
+    /// [`Pass::dispatch`] with the profile's name for it and the weight bytes it reads.
+    pub fn dispatch_labelled(
+        &mut self,
+        kernel: Kernel,
+        label: &'static str,
+        bytes: u64,
+        buffers: &[&'a wgpu::Buffer],
+        params: &[u32],
+        groups: [u32; 3],
+    ) {
         debug_assert_eq!(buffers.len(), kernel.storage_bindings().len(), "{kernel:?}");
         let slot = self.params.len() as u64;
         for p in params {
             self.params.extend_from_slice(&p.to_le_bytes());
         }
         self.params.resize((slot + PARAM_SLOT) as usize, 0);
-        self.ops.push(Op::Dispatch { kernel, buffers: buffers.to_vec(), slot, groups });
+        let buffers = buffers.to_vec();
+        self.ops.push(Op::Dispatch { kernel, buffers, slot, groups, label, bytes });
     }
 
     pub fn copy(
@@ -394,6 +483,16 @@ impl<'a> Pass<'a> {
         let mut stats = PassStats::default();
         let mut encoder = device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
+        let profiled = self.ops.iter().filter(|op| matches!(op, Op::Dispatch { .. })).count();
+        let query_set = (self.profile && ctx.timestamps && profiled <= MAX_PROFILED).then(|| {
+            device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * profiled as u32,
+            })
+        });
+        let mut labels = Vec::new();
+        let mut bytes = Vec::new();
         let mut i = 0;
         while i < self.ops.len() {
             if let Op::Copy { src, src_off, dst, dst_off, size } = &self.ops[i] {
@@ -401,11 +500,22 @@ impl<'a> Pass<'a> {
                 i += 1;
                 continue;
             }
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: None,
+            // Profiled: one pass per dispatch, timestamps at its boundaries.
+            let timestamp_writes = query_set.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                query_set: q,
+                beginning_of_pass_write_index: Some(2 * labels.len() as u32),
+                end_of_pass_write_index: Some(2 * labels.len() as u32 + 1),
             });
-            while let Some(Op::Dispatch { kernel, buffers, slot, groups }) = self.ops.get(i) {
+            let mut pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes });
+            let mut in_pass = 0;
+            while let Some(Op::Dispatch { kernel, buffers, slot, groups, label, bytes: b }) =
+                self.ops.get(i)
+            {
+                if query_set.is_some() && in_pass == 1 {
+                    break;
+                }
+                in_pass += 1;
                 let compiled = self.kernels.pipeline(*kernel);
                 let in_state = state
                     .as_ref()
@@ -443,8 +553,24 @@ impl<'a> Pass<'a> {
                 pass.set_bind_group(0, &*bind, &[(base + *slot) as u32]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                 stats.dispatches += 1;
+                if query_set.is_some() {
+                    labels.push(*label);
+                    bytes.push(*b);
+                }
                 i += 1;
             }
+        }
+        if let Some(q) = &query_set {
+            let size = 16 * profiled as u64;
+            let resolve = ctx.create_buffer(
+                "profile ticks",
+                size,
+                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            );
+            let readback = readback(ctx, size);
+            encoder.resolve_query_set(q, 0..2 * profiled as u32, &resolve, 0);
+            encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, size);
+            stats.timestamps = Some(Timestamps { readback, labels, bytes });
         }
         ctx.queue.submit([encoder.finish()]);
         stats.submissions += 1;

@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
-use super::kernels::{readback, BindCache, Binder, Kernel, Kernels, Pass, MAX_HEAD_DIM, MAX_TOP_K};
+use super::kernels::{
+    readback, BindCache, Binder, DispatchTime, Kernel, Kernels, Pass, Timestamps, MAX_HEAD_DIM,
+    MAX_TOP_K,
+};
 use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
     Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
@@ -663,6 +666,40 @@ impl GpuModel {
     /// One forward: record and submit under the runtime lock (no await in between, so the step
     /// and parameter uploads pair with their submission), then wait for the read-back.
     async fn run(&self, state: &mut GpuState, tokens: &[u32], output: Output) -> Result<Vec<u8>> {
+        Ok(self.run_profiled(state, tokens, output, false).await?.0)
+    }
+
+    /// Append `tokens` (typically one: a decode step) with every dispatch timed by the GPU's
+    /// timestamps, in order, each with its label and the weight bytes it reads; `None` when the
+    /// device has no timestamp queries. Each dispatch runs in a compute pass of its own, so the
+    /// total is a little above an ordinary step's; the split between kernels is what it shows.
+    pub async fn profile_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+    ) -> Result<Option<Vec<DispatchTime>>> {
+        let (_, times) =
+            self.run_profiled(state, tokens, Output::Logits { all: false }, true).await?;
+        Ok(times)
+    }
+
+    /// Blocking [`GpuModel::profile_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+    ) -> Result<Option<Vec<DispatchTime>>> {
+        pollster::block_on(self.profile_async(state, tokens))
+    }
+
+    async fn run_profiled(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        output: Output,
+        profile: bool,
+    ) -> Result<(Vec<u8>, Option<Vec<DispatchTime>>)> {
         self.ctx.check_lost()?;
         self.check_tokens(state.pos, tokens)?;
         // Tokens a chained decode feeds itself (all but its last pick).
@@ -678,7 +715,7 @@ impl GpuModel {
                 self.max_seq
             )));
         }
-        let (rb, len) = self.submit(state, tokens, output, chain_extra);
+        let (rb, len, timestamps) = self.submit(state, tokens, output, chain_extra, profile);
         let read = self.ctx.read_buffer(&rb).await;
         {
             let mut rt = self.rt.lock().unwrap_or_else(|p| p.into_inner());
@@ -697,7 +734,14 @@ impl GpuModel {
         }
         let bytes = read?;
         state.pos += tokens.len() + chain_extra;
-        Ok(bytes[..len].to_vec())
+        let times = match timestamps {
+            Some(ts) => {
+                let ticks = self.ctx.read_buffer(&ts.readback).await?;
+                Some(ts.times(&ticks, self.ctx.queue.get_timestamp_period()))
+            }
+            None => None,
+        };
+        Ok((bytes[..len].to_vec(), times))
     }
 
     /// Record the forward of `tokens` and submit it; returns the read-back buffer (its copy is
@@ -708,7 +752,8 @@ impl GpuModel {
         tokens: &[u32],
         output: Output,
         extra: usize,
-    ) -> (wgpu::Buffer, usize) {
+        profile: bool,
+    ) -> (wgpu::Buffer, usize, Option<Timestamps>) {
         let c = &self.model.config;
         let ctx = &self.ctx;
         let (n, vocab, pos0) = (tokens.len(), c.n_vocab, state.pos);
@@ -738,6 +783,9 @@ impl GpuModel {
         };
 
         let mut pass = Pass::new(&self.kernels);
+        if profile {
+            pass.profile();
+        }
         let s = &self.scratch;
         let fused = Fused {
             vectors: &self.vectors,
@@ -799,7 +847,7 @@ impl GpuModel {
             readback_bytes_last: out_len as u64,
             ..GpuStats::default()
         };
-        (rb, out_len)
+        (rb, out_len, stats.timestamps)
     }
 
     /// Make the buffers sized by `max_seq` if not yet made, and fill the RoPE table up to `rows`

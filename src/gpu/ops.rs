@@ -298,7 +298,9 @@ pub fn matmul_tiled<'a>(
             w_byte0: u(part.byte0),
         };
         let buffers = [&part.buffer, x.buf, fused.vectors, y.buf];
-        pass.dispatch(Kernel::MatmulTiled(w.ty), &buffers, &params.words(), [gx, gy, gz]);
+        let (kernel, bytes) = (Kernel::MatmulTiled(w.ty), (part.rows * w.row_bytes) as u64);
+        let label = kernel.family();
+        pass.dispatch_labelled(kernel, label, bytes, &buffers, &params.words(), [gx, gy, gz]);
     }
 }
 
@@ -378,12 +380,12 @@ pub fn matvec<'a>(
     fused: &Fused<'a>,
 ) {
     assert!(u(x.n) <= MATVEC_TOKENS, "matvec handles at most {MATVEC_TOKENS} tokens");
-    let (epilogue, outputs) = match m.epilogue {
-        Epilogue::Store => (0, w.rows),
-        Epilogue::Add => (1, w.rows),
-        Epilogue::Gated { up_row } => (2, up_row),
-        Epilogue::Gelu => (3, w.rows),
-        Epilogue::Qkv(_) => (4, w.rows),
+    let (epilogue, outputs, label) = match m.epilogue {
+        Epilogue::Store => (0, w.rows, "matvec"),
+        Epilogue::Add => (1, w.rows, "matvec +residual"),
+        Epilogue::Gated { up_row } => (2, up_row, "matvec gate|up silu"),
+        Epilogue::Gelu => (3, w.rows, "matvec up gelu"),
+        Epilogue::Qkv(_) => (4, w.rows, "matvec q|k|v rope kv"),
     };
     if matches!(m.epilogue, Epilogue::Gated { .. } | Epilogue::Qkv(_)) {
         assert_eq!(w.parts.len(), 1, "gated and q|k|v products need one part");
@@ -427,7 +429,9 @@ pub fn matvec<'a>(
         let per_group = if epilogue == 2 { MATVEC_ROWS / 2 } else { MATVEC_ROWS };
         let (gx, gy) = grid(u(rows).div_ceil(per_group));
         let buffers = [&part.buffer, x.buf, fused.vectors, fused.table, fused.step, y.buf, kv];
-        pass.dispatch(Kernel::Matvec(w.ty, fused.f16_kv), &buffers, &p.words(), [gx, gy, 1]);
+        let (kernel, bytes) =
+            (Kernel::Matvec(w.ty, fused.f16_kv), (part.rows * w.row_bytes) as u64);
+        pass.dispatch_labelled(kernel, label, bytes, &buffers, &p.words(), [gx, gy, 1]);
     }
 }
 

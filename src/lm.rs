@@ -50,6 +50,13 @@ pub trait LanguageModel {
     fn forward_top(&self, state: &mut Self::State, tokens: &[u32], k: usize) -> Result<TopK> {
         Ok(TopK::from_logits(&self.forward(state, tokens, false)?, k))
     }
+
+    /// The largest k for which [`forward_top`](LanguageModel::forward_top) ranks on the model's
+    /// own device (so a generation step whose sampler needs only the top tokens reads back those
+    /// and not the whole row); `None` (the default) when it would read the whole row anyway.
+    fn top_on_device(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The error of [`LanguageModel::truncate`] when a state holding `held` tokens is asked to keep

@@ -19,6 +19,7 @@
 //! The probability reported in [`Pick`] is not the reshaped one: it is what the model itself
 //! believes, the plain softmax of the logits at temperature 1.
 
+use crate::lm::TopK;
 use rand_core::{RngCore, SeedableRng};
 use rand_pcg::Pcg32;
 
@@ -149,10 +150,76 @@ impl Sampler {
         id
     }
 
+    /// Whether the repetition penalty changes anything. A penalty of 0 or less would divide by
+    /// zero or flip signs: it counts as off.
+    fn penalises(&self) -> bool {
+        let penalty = self.cfg.repeat_penalty;
+        !(penalty == 1.0 || penalty <= 0.0 || penalty.is_nan() || self.cfg.repeat_window == 0)
+    }
+
+    /// How many of the most likely tokens this sampler must see to pick as it would from the
+    /// whole row: `Some(k)` (at most `limit`, at least the [`TOP_SHOWN`] alternatives a pick
+    /// reports) when it looks at no others (greedy, or top-k sampling with k <= `limit`, and no
+    /// repetition penalty), so a GPU can rank on the device and send back only those
+    /// ([`Sampler::sample_top`]); `None` when it needs every logit.
+    pub fn top_needed(&self, limit: usize) -> Option<usize> {
+        if self.penalises() {
+            return None;
+        }
+        let k = match self.cfg.top_k {
+            _ if self.cfg.is_greedy() => 1,
+            k if (1..=limit).contains(&k) => k,
+            _ => return None,
+        };
+        Some(k.max(TOP_SHOWN).min(limit))
+    }
+
+    /// [`Sampler::sample`] given only the most likely tokens (at least
+    /// [`top_needed`](Sampler::top_needed) of them, best first) and the log-sum-exp of all
+    /// logits. Greedy picks are the same; a top-k draw is the same in exact arithmetic (its
+    /// weights are normalised over the kept tokens rather than over the vocabulary, which can
+    /// only matter when the random point lands on a rounding boundary).
+    pub fn sample_top(&mut self, top: &TopK) -> Pick {
+        let id = match top.ids.first() {
+            None => 0,
+            Some(&best) if self.cfg.is_greedy() => best,
+            Some(_) => {
+                let max = top.logits[0];
+                let inv_temperature = 1.0 / self.cfg.temperature;
+                let c = &mut self.candidates;
+                c.clear();
+                let mut sum = 0.0f64;
+                for (&id, &logit) in top.ids.iter().zip(&top.logits) {
+                    if logit > f32::NEG_INFINITY {
+                        let weight = ((logit - max) * inv_temperature).exp();
+                        sum += weight as f64;
+                        c.push((id, weight));
+                    }
+                }
+                for (_, p) in c.iter_mut() {
+                    *p = (*p as f64 / sum) as f32;
+                }
+                self.filter_and_draw()
+            }
+        };
+        let logprob_of = |logit: f32| logit as f64 - top.logsumexp;
+        let logprob = top
+            .ids
+            .iter()
+            .position(|&i| i == id)
+            .map_or(f64::NEG_INFINITY, |at| logprob_of(top.logits[at]));
+        let shown = top.ids.iter().zip(&top.logits).take(TOP_SHOWN);
+        Pick {
+            id,
+            prob: logprob.exp() as f32,
+            logprob: logprob as f32,
+            top: shown.map(|(&i, &l)| (i, logprob_of(l).exp() as f32)).collect(),
+        }
+    }
+
     fn penalise_repeats(&mut self, logits: &mut [f32], history: &[u32]) {
         let penalty = self.cfg.repeat_penalty;
-        // A penalty of 0 or less would divide by zero or flip signs: treat it as off.
-        if penalty == 1.0 || penalty <= 0.0 || penalty.is_nan() || self.cfg.repeat_window == 0 {
+        if !self.penalises() {
             return;
         }
         // Each distinct token once, however often it repeated (that is llama.cpp's rule).
@@ -190,7 +257,12 @@ impl Sampler {
         for (_, p) in c.iter_mut() {
             *p = (*p as f64 / sum) as f32;
         }
+        self.filter_and_draw()
+    }
 
+    /// Steps 5 to 8 on the candidates (id, probability): top-k, min-p, top-p, then the draw.
+    fn filter_and_draw(&mut self) -> u32 {
+        let c = &mut self.candidates;
         let top_k = self.cfg.top_k;
         if top_k > 0 && top_k < c.len() {
             // Partition instead of sorting the whole vocabulary; then sort the few kept so the

@@ -1021,3 +1021,50 @@ fn profile_times_every_dispatch_of_a_step() {
     let again = gpu.forward(&mut plain, &[5], false).unwrap();
     assert_eq!(after, again, "a profiled step leaves the state as a plain one does");
 }
+
+/// A greedy (or top-k) generation on the GPU ranks on the device: each step reads back the top
+/// picks, not the logits row, and the tokens and probabilities are the CPU's.
+#[test]
+fn greedy_generation_reads_back_only_the_picks() {
+    let Some(ctx) = context() else { return };
+    use nexttoken::generate::{GenerateOptions, Generation};
+    use nexttoken::sampling::SamplerConfig;
+    let cpu = CpuModel::new(synth_model(Arch::Qwen2, GgmlType::Q8_0, 21, false));
+    let gpu =
+        gpu_model(&ctx, synth_model(Arch::Qwen2, GgmlType::Q8_0, 21, false), GpuOptions::f32());
+    /// Token i reads " i": enough to drive a model by ids.
+    struct Ids;
+    impl nexttoken::Vocab for Ids {
+        fn encode(&self, text: &str) -> nexttoken::Result<Vec<u32>> {
+            Ok(text.split_whitespace().filter_map(|w| w.parse().ok()).collect())
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            ids.iter().map(|i| format!(" {i}")).collect()
+        }
+        fn token_text(&self, id: u32) -> String {
+            self.decode(&[id])
+        }
+    }
+    let vocab = Ids;
+    for sampler in [
+        SamplerConfig::greedy(),
+        SamplerConfig { top_k: 8, temperature: 0.8, seed: 3, ..SamplerConfig::default() },
+    ] {
+        let opts = GenerateOptions {
+            max_tokens: 10,
+            sampler: sampler.clone(),
+            stop_at_eos: false,
+            ..GenerateOptions::default()
+        };
+        let prompt = [1, 17, 299, 42];
+        let mut on_cpu = Generation::new(&cpu, &vocab, &prompt, opts.clone()).unwrap();
+        let mut on_gpu = Generation::new(&gpu, &vocab, &prompt, opts).unwrap();
+        while let (Some(a), Some(b)) = (on_cpu.step().unwrap(), on_gpu.step().unwrap()) {
+            assert_eq!(a.id, b.id, "{sampler:?}");
+            assert!((a.prob - b.prob).abs() < 1e-3, "{} vs {}", a.prob, b.prob);
+            assert!(gpu.stats().readback_bytes_last <= (2 + 2 * 64) * 4);
+        }
+        assert_eq!(on_cpu.generated_ids().len(), 10);
+        assert_eq!(on_cpu.generated_ids(), on_gpu.generated_ids());
+    }
+}

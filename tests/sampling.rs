@@ -357,3 +357,61 @@ proptest! {
         prop_assert!(pick.top.windows(2).all(|w| w[0].1 >= w[1].1));
     }
 }
+
+/// A sampler that needs only the most likely tokens (greedy, top-k without a repetition penalty)
+/// picks from them what it picks from the whole row: the same ids over many seeds, settings and
+/// random rows, and the reported probabilities are the full softmax's.
+#[test]
+fn sampling_from_the_top_tokens_alone_matches_the_whole_row() {
+    use nexttoken::lm::TopK;
+    let mut rng = Rng::new(11);
+    let settings = [
+        config(|c| c.temperature = 0.0),
+        config(|c| c.top_k = 1),
+        config(|c| c.top_k = 40),
+        config(|c| {
+            c.top_k = 64;
+            c.temperature = 0.7;
+            c.top_p = 0.9;
+        }),
+        config(|c| {
+            c.top_k = 20;
+            c.temperature = 1.3;
+            c.min_p = 0.05;
+        }),
+    ];
+    let mut draws = 0;
+    for row in 0..40 {
+        let logits: Vec<f32> = (0..3000).map(|_| (rng.next_f32() - 0.5) * 12.0).collect();
+        for cfg in &settings {
+            let k = Sampler::new(cfg.clone()).top_needed(64).expect("served from the top");
+            let top = TopK::from_logits(&logits, k);
+            let (mut full, mut part) = (Sampler::new(cfg.clone()), Sampler::new(cfg.clone()));
+            for _ in 0..5 {
+                let (a, b) = (full.sample(&logits, &[]), part.sample_top(&top));
+                assert_eq!(a.id, b.id, "row {row}, {cfg:?}");
+                assert!(
+                    (a.prob - b.prob).abs() <= 1e-6 * a.prob.max(1e-30),
+                    "{} {}",
+                    a.prob,
+                    b.prob
+                );
+                assert_eq!(
+                    a.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+                    b.top.iter().map(|t| t.0).collect::<Vec<_>>()
+                );
+                draws += 1;
+            }
+        }
+    }
+    assert_eq!(draws, 40 * settings.len() * 5);
+    // What needs the whole row says so.
+    assert_eq!(Sampler::new(SamplerConfig::default()).top_needed(64), None, "plain sampling");
+    assert_eq!(Sampler::new(config(|c| c.top_k = 65)).top_needed(64), None);
+    let penalised = config(|c| {
+        c.temperature = 0.0;
+        c.repeat_penalty = 1.3;
+    });
+    assert_eq!(Sampler::new(penalised).top_needed(64), None);
+    assert_eq!(Sampler::new(config(|c| c.temperature = 0.0)).top_needed(64), Some(5));
+}

@@ -12,7 +12,7 @@ use std::borrow::Borrow;
 use std::marker::PhantomData;
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Vocab};
+use crate::lm::{LanguageModel, TopK, Vocab};
 use crate::sampling::{Pick, Sampler, SamplerConfig};
 
 pub mod beam;
@@ -285,11 +285,15 @@ where
         let Some(tokens) = self.step_input() else {
             return Ok(None);
         };
-        let logits = if tokens.is_empty() {
-            Vec::new()
-        } else {
-            Borrow::<M>::borrow(&self.model).forward(&mut self.state, &tokens, false)?
-        };
+        let model = Borrow::<M>::borrow(&self.model);
+        if tokens.is_empty() {
+            return Ok(Some(self.step_output(Vec::new())));
+        }
+        if let Some(k) = model.top_on_device().and_then(|limit| self.top_needed(limit)) {
+            let top = model.forward_top(&mut self.state, &tokens, k)?;
+            return Ok(Some(self.step_output_top(top)));
+        }
+        let logits = model.forward(&mut self.state, &tokens, false)?;
         Ok(Some(self.step_output(logits)))
     }
 
@@ -329,10 +333,28 @@ where
     /// Finish a step begun with [`step_input`](Generation::step_input): sample from `logits`
     /// (the last row of the forward pass; empty keeps the previous logits) and report the token.
     pub fn step_output(&mut self, logits: Vec<f32>) -> TokenEvent {
-        let start = self.step_start;
         if !logits.is_empty() {
             self.logits = logits;
         }
+        self.finish_step(|g| g.sampler.sample(&g.logits, &g.tokens))
+    }
+
+    /// When the sampler can pick from the `k` most likely tokens alone (greedy, or top-k
+    /// sampling with k <= `limit`, no repetition penalty), that k: a model that ranks on its
+    /// device ([`LanguageModel::forward_top`]) then sends back only those, and the step ends
+    /// with [`step_output_top`](Generation::step_output_top).
+    pub fn top_needed(&self, limit: usize) -> Option<usize> {
+        self.sampler.top_needed(limit)
+    }
+
+    /// [`step_output`](Generation::step_output) from the forward pass's `k` most likely tokens
+    /// and log-sum-exp (`k` from [`top_needed`](Generation::top_needed)).
+    pub fn step_output_top(&mut self, top: TopK) -> TokenEvent {
+        self.finish_step(|g| g.sampler.sample_top(&top))
+    }
+
+    fn finish_step(&mut self, pick: impl FnOnce(&mut Self) -> Pick) -> TokenEvent {
+        let start = self.step_start;
         if !self.prefilled {
             self.prefilled = true;
             self.prefill_ms = (self.clock)() - start;
@@ -340,7 +362,7 @@ where
             self.pending = None;
         }
 
-        let pick = self.sampler.sample(&self.logits, &self.tokens);
+        let pick = pick(self);
         let event = self.accept(pick);
 
         let elapsed = (self.clock)() - start;

@@ -1122,6 +1122,11 @@ impl LanguageModel for GpuModel {
         }
     }
 
+    /// The top-k kernel: a greedy or top-k step reads back only the picks.
+    fn top_on_device(&self) -> Option<usize> {
+        Some(MAX_TOP_K)
+    }
+
     /// The browser cannot block on the GPU: use [`GpuModel::forward_async`].
     #[cfg(target_arch = "wasm32")]
     fn forward(

@@ -161,11 +161,15 @@ impl<M: Backend> Stepper<M> {
                 let Some(tokens) = generation.step_input() else {
                     return Ok(None);
                 };
-                let logits = if tokens.is_empty() {
-                    Vec::new()
-                } else {
-                    model.forward_awaited(generation.state_mut(), &tokens, false).await?
-                };
+                if tokens.is_empty() {
+                    return Ok(Some(generation.step_output(Vec::new())));
+                }
+                // Greedy or top-k on WebGPU: the GPU ranks, only the picks come back.
+                if let Some(k) = model.top_on_device().and_then(|l| generation.top_needed(l)) {
+                    let top = model.forward_top_awaited(generation.state_mut(), &tokens, k).await?;
+                    return Ok(Some(generation.step_output_top(top)));
+                }
+                let logits = model.forward_awaited(generation.state_mut(), &tokens, false).await?;
                 Ok(Some(generation.step_output(logits)))
             }
             Stepper::Beam(run) => {

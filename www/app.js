@@ -78,7 +78,7 @@ function onPickerChange(setPrompt) {
   const id = $("model-select").value;
   $("custom-row").hidden = id !== "custom";
   const entry = CATALOG.find((m) => m.id === id);
-  $("model-note").textContent = entry?.note || (id === "custom" ? "Any GGUF (llama, qwen2, gpt2) with its tokenizer.json, or a table model (.json). The server must allow CORS." : "");
+  $("model-note").textContent = entry?.note || (id === "custom" ? "Any GGUF (llama, qwen2, gpt2): its own tokenizer is used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS." : "");
   $("chat-row").hidden = !entry?.chat;
   $("chat").checked = !!entry?.chat;
   if (setPrompt && entry) $("prompt").value = entry.prompt ?? (entry.kind === "table" ? "the" : "Once upon a time");

@@ -4,7 +4,7 @@
 //   <next-token model="models/lesson-toy.json" prompt="" temperature="0" show-probabilities autorun></next-token>
 //
 // Attributes: model (catalog id, .gguf URL or table .json URL), tokenizer (tokenizer.json URL for a
-// GGUF; default: beside the model), prompt, max-tokens (default 64), temperature (default 0.8;
+// GGUF; optional: without it, the tokenizer the GGUF's own metadata describes), prompt, max-tokens (default 64), temperature (default 0.8;
 // 0 = greedy), seed, top-k, top-p, beams, show-probabilities (each token's P, and the product),
 // autorun (generate once loaded), backend (auto | gpu | cpu), editable (let the reader edit the prompt).
 // Events: "nexttoken-token" (detail: the token), "nexttoken-done" (detail: summary + probability).

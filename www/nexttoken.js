@@ -73,7 +73,8 @@ export function resolveSpec(model, tokenizer) {
     if (entry) return { ...entry };
     const isTable = /\.json(\?|#|$)/i.test(model);
     const spec = { id: model, name: model.split("/").pop(), kind: isTable ? "table" : "gguf", url: model };
-    if (!isTable) spec.tokenizer = tokenizer || new URL("tokenizer.json", new URL(model, location.href)).href;
+    // A GGUF without a tokenizer URL uses the tokenizer its own metadata describes.
+    if (!isTable && tokenizer) spec.tokenizer = tokenizer;
     return spec;
   }
   return { kind: /\.json(\?|#|$)/i.test(model.url) ? "table" : "gguf", ...model };
@@ -109,10 +110,11 @@ export class NextToken {
 
   /**
    * Load a model (replacing the current one). `model`: catalog id, URL or {url, tokenizer, kind,
-   * sha256}. Options: `onProgress({file, loaded, total, fromCache})`, `onWarning(message)`,
-   * `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path: the reference kernels, f32
-   * activations, instead of the fast int8 ones), `threads` (CPU path: at most this many threads;
-   * default: the pool's size), `signal`. Resolves to the model's info plus `timings`
+   * sha256}; a GGUF's `tokenizer` (a tokenizer.json URL, also an option here) is optional: without
+   * it the tokenizer the GGUF's own metadata describes is used. Options: `onProgress({file, loaded,
+   * total, fromCache})`, `onWarning(message)`, `backend` ("auto" | "gpu" | "cpu"), `maxSeq`,
+   * `exact` (CPU path: the reference kernels, f32 activations, instead of the fast int8 ones),
+   * `threads` (CPU path: at most this many threads; default: the pool's size), `signal`. Resolves to the model's info plus `timings`
    * {downloadMs, initMs}; rejects with an Error whose `retryable` says if retrying may help.
    */
   load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, exact = false, threads, tokenizer, signal } = {}) {

@@ -81,9 +81,10 @@ async function load({ id, spec, options = {} }) {
       engine = wasm.Engine.loadTable(new TextDecoder().decode(bytes));
       timings = { downloadMs: t1 - t0, initMs: performance.now() - t1 };
     } else {
-      // The tokenizer first (small), then the model straight into wasm memory.
+      // The tokenizer first (small), then the model straight into wasm memory. Without a
+      // tokenizer URL, null: loadGguf builds the tokenizer from the GGUF's own metadata (and says
+      // so when the file has none).
       const tokenizer = spec.tokenizer ? await fetchText(spec.tokenizer, id, "tokenizer", signal) : null;
-      if (!tokenizer) throw new Error("a GGUF model needs a tokenizer.json URL");
       let sink = null;
       const got = await fetchModelFile(spec.url, {
         signal,
@@ -105,9 +106,14 @@ async function load({ id, spec, options = {} }) {
       try {
         engine = await wasm.Engine.loadGguf(sink, tokenizer, { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads });
       } catch (e) {
-        // The file downloaded completely but is not a usable model: do not keep it.
-        await deleteCached(new URL(spec.url, self.location.href).href).catch(() => {});
-        await deleteCached(new URL(spec.tokenizer, self.location.href).href).catch(() => {});
+        // The file downloaded completely but is not a usable model: do not keep it. Unless only
+        // the GGUF's own tokenizer failed ("tokenizer: ...": no tokenizer metadata, or a kind we
+        // do not build; a file that does not parse is a "GGUF: ..." error): the tokenizer is
+        // built first, so the model was not looked at, and a retry with a tokenizer.json URL
+        // should not download it again.
+        const ownTokenizerFailed = !spec.tokenizer && /^tokenizer: /.test(errorMessage(e));
+        if (!ownTokenizerFailed) await deleteCached(new URL(spec.url, self.location.href).href).catch(() => {});
+        if (spec.tokenizer) await deleteCached(new URL(spec.tokenizer, self.location.href).href).catch(() => {});
         throw e;
       }
       timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache: got.fromCache };

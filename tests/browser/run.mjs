@@ -20,6 +20,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, "../..");
 const www = path.join(repo, "www");
 const shared = path.resolve(repo, "../shared/models/stories260K");
+const tokenizerTests = path.resolve(repo, "../shared/tokenizer-tests");
+const TOKENIZER_FOLDERS = ["gpt-2", "llama-spm", "qwen2", "llama-bpe"];
 const outDir = path.join(repo, "target", "browser-tests");
 fs.mkdirSync(outDir, { recursive: true });
 
@@ -33,6 +35,7 @@ if (!fs.existsSync(path.join(here, "node_modules", "playwright-core"))) {
 }
 const { chromium } = await import("playwright-core");
 const { serve } = await import("./serve.mjs");
+const { ggufWithout } = await import("./gguf.mjs");
 
 let passed = 0;
 let failed = 0;
@@ -93,6 +96,44 @@ if (!haveShared) {
   const whole = fs.readFileSync(path.join(shared, "stories260K-f32.gguf"));
   fs.writeFileSync(path.join(fixtures, "truncated.gguf"), whole.subarray(0, Math.floor(whole.length * 0.6)));
 }
+// llama.cpp's tokenizer vectors: a vocabulary-only GGUF, tests.inp and tests.out per folder.
+const haveTokenizerTests = TOKENIZER_FOLDERS.every((name) => ["tests.inp", "tests.out", `ggml-vocab-${name}.gguf`].every((f) => fs.existsSync(path.join(tokenizerTests, name, f))));
+if (!haveTokenizerTests) {
+  const msg = `!!! SKIPPED: ${tokenizerTests}/{${TOKENIZER_FOLDERS.join(",")}} incomplete: the tokenizer-vector tests cannot run !!!`;
+  if (process.env.NEXTTOKEN_REQUIRE_SHARED) {
+    console.log(`${msg} (NEXTTOKEN_REQUIRE_SHARED is set)\n0 passed, 1 failed`);
+    process.exit(1);
+  }
+  console.log("\n" + "!".repeat(msg.length) + "\n" + msg + "\n" + "!".repeat(msg.length) + "\n");
+} else {
+  for (const name of TOKENIZER_FOLDERS) {
+    fs.mkdirSync(path.join(fixtures, "tokenizer-tests", name), { recursive: true });
+    fs.copyFileSync(path.join(tokenizerTests, name, `ggml-vocab-${name}.gguf`), path.join(fixtures, "tokenizer-tests", name, "vocab.gguf"));
+  }
+}
+/** A folder's vectors as tests/tokenizer_parity.rs reads them: [text, expected ids]. */
+function tokenizerVectors(name) {
+  const inp = fs.readFileSync(path.join(tokenizerTests, name, "tests.inp"), "utf8");
+  const out = fs.readFileSync(path.join(tokenizerTests, name, "tests.out"), "utf8");
+  // Rust's str::lines(): no empty last line for the final newline.
+  const expected = out.replace(/\r?\n$/, "").split(/\r?\n/);
+  // The .inp file ends with a separator, so the split leaves one empty string at the end.
+  const texts = inp.split("\n__ggml_vocab_test__\n").slice(0, expected.length);
+  assert(texts.length === expected.length && texts.length >= 40, `${name}: ${texts.length} texts for ${expected.length} expected lines`);
+  return texts.map((t, i) => [t, expected[i].split(/\s+/).filter(Boolean).map(Number)]);
+}
+
+// The default model alone in a folder (no tokenizer.json beside it): its GGUF carries the
+// tokenizer (llama.cpp's converter wrote tokenizer.ggml.*); and a copy without those keys.
+const ggufOnly = path.join(fixtures, "gguf-only");
+fs.mkdirSync(ggufOnly);
+const haveDefaultModel = fs.existsSync(path.join(www, "models", "default.gguf"));
+if (haveDefaultModel) {
+  const bytes = fs.readFileSync(path.join(www, "models", "default.gguf"));
+  fs.writeFileSync(path.join(ggufOnly, "default.gguf"), bytes);
+  fs.writeFileSync(path.join(ggufOnly, "no-tokenizer.gguf"), ggufWithout(bytes, (key) => key.startsWith("tokenizer.")));
+}
+
 // A table model whose words, joined, are an HTML injection.
 fs.writeFileSync(
   path.join(fixtures, "xss.json"),
@@ -135,9 +176,12 @@ if (haveShared) {
   console.log(`native CLI (${path.relative(repo, bin)}), greedy ${N_TOKENS} tokens: ${JSON.stringify(PROMPT + expected)}`);
 }
 
-// The server: www/, the fixtures under /test/, and a download that breaks off half way.
+// The server: www/, the fixtures under /test/, and a download that breaks off half way. Requests
+// for anything but the GGUF files in /test/gguf-only/ (a tokenizer.json beside them) are counted.
 let interruptedHits = 0;
+const ggufOnlyOthers = [];
 const handler = (req, res) => {
+  if (req.url.startsWith("/test/gguf-only/") && !/^\/test\/gguf-only\/[\w-]+\.gguf$/.test(req.url)) ggufOnlyOthers.push(req.url);
   if (req.url.startsWith("/test/interrupted.gguf")) {
     interruptedHits++;
     res.writeHead(200, { "content-type": "application/octet-stream", "content-length": 4_000_000 });
@@ -240,6 +284,55 @@ async function runConfig(mode) {
       }
       assertEq(has, webgpu, "WebGPU adapter available");
     });
+
+    if (!webgpu) {
+      await test(`[${mode}] llama.cpp's tokenizer vectors through the wasm build: the tokenizers of the vocabulary-only GGUF files`, async () => {
+        // Tokenization does not depend on the backend: run once, in the CPU configuration. All of
+        // a folder's vectors go through tokenizeEachWithGguf (the tokenizer is built once: up to
+        // a second each); tokenizeWithGguf (one text) must agree on the longest vector.
+        if (!haveTokenizerTests) return "skip";
+        await page.goto(`${base}/?nosw&model=lesson-toy`);
+        const lines = [];
+        const failures = [];
+        for (const name of TOKENIZER_FOLDERS) {
+          const vectors = tokenizerVectors(name);
+          const r = await page.evaluate(
+            async ({ name, vectors }) => {
+              const wasm = await import("/pkg/nexttoken.js");
+              await wasm.default();
+              const gguf = new Uint8Array(await (await fetch(`/test/tokenizer-tests/${name}/vocab.gguf`)).arrayBuffer());
+              const t0 = performance.now();
+              let all;
+              try {
+                all = wasm.tokenizeEachWithGguf(gguf, vectors.map(([text]) => text)).map((ids) => Array.from(ids));
+              } catch (e) {
+                return { error: String(e && e.message ? e.message : e) };
+              }
+              const ms = performance.now() - t0;
+              const mismatches = [];
+              vectors.forEach(([text, want], i) => {
+                if (JSON.stringify(all[i]) !== JSON.stringify(want)) mismatches.push({ text, got: all[i], want });
+              });
+              const longest = vectors.reduce((a, b) => (b[0].length > a[0].length ? b : a));
+              const one = Array.from(wasm.tokenizeWithGguf(gguf, longest[0]));
+              if (JSON.stringify(one) !== JSON.stringify(longest[1])) mismatches.push({ text: longest[0], got: one, want: longest[1], single: true });
+              return { mismatches, ms, n: all.length };
+            },
+            { name, vectors },
+          );
+          if (r.error) {
+            failures.push(`${name}: ${r.error}`);
+            continue;
+          }
+          assertEq(r.n, vectors.length, `${name}: results`);
+          const wrong = r.mismatches.filter((m) => !m.single).length;
+          lines.push(`${name}: ${vectors.length - wrong} of ${vectors.length} match (${r.ms.toFixed(0)} ms)`);
+          for (const m of r.mismatches.slice(0, 3)) failures.push(`${name}${m.single ? " (tokenizeWithGguf)" : ""} ${JSON.stringify(m.text)}: got ${JSON.stringify(m.got)}, want ${JSON.stringify(m.want)}`);
+        }
+        console.log(`      ${lines.join("\n      ")}`);
+        assert(failures.length === 0, `vectors differ:\n${failures.join("\n")}`);
+      });
+    }
 
     await test(`[${mode}] wasm kernel self-test: the simd128 kernels match the scalar ones`, async () => {
       // cargo test cannot run wasm kernels: the library checks them against scalar in the page.
@@ -516,6 +609,64 @@ async function runConfig(mode) {
       assertEq(await outputText(page), want, "default model greedy text vs the native CLI");
     });
 
+    await test(`[${mode}] a GGUF with no tokenizer URL loads with its own tokenizer; greedy ids and text match the native CLI (no tokenizer.json beside the model)`, async () => {
+      if (!haveDefaultModel) return "skip";
+      const prompt = "In the beginning";
+      const n = 24;
+      ggufOnlyOthers.length = 0;
+      await page.goto(`${base}/?model=${encodeURIComponent("/test/gguf-only/default.gguf")}&prompt=${encodeURIComponent(prompt)}`);
+      await waitLoaded(page);
+      const gpu = !/^CPU/.test((await statsOf(page)).backend);
+      assertEq(await page.inputValue("#tokenizer-url"), "", "tokenizer URL field");
+      // The reference: the CLI on the GGUF alone in a folder, so it too uses the GGUF's tokenizer.
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-gguf-only-"));
+      let want;
+      try {
+        fs.copyFileSync(path.join(ggufOnly, "default.gguf"), path.join(dir, "x.gguf"));
+        const how = gpu ? ["--exact"] : ["--isa", "scalar", "--threads", "1"];
+        const r = spawnSync(nativeBin(), ["generate", "--model", path.join(dir, "x.gguf"), "--prompt", prompt, "--temperature", "0", "--max-tokens", String(n), "--backend", "cpu", "--json", ...how], { encoding: "utf8" });
+        assert(r.status === 0, `the CLI failed: ${r.stderr}`);
+        const lines = r.stdout.trim().split("\n").map((l) => JSON.parse(l));
+        want = { ids: lines.filter((l) => "id" in l).map((l) => l.id), summary: lines.at(-1) };
+      } finally {
+        fs.rmSync(dir, { recursive: true, force: true });
+      }
+      await setSettings(page, { maxTokens: n });
+      await page.click("#generate");
+      await waitState(page, "ready", 120_000);
+      const err = await errorText(page);
+      assert(!err, `generation failed: ${err}`);
+      const got = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => t.id));
+      assertEq(JSON.stringify(got), JSON.stringify(want.ids), "greedy ids vs the native CLI's");
+      assertEq(await outputText(page), want.summary.text, "greedy text vs the native CLI's");
+      assertEq((await statsOf(page))["prompt tokens"], String(want.summary.prompt_tokens), "prompt tokens (BOS included) vs the native CLI's");
+      assertEq(JSON.stringify(ggufOnlyOthers), "[]", "requests beside the GGUF (a tokenizer.json looked for)");
+      console.log(`      ${JSON.stringify(prompt + want.summary.text)} (${want.summary.prompt_tokens} prompt tokens)`);
+    });
+
+    await test(`[${mode}] a GGUF without tokenizer metadata and no tokenizer URL says so; the page keeps working; with a tokenizer URL it loads from the cache`, async () => {
+      if (!haveDefaultModel) return "skip";
+      const url = "/test/gguf-only/no-tokenizer.gguf";
+      await page.goto(`${base}/?model=${encodeURIComponent(url)}`);
+      await waitState(page, ["error", "ready"]);
+      assertEq(await state(page), "error", "page state");
+      const err = await errorText(page);
+      console.log(`      error shown: ${err}`);
+      assert(/no tokenizer metadata/.test(err) && /tokenizer\.json/.test(err), `unclear error: ${JSON.stringify(err)}`);
+      assert(await page.isVisible("#error"), "the error is not visible");
+      await useLessonToy(page);
+      // The model was never looked at: it stays cached, and with a tokenizer.json it loads.
+      const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+      assert(cached.some((u) => u.endsWith(url)), `the GGUF was dropped from the cache: ${JSON.stringify(cached)}`);
+      await page.goto(`${base}/?model=${encodeURIComponent(url)}&tokenizer=${encodeURIComponent("/models/default-tokenizer.json")}&prompt=${encodeURIComponent("In the beginning")}`);
+      await waitLoaded(page);
+      assertEq((await statsOf(page)).download, "from cache", "download");
+      await setSettings(page, { maxTokens: 8 });
+      await page.click("#generate");
+      await waitState(page, "ready", 120_000);
+      assert((await outputText(page)).length > 0, "nothing generated");
+    });
+
     if (webgpu) {
       await test(`[${mode}] score and beam search run on WebGPU and agree with the exact CPU path`, async () => {
         if (!fs.existsSync(path.join(www, "models", "default.gguf"))) return "skip";
@@ -606,6 +757,12 @@ async function runConfig(mode) {
     if (failed && consoleLines.length) fs.writeFileSync(path.join(outDir, `console-${mode}.log`), consoleLines.join("\n"));
     await browser.close();
   }
+}
+
+function nativeBin() {
+  const bin = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean).find((p) => fs.existsSync(p));
+  assert(bin, "no native CLI (target/release/nexttoken or target/debug/nexttoken): run cargo build --release");
+  return bin;
 }
 
 async function useLessonToy(page) {

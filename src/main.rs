@@ -65,33 +65,7 @@ enum Command {
         vocab_from: Option<PathBuf>,
     },
     /// Measure load time, prefill and decode speed, bandwidth and peak memory.
-    Bench {
-        #[arg(long)]
-        model: PathBuf,
-        #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu", "both"])]
-        backend: String,
-        /// CPU threads (0 = every core).
-        #[arg(long, default_value_t = 0)]
-        threads: usize,
-        /// Prompt lengths to time prefill on (comma-separated).
-        #[arg(long, default_value = "16,128", value_delimiter = ',')]
-        prefill: Vec<usize>,
-        /// Context lengths to time decode at (the cache is filled to each first).
-        #[arg(long, default_value = "16,1024", value_delimiter = ',')]
-        contexts: Vec<usize>,
-        /// Decode steps timed at each context.
-        #[arg(long, default_value_t = 32)]
-        steps: usize,
-        /// Time the exact (reference) CPU path instead of the fast one.
-        #[arg(long)]
-        exact: bool,
-        /// GPU: time every kernel of one decode step at each context (timestamp queries, where
-        /// the adapter has them): dispatches, µs and GB/s per kernel family.
-        #[arg(long)]
-        profile: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(bench::BenchOptions),
 }
 
 #[derive(Args)]
@@ -230,27 +204,7 @@ fn main() -> ExitCode {
         Command::Synth { config, ty, out, seed, vocab_from } => {
             synth::run(&config, &ty, &out, seed, vocab_from.as_deref())
         }
-        Command::Bench {
-            model,
-            backend,
-            threads,
-            prefill,
-            contexts,
-            steps,
-            exact,
-            profile,
-            json,
-        } => bench::run(&bench::BenchOptions {
-            model,
-            backend,
-            threads,
-            prefill,
-            contexts,
-            steps,
-            exact,
-            profile,
-            json,
-        }),
+        Command::Bench(options) => bench::run(&options),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

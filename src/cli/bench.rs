@@ -16,22 +16,33 @@ use nexttoken::model::Model;
 use nexttoken::timing::{default_clock, memcpy_bandwidth, per_second};
 use nexttoken::{LanguageModel, Result};
 
+/// The `bench` command's options (its command-line arguments).
+#[derive(clap::Args)]
 pub struct BenchOptions {
+    #[arg(long)]
     pub model: PathBuf,
-    /// "cpu", "gpu" or "both".
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu", "both"])]
     pub backend: String,
-    /// CPU threads (0 = all cores).
+    /// CPU threads (0 = every core).
+    #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Prompt lengths to time prefill on.
+    /// Prompt lengths to time prefill on (comma-separated).
+    #[arg(long, default_value = "16,128", value_delimiter = ',')]
     pub prefill: Vec<usize>,
-    /// Context lengths to time decode at.
+    /// Context lengths to time decode at (the cache is filled to each first).
+    #[arg(long, default_value = "16,1024", value_delimiter = ',')]
     pub contexts: Vec<usize>,
     /// Decode steps timed at each context.
+    #[arg(long, default_value_t = 32)]
     pub steps: usize,
-    /// Reference (exact) CPU path instead of the fast one.
+    /// Time the exact (reference) CPU path instead of the fast one.
+    #[arg(long)]
     pub exact: bool,
-    /// GPU: per-kernel times of one decode step at each context.
+    /// GPU: time every kernel of one decode step at each context (timestamp queries, where
+    /// the adapter has them): dispatches, µs and GB/s per kernel family.
+    #[arg(long)]
     pub profile: bool,
+    #[arg(long)]
     pub json: bool,
 }
 

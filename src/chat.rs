@@ -60,6 +60,7 @@ pub const END_OF_TURN_MARKERS: &[&str] = &[
 ];
 
 /// A model's chat template, compiled, with the special tokens it refers to.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
     source: String,

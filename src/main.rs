@@ -177,6 +177,7 @@ impl SamplingArgs {
                 repeat_penalty: self.repeat_penalty,
                 repeat_window: self.repeat_window,
                 seed: self.seed,
+                ..SamplerConfig::default()
             },
             stop_strings: self.stop.clone(),
             ..GenerateOptions::default()

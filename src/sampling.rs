@@ -39,6 +39,8 @@ pub struct SamplerConfig {
     pub repeat_penalty: f32,
     pub repeat_window: usize,
     pub seed: u64,
+    /// How many of the most probable tokens each [`Pick`] reports (at most [`MAX_SHOWN`]).
+    pub alternatives: usize,
 }
 
 impl Default for SamplerConfig {
@@ -51,6 +53,7 @@ impl Default for SamplerConfig {
             repeat_penalty: 1.0,
             repeat_window: 64,
             seed: 0,
+            alternatives: TOP_SHOWN,
         }
     }
 }
@@ -103,12 +106,15 @@ pub struct Pick {
     pub prob: f32,
     /// ln of `prob`, computed directly (stays finite where `prob` rounds to 0).
     pub logprob: f32,
-    /// The five most probable ids under the same plain softmax, most probable first.
+    /// The most probable ids under the same plain softmax, most probable first
+    /// ([`SamplerConfig::alternatives`] of them).
     pub top: Vec<(u32, f32)>,
 }
 
-/// How many alternatives a [`Pick`] shows.
+/// How many alternatives a [`Pick`] shows by default.
 pub const TOP_SHOWN: usize = 5;
+/// The most alternatives a pick may report (OpenAI's `top_logprobs` allows 20).
+pub const MAX_SHOWN: usize = 20;
 
 /// A nucleus that reaches `top_p` up to float rounding counts as reaching it: probabilities of
 /// 0.5 and 0.3 should make a 0.8 nucleus even though softmax returns 0.79999995 for their sum.
@@ -129,6 +135,11 @@ impl Sampler {
         Sampler { cfg, rng, adjusted: Vec::new(), candidates: Vec::new(), recent: Vec::new() }
     }
 
+    /// Alternatives each pick reports.
+    fn shown(&self) -> usize {
+        self.cfg.alternatives.min(MAX_SHOWN)
+    }
+
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg
     }
@@ -137,7 +148,7 @@ impl Sampler {
     /// which only the repetition penalty looks at.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Pick {
         let id = self.choose(logits, history);
-        describe(logits, id)
+        describe(logits, id, self.shown())
     }
 
     fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
@@ -171,7 +182,7 @@ impl Sampler {
             k if (1..=limit).contains(&k) => k,
             _ => return None,
         };
-        Some(k.max(TOP_SHOWN).min(limit))
+        Some(k.max(self.shown()).min(limit))
     }
 
     /// [`Sampler::sample`] given only the most likely tokens (at least
@@ -208,7 +219,7 @@ impl Sampler {
             .iter()
             .position(|&i| i == id)
             .map_or(f64::NEG_INFINITY, |at| logprob_of(top.logits[at]));
-        let shown = top.ids.iter().zip(&top.logits).take(TOP_SHOWN);
+        let shown = top.ids.iter().zip(&top.logits).take(self.shown());
         Pick {
             id,
             prob: logprob.exp() as f32,
@@ -331,7 +342,7 @@ fn most_probable_first(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
 }
 
 /// What the model believes about `id`: its plain-softmax probability and the top alternatives.
-fn describe(logits: &[f32], id: u32) -> Pick {
+fn describe(logits: &[f32], id: u32, shown: usize) -> Pick {
     let lse = logsumexp(logits);
     let logprob_of = |logit: f32| {
         if lse == f64::NEG_INFINITY {
@@ -341,7 +352,7 @@ fn describe(logits: &[f32], id: u32) -> Pick {
         }
     };
     let logprob = logits.get(id as usize).map_or(f64::NEG_INFINITY, |&l| logprob_of(l));
-    let top = top_n(logits, TOP_SHOWN)
+    let top = top_n(logits, shown)
         .into_iter()
         .map(|(i, logit)| (i, logprob_of(logit).exp() as f32))
         .collect();

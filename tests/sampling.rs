@@ -293,6 +293,30 @@ fn a_pick_reports_the_models_own_probabilities() {
     assert!((pick.top[0].1 - 0.4).abs() < 1e-6);
 }
 
+/// `alternatives` sets how many of the most probable tokens a pick lists (OpenAI's
+/// `top_logprobs`), capped at 20, from the whole row and from a device's top-k alike; the
+/// reference ranks the probabilities by hand.
+#[test]
+fn a_pick_lists_as_many_alternatives_as_asked() {
+    use nexttoken::lm::TopK;
+    let probs: Vec<f64> = (1..=40).map(|i| i as f64 / 820.0).collect();
+    let logits = logits_of(&probs);
+    let by_hand: Vec<u32> = (0..40u32).rev().collect();
+    for (asked, listed) in [(0, 0), (1, 1), (3, 3), (20, 20), (25, 20)] {
+        let cfg = config(|c| {
+            c.temperature = 0.0;
+            c.alternatives = asked;
+        });
+        let pick = Sampler::new(cfg.clone()).sample(&logits, &[]);
+        let ids: Vec<u32> = pick.top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(ids, by_hand[..listed], "asked for {asked}");
+        let mut sampler = Sampler::new(cfg);
+        let k = sampler.top_needed(64).expect("greedy ranks on the device");
+        let from_top = sampler.sample_top(&TopK::from_logits(&logits, k));
+        assert_eq!(from_top.top, pick.top, "asked for {asked}: from the device's top {k}");
+    }
+}
+
 #[test]
 fn top_n_is_ordered_with_ties_to_the_lowest_id() {
     let logits = [1.0, f32::NAN, 3.0, f32::NEG_INFINITY, 3.0, 2.0, 1.0];
@@ -350,7 +374,16 @@ proptest! {
         seed in any::<u64>(),
     ) {
         prop_assume!(logits.iter().any(|&l| l > f32::NEG_INFINITY));
-        let cfg = SamplerConfig { temperature, top_k, top_p, min_p, repeat_penalty, repeat_window: 8, seed };
+        let cfg = SamplerConfig {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            repeat_window: 8,
+            seed,
+            ..SamplerConfig::default()
+        };
         let pick = Sampler::new(cfg).sample(&logits, &[0, 1, 2]);
         prop_assert!(logits[pick.id as usize] > f32::NEG_INFINITY);
         prop_assert!(pick.prob > 0.0 && pick.prob <= 1.0);

@@ -10,9 +10,17 @@
 //   nt.abort();      // stops at once: no token after this reaches the caller
 //   await nt.score("the cat sat");  // {tokens: [{token, prob, logprob}], probability, perplexity}
 //
-// The module-level functions `load`, `generate`, `abort` and `score` use one shared instance.
+// Chat models (a GGUF with a chat template), turn after turn on one KV cache:
+//   for await (const t of nt.reply([{ role: "user", content: "Hi!" }])) t.text;
+// or through OpenAI's API shape (openai.js):
+//   const r = await nt.chat.completions.create({ messages, max_tokens: 64 });
+//
+// The module-level functions `load`, `generate`, `reply`, `abort`, `score`, `chat` and
+// `completions` use one shared instance.
 
-/** Models the page offers. `chat`: how to wrap a prompt as one user turn (optional). */
+import { openAI } from "./openai.js";
+
+/** Models the page offers (`url`: a URL or a Hugging Face reference, see `resolveModelUrl`). */
 export const CATALOG = [
   {
     id: "default",
@@ -37,47 +45,81 @@ export const CATALOG = [
     url: "models/lesson-beam.json",
     note: "greedy finds “the cat” (0.33); 2 beams find “a bird” (0.36)",
   },
+  // Instruct models from the Hugging Face Hub: each GGUF carries its tokenizer and chat template.
   {
     id: "smollm2-135m",
     name: "SmolLM2-135M-Instruct (Q8_0, 145 MB)",
     kind: "gguf",
-    url: "https://huggingface.co/bartowski/SmolLM2-135M-Instruct-GGUF/resolve/main/SmolLM2-135M-Instruct-Q8_0.gguf",
-    tokenizer: "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/resolve/main/tokenizer.json",
+    url: "hf:bartowski/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct-Q8_0.gguf",
     size: 144_811_712,
-    chat: "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
-    stop: ["<|im_end|>"],
+  },
+  {
+    id: "smollm2-360m",
+    name: "SmolLM2-360M-Instruct (Q8_0, ≈386 MB)",
+    kind: "gguf",
+    url: "hf:bartowski/SmolLM2-360M-Instruct-GGUF/SmolLM2-360M-Instruct-Q8_0.gguf",
   },
   {
     id: "qwen2.5-0.5b",
-    name: "Qwen2.5-0.5B-Instruct (Q8_0, 676 MB)",
+    name: "Qwen2.5-0.5B-Instruct (Q8_0, ≈676 MB)",
     kind: "gguf",
-    url: "https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/main/qwen2.5-0.5b-instruct-q8_0.gguf",
-    tokenizer: "https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct/resolve/main/tokenizer.json",
-    chat: "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
-    stop: ["<|im_end|>"],
+    url: "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf",
   },
   {
-    id: "tinyllama-1.1b",
-    name: "TinyLlama-1.1B-Chat (Q4_K_M, 669 MB)",
+    id: "llama-3.2-1b",
+    name: "Llama-3.2-1B-Instruct (Q4_K_M, ≈808 MB)",
     kind: "gguf",
-    url: "https://huggingface.co/TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF/resolve/main/tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf",
-    tokenizer: "https://huggingface.co/TinyLlama/TinyLlama-1.1B-Chat-v1.0/resolve/main/tokenizer.json",
-    chat: "<|user|>\n{prompt}</s>\n<|assistant|>\n",
+    url: "hf:bartowski/Llama-3.2-1B-Instruct-GGUF/Llama-3.2-1B-Instruct-Q4_K_M.gguf",
+    note: "Meta's Llama 3.2 Community License applies",
   },
 ];
 
-/** A model spec from a catalog entry, a URL string (".json" = table model) or a spec object. */
+const HUB = "https://huggingface.co";
+const REPO_PART = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+
+/**
+ * The download URL of a Hugging Face reference, or `ref` itself when it is not one:
+ * `hf:owner/repo/path/file.gguf`, `hf:owner/repo@revision/file.gguf` and
+ * `owner/repo:file.gguf` (the file in the repository's main branch). A reference that names no
+ * `.gguf` file (e.g. llama.cpp's `owner/repo:Q4_K_M`) is an error: the page cannot list a
+ * repository's files offline, so it asks for the file name.
+ */
+export function resolveModelUrl(ref) {
+  let owner, repo, revision, file;
+  const bad = (why) => new Error(`${JSON.stringify(ref)}: ${why}`);
+  if (ref.startsWith("hf:")) {
+    const parts = ref.slice(3).replace(/^\/+/, "").split("/");
+    if (parts.length < 3) throw bad("expected hf:owner/repo/file.gguf");
+    [owner, repo] = parts;
+    [repo, revision = "main"] = repo.split("@");
+    file = parts.slice(2).join("/");
+  } else {
+    const short = /^([^/:]+)\/([^/:]+):(.+)$/.exec(ref);
+    if (!short) return ref;
+    [, owner, repo, file] = short;
+    revision = "main";
+  }
+  if (!REPO_PART.test(owner) || !REPO_PART.test(repo)) throw bad("owner and repository names are letters, digits, '.', '_' and '-'");
+  if (!/\.gguf$/i.test(file)) throw bad(`name the .gguf file in the repository (e.g. ${owner}/${repo}:model-Q8_0.gguf)`);
+  if (file.split("/").some((p) => p === "" || p === "." || p === "..")) throw bad("the file path has an empty, '.' or '..' part");
+  const path = file.split("/").map(encodeURIComponent).join("/");
+  return `${HUB}/${owner}/${repo}/resolve/${encodeURIComponent(revision)}/${path}`;
+}
+
+/** A model spec from a catalog entry, a URL or Hugging Face reference (".json" = table model) or a spec object. */
 export function resolveSpec(model, tokenizer) {
   if (typeof model === "string") {
     const entry = CATALOG.find((m) => m.id === model);
-    if (entry) return { ...entry };
-    const isTable = /\.json(\?|#|$)/i.test(model);
-    const spec = { id: model, name: model.split("/").pop(), kind: isTable ? "table" : "gguf", url: model };
+    if (entry) return { ...entry, url: resolveModelUrl(entry.url) };
+    const url = resolveModelUrl(model);
+    const isTable = /\.json(\?|#|$)/i.test(url);
+    const spec = { id: model, name: model.split("/").pop(), kind: isTable ? "table" : "gguf", url };
     // A GGUF without a tokenizer URL uses the tokenizer its own metadata describes.
     if (!isTable && tokenizer) spec.tokenizer = tokenizer;
     return spec;
   }
-  return { kind: /\.json(\?|#|$)/i.test(model.url) ? "table" : "gguf", ...model };
+  const url = resolveModelUrl(model.url);
+  return { kind: /\.json(\?|#|$)/i.test(url) ? "table" : "gguf", ...model, url };
 }
 
 let persistAsked = false;
@@ -94,6 +136,10 @@ export async function requestPersistentStorage() {
 
 export class NextToken {
   constructor({ workerUrl } = {}) {
+    // OpenAI's API shape: nt.chat.completions.create(...), nt.completions.create(...).
+    const api = openAI(this);
+    this.chat = api.chat;
+    this.completions = api.completions;
     this.worker = new Worker(workerUrl || new URL("./worker.js", import.meta.url), { type: "module" });
     this.nextId = 1;
     this.pending = new Map(); // id -> handler(message)
@@ -147,12 +193,35 @@ export class NextToken {
 
   /**
    * Generate a continuation of `prompt`, token by token: an async iterator of
-   * `{id, text, token, prob, logprob, top: [{id, token, prob}], position, logprobSum, perplexity}`
-   * (`logprobSum` and `perplexity` run over the generated tokens so far). Options: maxTokens,
-   * temperature, topK, topP, minP, repeatPenalty, repeatWindow, seed, stop, beams,
-   * lengthNormalise. When it ends, `lastSummary` holds the totals.
+   * `{id, text, token, piece, prob, logprob, top: [{id, token, piece, prob, logprob}], position,
+   * logprobSum, perplexity}` (`logprobSum` and `perplexity` run over the generated tokens so
+   * far). Options: maxTokens, temperature, topK, topP, minP, repeatPenalty, repeatWindow, seed,
+   * stop, topLogprobs (alternatives per token, default 5, at most 20), beams, lengthNormalise.
+   * The prefix this prompt shares with the previous generation's is not computed again
+   * (`lastSummary.reusedTokens`). When it ends, `lastSummary` holds the totals.
    */
   generate(prompt, options = {}) {
+    return this.#stream({ type: "generate", prompt, options });
+  }
+
+  /**
+   * The assistant's reply to `messages` (`[{role: "system" | "user" | "assistant", content}]`),
+   * through the model's own chat template, as `generate`'s token iterator. It ends at the
+   * template's end-of-turn token. The turns the previous reply's KV cache already holds are
+   * reused: `lastSummary.reusedTokens` of `lastSummary.promptTokens` were not prefilled again.
+   * Options: as `generate`, and `dropOldest` (a conversation longer than the context loses its
+   * oldest turns, and `lastSummary.messages` says what was kept, instead of an error).
+   */
+  reply(messages, options = {}) {
+    return this.#stream({ type: "chat", messages, options });
+  }
+
+  /** The prompt text the chat template makes of `messages`: what the model reads. */
+  renderChat(messages, { addGenerationPrompt = true } = {}) {
+    return this.#request({ type: "render-chat", messages, addGenerationPrompt });
+  }
+
+  #stream(message) {
     if (this.current !== null) this.abort();
     const id = this.nextId++;
     this.current = id;
@@ -173,12 +242,12 @@ export class NextToken {
         this.pending.delete(id);
         if (this.current === id) this.current = null;
         finished = true;
-        if (msg.type === "done") this.lastSummary = { ...msg.summary, wallMs: performance.now() - t0 };
-        else failure = new Error(msg.message);
+        if (msg.type === "done" && msg.summary) this.lastSummary = { ...msg.summary, messages: msg.messages, wallMs: performance.now() - t0 };
+        else if (msg.type === "error") failure = new Error(msg.message);
       }
       wake?.();
     });
-    this.worker.postMessage({ type: "generate", id, prompt, options });
+    this.worker.postMessage({ ...message, id });
     const self = this;
     return {
       [Symbol.asyncIterator]() {
@@ -202,6 +271,18 @@ export class NextToken {
     };
   }
 
+  /** One request to the worker, answered by one "result" (or "error") message. */
+  #request(message) {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, (msg) => {
+        this.pending.delete(id);
+        msg.type === "result" ? resolve(msg.value) : reject(new Error(msg.message));
+      });
+      this.worker.postMessage({ ...message, id });
+    });
+  }
+
   /** Stop the generation in progress: the iterator ends now; the worker stops after its current token. */
   abort() {
     if (this.current === null) return;
@@ -213,14 +294,7 @@ export class NextToken {
 
   /** Score `text` with the chain rule: per-token probabilities, probability, avgNll, perplexity. */
   score(text) {
-    const id = this.nextId++;
-    return new Promise((resolve, reject) => {
-      this.pending.set(id, (msg) => {
-        this.pending.delete(id);
-        msg.type === "result" ? resolve(msg.value) : reject(new Error(msg.message));
-      });
-      this.worker.postMessage({ type: "score", id, text });
-    });
+    return this.#request({ type: "score", text });
   }
 
   terminate() {
@@ -234,3 +308,7 @@ export const load = (model, opts) => instance().load(model, opts);
 export const generate = (prompt, opts) => instance().generate(prompt, opts);
 export const abort = () => instance().abort();
 export const score = (text) => instance().score(text);
+export const reply = (messages, opts) => instance().reply(messages, opts);
+/** OpenAI's `chat.completions.create` and `completions.create` on the shared instance. */
+export const chat = { completions: { create: (params, opts) => instance().chat.completions.create(params, opts) } };
+export const completions = { create: (params, opts) => instance().completions.create(params, opts) };

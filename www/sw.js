@@ -12,6 +12,7 @@ const SHELL = [
   "style.css",
   "app.js",
   "nexttoken.js",
+  "openai.js",
   "next-token.js",
   "model-cache.js",
   "worker.js",

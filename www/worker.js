@@ -3,10 +3,11 @@
 // stays responsive, and between tokens the worker yields so that an "abort" message gets in.
 //
 // Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt, options}
+//               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"abort", id} | {type:"score", id, text} | {type:"cancel-load", id}
 // Messages out: {type:"progress", id, file, loaded, total, fromCache}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
-//               {type:"done", id, summary} | {type:"result", id, value}
+//               {type:"done", id, summary, messages} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
 import { loadWasm } from "./wasm.js";
@@ -14,7 +15,6 @@ import { fetchModelFile, dropOldCaches, deleteCached } from "./model-cache.js";
 
 let ready = null;
 let engine = null;
-let session = null;
 let sessionId = null;
 const aborted = new Set();
 const loadAborts = new Map();
@@ -66,10 +66,11 @@ async function load({ id, spec, options = {} }) {
   const t0 = performance.now();
   try {
     await wasmReady();
+    // A generation on the old model stops first.
+    if (sessionId !== null) aborted.add(sessionId);
+    await running;
     // Free the previous model before allocating the next: wasm memory never shrinks, but freed
     // space is reused.
-    session?.free?.();
-    session = null;
     engine?.free?.();
     engine = null;
     let timings = {};
@@ -129,15 +130,32 @@ async function load({ id, spec, options = {} }) {
   }
 }
 
-async function generate({ id, prompt, options = {} }) {
+// One generation at a time: a new one first stops the one running and waits for its loop to
+// end, so an old loop can never touch the new session (and the new one can take over the KV
+// cache the old one leaves).
+let running = Promise.resolve();
+
+function generate(msg) {
+  if (sessionId !== null) aborted.add(sessionId);
+  const previous = running;
+  running = previous.then(() => run(msg));
+}
+
+async function run({ id, type, prompt, messages, options = {} }) {
+  if (aborted.has(id)) {
+    // Aborted while it waited for the previous one.
+    aborted.delete(id);
+    post({ type: "done", id, summary: null });
+    return;
+  }
   if (!engine) {
     post({ type: "error", id, message: "no model is loaded" });
     return;
   }
+  let session = null;
+  sessionId = id;
   try {
-    session?.free?.();
-    session = engine.start(prompt, options);
-    sessionId = id;
+    session = type === "chat" ? engine.startChat(messages, options) : engine.start(prompt, options);
     for (;;) {
       if (aborted.has(id)) {
         session.abort();
@@ -148,10 +166,12 @@ async function generate({ id, prompt, options = {} }) {
       post({ type: "token", id, token });
       await yieldToEvents();
     }
-    post({ type: "done", id, summary: session.summary(), promptTokens: session.promptTokens });
+    post({ type: "done", id, summary: session.summary(), messages: session.messages });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   } finally {
+    // The engine keeps what the session computed (its KV cache) for the next one.
+    session?.free();
     aborted.delete(id);
     sessionId = null;
   }
@@ -173,16 +193,25 @@ self.onmessage = (event) => {
       load(msg);
       break;
     case "generate":
+    case "chat":
       generate(msg);
       break;
     case "abort":
-      if (msg.id === sessionId) aborted.add(msg.id);
+      aborted.add(msg.id);
       break;
     case "cancel-load":
       loadAborts.get(msg.id)?.abort();
       break;
     case "score":
       score(msg);
+      break;
+    case "render-chat":
+      try {
+        if (!engine) throw new Error("no model is loaded");
+        post({ type: "result", id: msg.id, value: engine.renderChat(msg.messages, msg.addGenerationPrompt !== false) });
+      } catch (e) {
+        post({ type: "error", id: msg.id, message: errorMessage(e) });
+      }
       break;
     case "info":
       post({ type: "result", id: msg.id, value: engine ? engine.info() : null });

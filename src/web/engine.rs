@@ -4,16 +4,20 @@ use std::rc::Rc;
 
 use wasm_bindgen::prelude::*;
 
-use super::js::{self, GenOptions, InfoOut, LoadOptions};
+use std::cell::RefCell;
+
+use super::js::{self, ChatOptions, GenOptions, InfoOut, LoadOptions};
 use super::js_err;
-use super::session::{self, Backend, Gen, Session, Stepper};
+use super::session::{self, start_after, Backend, Session, Slot};
+use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
 use crate::generate::prompt_ids;
+use crate::gguf::Gguf;
 use crate::gpu::{GpuContext, GpuModel};
 use crate::model::Model;
 use crate::table::TableModel;
 use crate::tokenizer::HfTokenizer;
-use crate::{LanguageModel, Vocab};
+use crate::{Error, LanguageModel, Vocab};
 
 /// Model bytes collected in wasm memory as they download.
 #[wasm_bindgen]
@@ -72,11 +76,22 @@ enum Loaded {
 pub struct Engine {
     loaded: Loaded,
     info: InfoOut,
+    /// The GGUF's chat template, or why there is none.
+    template: std::result::Result<ChatTemplate, String>,
+    /// The latest session's stepper: the next session takes over its KV cache and keeps the
+    /// prefix the two prompts share (a chat's earlier turns, a branch's common start).
+    latest: RefCell<Option<Slot>>,
 }
 
-fn gguf_info(model: &Model, backend: &'static str, detail: String) -> InfoOut {
+fn gguf_info(
+    model: &Model,
+    backend: &'static str,
+    detail: String,
+    template: &std::result::Result<ChatTemplate, String>,
+) -> InfoOut {
     let c = &model.config;
     InfoOut {
+        chat_template: template.as_ref().ok().map(|t| t.source().to_string()),
         kind: "gguf",
         backend,
         backend_detail: detail,
@@ -124,6 +139,44 @@ fn score_promise<M: Backend>(model: Rc<M>, vocab: Rc<dyn Vocab>, text: String) -
     })
 }
 
+impl Engine {
+    fn new(
+        loaded: Loaded,
+        info: InfoOut,
+        template: std::result::Result<ChatTemplate, String>,
+    ) -> Engine {
+        Engine { loaded, info, template, latest: RefCell::new(None) }
+    }
+
+    fn template(&self) -> Result<&ChatTemplate, JsError> {
+        self.template.as_ref().map_err(|why| js_err(Error::Template(why.clone())))
+    }
+
+    fn context_length(&self) -> usize {
+        match &self.loaded {
+            Loaded::Table(m) => m.context_length(),
+            Loaded::Cpu(m, _) => m.context_length(),
+            Loaded::Gpu(m, _) => m.context_length(),
+        }
+    }
+
+    /// A session over `ids` that takes over the latest session's KV cache (that session ends).
+    fn start_ids(&self, ids: &[u32], opts: &GenOptions, stops: &[u32]) -> Result<Session, JsError> {
+        let vocab = self.vocab();
+        // Taken even if this start fails: the old session's state may be cut back already.
+        let previous = self.latest.borrow_mut().take().and_then(|slot| slot.borrow_mut().take());
+        let gen = match &self.loaded {
+            Loaded::Table(m) => start_after(m, vocab.clone(), ids, opts, previous, stops),
+            Loaded::Cpu(m, _) => start_after(m, vocab.clone(), ids, opts, previous, stops),
+            Loaded::Gpu(m, _) => start_after(m, vocab.clone(), ids, opts, previous, stops),
+        }
+        .map_err(js_err)?;
+        let session = Session::new(gen, vocab, ids.len());
+        *self.latest.borrow_mut() = Some(session.slot());
+        Ok(session)
+    }
+}
+
 #[wasm_bindgen]
 impl Engine {
     /// A lesson table model from its JSON text.
@@ -145,8 +198,10 @@ impl Engine {
             bytes: json.len(),
             weight_bytes_per_token: 0,
             words: table.words().to_vec(),
+            chat_template: None,
         };
-        Ok(Engine { loaded: Loaded::Table(Rc::new(table)), info })
+        let template = Err("table models have no chat template".to_string());
+        Ok(Engine::new(Loaded::Table(Rc::new(table)), info, template))
     }
 
     /// A GGUF model (its bytes, collected in `sink`, which this consumes) and its
@@ -160,11 +215,16 @@ impl Engine {
         options: JsValue,
     ) -> Result<Engine, JsError> {
         let opts = LoadOptions::parse(options)?;
+        // The header once, for the tokenizer and the chat template (the model parses its own).
+        let header = Gguf::parse(&sink.buf).map_err(js_err)?;
         let tokenizer = match tokenizer.filter(|b| !b.is_empty()) {
             Some(json) => HfTokenizer::from_bytes(&json),
-            None => HfTokenizer::from_gguf_bytes(&sink.buf),
+            None => HfTokenizer::from_gguf(&header),
         };
         let tokenizer = Rc::new(tokenizer.map_err(js_err)?);
+        let template = ChatTemplate::from_gguf_with_vocab(&header, Some(&*tokenizer))
+            .map_err(|e| e.to_string());
+        drop(header);
         let model = Model::from_bytes(sink.buf).map_err(js_err)?;
         if tokenizer.vocab_size() > model.config.n_vocab {
             // More tokenizer ids than logits: a mismatched pair; ids past n_vocab would fail later.
@@ -183,8 +243,8 @@ impl Engine {
                 .with_precision(precision)
                 .with_threads(threads)
                 .with_max_seq(max_seq);
-            let info = gguf_info(&cpu.model, "cpu", reason);
-            Engine { loaded: Loaded::Cpu(Rc::new(cpu), tokenizer.clone()), info }
+            let info = gguf_info(&cpu.model, "cpu", reason, &template);
+            Engine::new(Loaded::Cpu(Rc::new(cpu), tokenizer.clone()), info, template.clone())
         };
         let cpu_why =
             |why: &str| format!("{why} (WebAssembly, {})", cpu_kernels(precision, threads));
@@ -206,8 +266,9 @@ impl Engine {
         match GpuModel::with_context(ctx, model).await {
             Ok(gpu) => {
                 let gpu = gpu.with_max_seq(max_seq);
-                let info = gguf_info(&gpu.model, "webgpu", name);
-                Ok(Engine { loaded: Loaded::Gpu(Rc::new(gpu), tokenizer.clone()), info })
+                let info = gguf_info(&gpu.model, "webgpu", name, &template);
+                let loaded = Loaded::Gpu(Rc::new(gpu), tokenizer.clone());
+                Ok(Engine::new(loaded, info, template))
             }
             Err(e) => match fallback {
                 Some(model) => Ok(cpu_engine(
@@ -252,19 +313,50 @@ impl Engine {
 
     /// Start generating a continuation of `prompt`. Options (all optional): `maxTokens`,
     /// `temperature` (0 = greedy), `topK`, `topP`, `minP`, `repeatPenalty`, `repeatWindow`,
-    /// `seed`, `stop` (strings), `beams` (> 1: beam search, run on the first `next()`, then its
-    /// best beam is replayed token by token), `lengthNormalise`.
+    /// `seed`, `stop` (strings), `topLogprobs` (alternatives reported per token, default 5, at
+    /// most 20), `beams` (> 1: beam search, run on the first `next()`, then its best beam is
+    /// replayed token by token), `lengthNormalise`. The KV cache of the previous generation is
+    /// kept for the prefix the two prompts share (`reusedTokens` in the summary); that
+    /// generation ends.
     pub fn start(&self, prompt: &str, options: JsValue) -> Result<Session, JsError> {
         let opts = GenOptions::parse(options)?;
+        let ids = prompt_ids(self.bos(), &*self.vocab(), prompt).map_err(js_err)?;
+        self.start_ids(&ids, &opts, &[])
+    }
+
+    /// Start the assistant's reply to `messages` (`[{role, content}]`, OpenAI's shape), rendered
+    /// by the model's chat template; it ends at the template's end-of-turn token. Options: as
+    /// `start`, and `dropOldest` (a conversation too long for the context loses its oldest turns,
+    /// see `messages` on the session, instead of failing). Only the tokens after the prefix the
+    /// previous generation's cache shares are prefilled: earlier turns are reused.
+    #[wasm_bindgen(js_name = startChat)]
+    pub fn start_chat(&self, messages: JsValue, options: JsValue) -> Result<Session, JsError> {
+        let template = self.template()?;
+        let mut messages = js::messages(messages)?;
+        let opts = GenOptions::parse(options.clone())?;
+        let context = self.context_length();
+        let overflow = match ChatOptions::parse(options)?.drop_oldest {
+            true => Overflow::DropOldest {
+                reply_room: opts.generate_options().max_tokens.min(context / 2),
+            },
+            false => Overflow::Error,
+        };
         let vocab = self.vocab();
-        let ids = prompt_ids(self.bos(), &*vocab, prompt).map_err(js_err)?;
-        let gen = match &self.loaded {
-            Loaded::Table(m) => Stepper::start(m, vocab.clone(), &ids, &opts).map(Gen::Table),
-            Loaded::Cpu(m, _) => Stepper::start(m, vocab.clone(), &ids, &opts).map(Gen::Cpu),
-            Loaded::Gpu(m, _) => Stepper::start(m, vocab.clone(), &ids, &opts).map(Gen::Gpu),
-        }
-        .map_err(js_err)?;
-        Ok(Session::new(gen, vocab, ids.len()))
+        let (ids, _) = fit_prompt(template, &*vocab, self.bos(), &mut messages, context, overflow)
+            .map_err(js_err)?;
+        Ok(self.start_ids(&ids, &opts, template.stop_tokens())?.with_messages(messages))
+    }
+
+    /// The prompt text the chat template makes of `messages` (with the assistant turn's opening
+    /// when `addGenerationPrompt`): what the model reads.
+    #[wasm_bindgen(js_name = renderChat)]
+    pub fn render_chat(
+        &self,
+        messages: JsValue,
+        add_generation_prompt: bool,
+    ) -> Result<String, JsError> {
+        let messages = js::messages(messages)?;
+        self.template()?.render(&messages, add_generation_prompt).map_err(js_err)
     }
 
     /// The chain rule on `text`: each token's probability given the tokens before it, the

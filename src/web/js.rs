@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
+use crate::chat::Message;
 use crate::generate::{BeamOptions, GenerateOptions, GenerationSummary, Score, TokenEvent};
 use crate::sampling::SamplerConfig;
 use crate::Vocab;
@@ -66,6 +67,9 @@ pub(super) struct GenOptions {
     beams: Option<usize>,
     #[serde(alias = "length_normalise")]
     length_normalise: bool,
+    /// Alternatives reported with each token (default 5, at most 20).
+    #[serde(alias = "top_logprobs")]
+    top_logprobs: Option<usize>,
 }
 
 impl GenOptions {
@@ -87,6 +91,7 @@ impl GenOptions {
                 repeat_penalty: self.repeat_penalty.unwrap_or(s.repeat_penalty),
                 repeat_window: self.repeat_window.unwrap_or(s.repeat_window),
                 seed: self.seed.map_or(s.seed, |seed| seed.max(0.0) as u64),
+                alternatives: self.top_logprobs.unwrap_or(s.alternatives),
             },
             stop_strings: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             ..d
@@ -104,11 +109,41 @@ impl GenOptions {
     }
 }
 
+/// `startChat`'s options beyond the generation options.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub(super) struct ChatOptions {
+    /// Drop the oldest turns when the conversation does not fit the context.
+    #[serde(alias = "drop_oldest")]
+    pub drop_oldest: bool,
+}
+
+impl ChatOptions {
+    pub fn parse(options: JsValue) -> Result<ChatOptions, JsError> {
+        from_js(options, "chat options")
+    }
+}
+
+/// A conversation as JS gives it: `[{role, content}]` (other fields, e.g. `name`, ignored).
+pub(super) fn messages(value: JsValue) -> Result<Vec<Message>, JsError> {
+    if !js_sys::Array::is_array(&value) {
+        return Err(JsError::new("messages: expected an array of {role, content} objects"));
+    }
+    serde_wasm_bindgen::from_value(value).map_err(|e| {
+        JsError::new(&format!("messages: each must be {{role: string, content: string}} ({e})"))
+    })
+}
+
 #[derive(Serialize)]
 struct TopOut {
     id: u32,
+    /// The token as the vocabulary spells it ("▁cat").
     token: String,
+    /// The token alone as text (" cat"; a special token keeps its spelling).
+    piece: String,
     prob: f32,
+    /// ln `prob`, or -9999 where it underflows to 0 (OpenAI's convention for "never").
+    logprob: f64,
 }
 
 #[derive(Serialize)]
@@ -118,23 +153,45 @@ pub(super) struct TokenOut {
     text: String,
     /// The token as the vocabulary spells it ("▁cat", "<0x0A>").
     token: String,
+    /// The token alone as text.
+    piece: String,
     prob: f32,
     logprob: f32,
     top: Vec<TopOut>,
     position: usize,
 }
 
+/// `id` decoded alone; special tokens (which decode to nothing) as spelled.
+fn piece(vocab: &dyn Vocab, id: u32) -> String {
+    let text = vocab.decode(&[id]);
+    if text.is_empty() {
+        vocab.token_text(id)
+    } else {
+        text
+    }
+}
+
+/// Where a probability underflowed to 0, OpenAI's API reports a log-probability of -9999.
+const NEVER_LOGPROB: f64 = -9999.0;
+
 pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
     TokenOut {
         id: ev.id,
         token: vocab.token_text(ev.id),
+        piece: piece(vocab, ev.id),
         text: ev.text,
         prob: ev.prob,
         logprob: ev.logprob,
         top: ev
             .top
             .iter()
-            .map(|&(id, prob)| TopOut { id, token: vocab.token_text(id), prob })
+            .map(|&(id, prob)| TopOut {
+                id,
+                token: vocab.token_text(id),
+                piece: piece(vocab, id),
+                prob,
+                logprob: if prob > 0.0 { f64::from(prob).ln() } else { NEVER_LOGPROB },
+            })
             .collect(),
         position: ev.position,
     }
@@ -144,6 +201,9 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
 #[serde(rename_all = "camelCase")]
 pub(super) struct SummaryOut {
     prompt_tokens: usize,
+    /// Of the prompt tokens, those whose keys and values were kept from the previous
+    /// generation (only the rest were prefilled).
+    reused_tokens: usize,
     generated_tokens: usize,
     text: String,
     stop_reason: String,
@@ -159,6 +219,7 @@ pub(super) struct SummaryOut {
 pub(super) fn summary_out(s: GenerationSummary, backend: &'static str) -> SummaryOut {
     SummaryOut {
         prompt_tokens: s.prompt_tokens,
+        reused_tokens: s.reused_tokens,
         generated_tokens: s.generated_tokens,
         stop_reason: format!("{:?}", s.stop_reason),
         prefill_tok_s: s.prefill_tokens_per_second(),
@@ -241,4 +302,6 @@ pub(super) struct InfoOut {
     pub weight_bytes_per_token: usize,
     /// Table models: their words, in id order.
     pub words: Vec<String>,
+    /// The GGUF's chat template (Jinja source), when it has one.
+    pub chat_template: Option<String>,
 }

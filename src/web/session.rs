@@ -11,6 +11,7 @@ use wasm_bindgen::prelude::*;
 
 use super::js::{self, GenOptions};
 use super::{clock, js_err};
+use crate::chat::{reuse_prefix, Message};
 use crate::cpu::CpuModel;
 use crate::generate::{
     self, BeamSearch, Generation, GenerationSummary, Score, Scoring, TokenEvent,
@@ -47,14 +48,35 @@ pub(super) trait Backend: LanguageModel + Sized + 'static {
     ) -> Result<TopK> {
         self.forward_top(state, tokens, k)
     }
+
+    /// The session enum's variant for this backend, and back.
+    fn wrap(stepper: Stepper<Self>) -> Gen;
+    fn unwrap(gen: Gen) -> Option<Stepper<Self>>;
+}
+
+/// `Backend::wrap` and `unwrap` for one `Gen` variant.
+macro_rules! variant {
+    ($variant:ident) => {
+        fn wrap(stepper: Stepper<Self>) -> Gen {
+            Gen::$variant(stepper)
+        }
+        fn unwrap(gen: Gen) -> Option<Stepper<Self>> {
+            match gen {
+                Gen::$variant(stepper) => Some(stepper),
+                _ => None,
+            }
+        }
+    };
 }
 
 impl Backend for TableModel {
     const NAME: &'static str = "table";
+    variant!(Table);
 }
 
 impl Backend for CpuModel {
     const NAME: &'static str = "cpu";
+    variant!(Cpu);
 }
 
 impl Backend for GpuModel {
@@ -62,6 +84,7 @@ impl Backend for GpuModel {
     const IMMEDIATE: bool = false;
     /// One GPU batch: the read-back stays at 64 rows of logits however long the text.
     const SCORE_CHUNK: usize = 64;
+    variant!(Gpu);
 
     async fn forward_awaited(
         &self,
@@ -108,6 +131,23 @@ fn immediate<T>(future: impl Future<Output = T>) -> T {
 
 type Owned<M> = Generation<'static, M, Rc<M>, Rc<dyn Vocab>>;
 
+/// A model state (KV cache) and the ids whose keys and values it holds.
+pub(super) type Cache<M> = (<M as LanguageModel>::State, Vec<u32>);
+
+/// Start a session on `model`, reusing what `previous` (the engine's last session, if it ran on
+/// this backend and is not computing a token) holds in its KV cache.
+pub(super) fn start_after<M: Backend>(
+    model: &Rc<M>,
+    vocab: Rc<dyn Vocab>,
+    ids: &[u32],
+    opts: &GenOptions,
+    previous: Option<Gen>,
+    extra_stops: &[u32],
+) -> Result<Gen> {
+    let cache = previous.and_then(M::unwrap).and_then(Stepper::into_cache);
+    Stepper::start(model, vocab, ids, opts, cache, extra_stops).map(M::wrap)
+}
+
 /// What a session steps.
 pub(super) enum Stepper<M: Backend> {
     /// Sampling, one forward pass per token. The model is held beside the generation so its
@@ -129,11 +169,17 @@ pub(super) struct BeamRun<M: Backend> {
 }
 
 impl<M: Backend> Stepper<M> {
+    /// A session over `ids`. `cache`: a state left by an earlier session with the ids it holds;
+    /// a sampling run keeps the longest prefix they share with `ids` and prefills only the rest
+    /// (`reuse_prefix`: the logits are those of a fresh state). `extra_stops`: more end tokens
+    /// (a chat template's end-of-turn markers).
     pub fn start(
         model: &Rc<M>,
         vocab: Rc<dyn Vocab>,
         ids: &[u32],
         opts: &GenOptions,
+        cache: Option<Cache<M>>,
+        extra_stops: &[u32],
     ) -> Result<Self> {
         Ok(match opts.beam_options() {
             Some(beam_opts) => Stepper::Beam(BeamRun {
@@ -145,14 +191,33 @@ impl<M: Backend> Stepper<M> {
                 summary: None,
                 aborted: false,
             }),
-            None => Stepper::Sample(
-                Box::new(
-                    Generation::with_handles(model.clone(), vocab, ids, opts.generate_options())?
-                        .with_clock(clock),
-                ),
-                model.clone(),
-            ),
+            None => {
+                let mut gen_opts = opts.generate_options();
+                gen_opts.stop_tokens.extend_from_slice(extra_stops);
+                let state = match cache {
+                    Some((mut state, held)) => {
+                        reuse_prefix(&**model, &mut state, &held, ids)?;
+                        state
+                    }
+                    None => model.new_state(),
+                };
+                let generation =
+                    Generation::resume_with_handles(model.clone(), vocab, state, ids, gen_opts)?;
+                Stepper::Sample(Box::new(generation.with_clock(clock)), model.clone())
+            }
         })
+    }
+
+    /// What a sampling run leaves for the next session: its state and the ids it holds. (A
+    /// beam search keeps no single state.)
+    fn into_cache(self) -> Option<Cache<M>> {
+        match self {
+            Stepper::Sample(generation, _) => {
+                let held = generation.held_ids().to_vec();
+                Some((generation.into_state(), held))
+            }
+            Stepper::Beam(_) => None,
+        }
     }
 
     async fn next(&mut self) -> Result<Option<TokenEvent>> {
@@ -290,20 +355,36 @@ impl Gen {
 /// A generation in progress: call `next()` until it gives `null`.
 #[wasm_bindgen]
 pub struct Session {
-    /// Empty while a step is being computed (`next()` takes it out across the await).
-    gen: Rc<RefCell<Option<Gen>>>,
+    /// Empty while a step is being computed (`next()` takes it out across the await), after a
+    /// failed step, and once a newer session took over its KV cache.
+    gen: Slot,
     vocab: Rc<dyn Vocab>,
     prompt_tokens: usize,
+    /// A chat session's conversation as rendered (after dropping the oldest turns to fit).
+    messages: Option<Vec<Message>>,
 }
+
+/// Where a session's stepper lives; the engine holds a second handle to its latest session's,
+/// so the next session can take over the KV cache.
+pub(super) type Slot = Rc<RefCell<Option<Gen>>>;
 
 impl Session {
     pub(super) fn new(gen: Gen, vocab: Rc<dyn Vocab>, prompt_tokens: usize) -> Session {
-        Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_tokens }
+        Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_tokens, messages: None }
+    }
+
+    pub(super) fn with_messages(mut self, messages: Vec<Message>) -> Session {
+        self.messages = Some(messages);
+        self
+    }
+
+    pub(super) fn slot(&self) -> Slot {
+        self.gen.clone()
     }
 }
 
-const BUSY: &str =
-    "this generation is already computing a token (await each next() before the next)";
+const BUSY: &str = "this generation is computing a token (await each next() before the next), \
+     failed, or was replaced by a newer generation on the same model";
 
 async fn step(cell: Rc<RefCell<Option<Gen>>>) -> Result<Option<TokenEvent>> {
     let taken = cell.borrow_mut().take();
@@ -311,7 +392,10 @@ async fn step(cell: Rc<RefCell<Option<Gen>>>) -> Result<Option<TokenEvent>> {
         return Err(Error::Input(BUSY.into()));
     };
     let result = gen.next().await;
-    *cell.borrow_mut() = Some(gen);
+    // A failed step may leave the state half-written: the generation ends with it.
+    if result.is_ok() {
+        *cell.borrow_mut() = Some(gen);
+    }
     result
 }
 
@@ -353,6 +437,16 @@ impl Session {
     #[wasm_bindgen(getter, js_name = promptTokens)]
     pub fn prompt_tokens(&self) -> usize {
         self.prompt_tokens
+    }
+
+    /// A chat session's messages as the prompt holds them: the conversation given, less the
+    /// oldest turns dropped to fit the context (`dropOldest`). `undefined` for a plain prompt.
+    #[wasm_bindgen(getter)]
+    pub fn messages(&self) -> std::result::Result<JsValue, JsError> {
+        match &self.messages {
+            Some(messages) => js::to_js(messages),
+            None => Ok(JsValue::UNDEFINED),
+        }
     }
 
     /// Totals once stopped (`null` before): `promptTokens`, `generatedTokens`, `text`,

@@ -3,7 +3,8 @@
 // nexttoken.js. Model output only ever enters the DOM as text (textContent), never as HTML.
 //
 // URL parameters (handy for links and tests): ?model=URL|catalog-id &tokenizer=URL &backend=cpu|gpu|auto
-// &prompt=TEXT. The body's data-state is idle | loading | ready | generating | error.
+// &prompt=TEXT &mode=text (stay in text mode for a chat model). The body's data-state is idle | loading |
+// ready | generating | error.
 
 import { NextToken, CATALOG, resolveSpec } from "./nexttoken.js";
 import { listCached, deleteCached, formatBytes } from "./model-cache.js";
@@ -61,7 +62,7 @@ async function initPicker() {
   $("load").addEventListener("click", () => loadSelected());
   // Small models load by themselves; the big catalog downloads wait for the button.
   const spec = selectedSpec();
-  if (spec && (fromUrl || spec.kind === "table" || spec.id === "default")) loadSelected();
+  if (spec && !spec.error && (fromUrl || spec.kind === "table" || spec.id === "default")) loadSelected();
 }
 
 function selectedSpec() {
@@ -69,7 +70,11 @@ function selectedSpec() {
   if (id === "custom") {
     const url = $("model-url").value.trim();
     if (!url) return null;
-    return resolveSpec(url, $("tokenizer-url").value.trim() || undefined);
+    try {
+      return resolveSpec(url, $("tokenizer-url").value.trim() || undefined);
+    } catch (e) {
+      return { error: e.message };
+    }
   }
   return resolveSpec(id);
 }
@@ -78,16 +83,14 @@ function onPickerChange(setPrompt) {
   const id = $("model-select").value;
   $("custom-row").hidden = id !== "custom";
   const entry = CATALOG.find((m) => m.id === id);
-  $("model-note").textContent = entry?.note || (id === "custom" ? "Any GGUF (llama, qwen2, gpt2): its own tokenizer is used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS." : "");
-  $("chat-row").hidden = !entry?.chat;
-  $("chat").checked = !!entry?.chat;
+  $("model-note").textContent = entry?.note || (id === "custom" ? "Any GGUF (llama, qwen2, gpt2) by URL or as a Hugging Face reference (hf:owner/repo/file.gguf or owner/repo:file.gguf; split files by their first part): its own tokenizer and chat template are used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS." : "");
   if (setPrompt && entry) $("prompt").value = entry.prompt ?? (entry.kind === "table" ? "the" : "Once upon a time");
 }
 
 async function loadSelected() {
   const spec = selectedSpec();
-  if (!spec) {
-    showError("enter a model URL first", false);
+  if (!spec || spec.error) {
+    showError(spec?.error || "enter a model URL first", false);
     return;
   }
   lastLoad = () => loadModel(spec);
@@ -145,7 +148,17 @@ async function loadModel(spec) {
     $("version").textContent = `nexttoken ${info.version}`;
     if (info.kind === "table") $("model-note").textContent = `${info.description} Words: ${info.words.join(" ")}`;
     $("generate").disabled = $("score-btn").disabled = false;
+    // A model with a chat template opens in chat mode; the conversation starts afresh.
+    $("mode-chat").disabled = !info.chatTemplate;
+    $("mode-chat").parentElement.title = info.chatTemplate ? "" : "this model has no chat template (tokenizer.chat_template)";
+    conversation = [];
+    tokens = [];
+    renderConversation();
+    $("output-tokens").replaceChildren();
+    $("output-prompt").textContent = "";
+    $("inspect").replaceChildren(el("p", { className: "note", textContent: "Click a generated token." }));
     setState("ready");
+    setMode(info.chatTemplate && params.get("mode") !== "text" ? "chat" : "text");
     refreshCacheList();
   } catch (e) {
     status.textContent = "";
@@ -198,8 +211,7 @@ function options() {
     stop: $("stop")
       .value.split(",")
       .map((s) => s.trim())
-      .filter(Boolean)
-      .concat(($("chat").checked && loadedSpec?.stop) || []),
+      .filter(Boolean),
   };
 }
 
@@ -212,12 +224,10 @@ function probColor(p) {
 async function runGenerate() {
   if (!loadedSpec) return;
   hideError();
-  const promptText = $("prompt").value;
-  const entry = CATALOG.find((m) => m.id === loadedSpec.id);
-  const prompt = $("chat").checked && entry?.chat ? entry.chat.replace("{prompt}", promptText) : promptText;
+  const prompt = $("prompt").value;
   const out = $("output-tokens");
   out.replaceChildren();
-  $("output-prompt").textContent = promptText;
+  $("output-prompt").textContent = prompt;
   $("score-out").hidden = true;
   tokens = [];
   setState("generating");
@@ -228,32 +238,10 @@ async function runGenerate() {
   try {
     for await (const t of nt.generate(prompt, options())) {
       first ??= performance.now() - t0;
-      const i = tokens.length;
-      tokens.push(t);
-      const span = el("span", { className: "tok", textContent: t.text, tabIndex: 0 });
-      if (t.text === "") span.classList.add("empty");
-      span.dataset.i = i;
-      span.style.backgroundColor = probColor(t.prob);
-      span.title = `${JSON.stringify(t.token)}  P = ${t.prob.toFixed(4)}`;
-      out.append(span);
-      stats.tokens = String(tokens.length);
-      stats["log P"] = t.logprobSum.toFixed(3);
-      stats.perplexity = t.perplexity.toFixed(3);
-      stats["tokens/s (live)"] = tokens.length > 1 ? ((1000 * (tokens.length - 1)) / (performance.now() - t0 - first)).toFixed(1) : "";
-      renderStats();
+      out.append(tokenSpan(t));
+      liveStats(t, tokens.length, t0, first);
     }
-    const s = nt.lastSummary;
-    if (s) {
-      stats["prompt tokens"] = String(s.promptTokens);
-      stats["time to first token"] = `${s.ttftMs.toFixed(1)} ms`;
-      stats.prefill = `${s.prefillTokS.toFixed(1)} tok/s`;
-      stats.decode = `${s.decodeTokS.toFixed(1)} tok/s`;
-      stats.stopped = s.stopReason;
-    } else {
-      stats.stopped = "Stop pressed";
-    }
-    delete stats["tokens/s (live)"];
-    renderStats();
+    summaryStats(nt.lastSummary);
     setState("ready");
   } catch (e) {
     showError(e.message, false);
@@ -263,6 +251,45 @@ async function runGenerate() {
     $("stop-btn").disabled = true;
   }
 }
+
+/** A generated token as a clickable span coloured by its probability (its text as text). */
+function tokenSpan(t) {
+  tokens.push(t);
+  return tokenSpanAt(t, tokens.length - 1);
+}
+
+/** Stats while `n` tokens of this generation are out (`t`: the latest). */
+function liveStats(t, n, t0, first) {
+  stats.tokens = String(n);
+  stats["log P"] = t.logprobSum.toFixed(3);
+  stats.perplexity = t.perplexity.toFixed(3);
+  stats["tokens/s (live)"] = n > 1 ? ((1000 * (n - 1)) / (performance.now() - t0 - first)).toFixed(1) : "";
+  renderStats();
+}
+
+function summaryStats(s) {
+  if (s) {
+    stats["prompt tokens"] = String(s.promptTokens);
+    // Prefilled again: only what the previous generation's KV cache did not already hold.
+    stats["KV cache"] = `reused ${s.reusedTokens} of ${s.promptTokens} prompt tokens`;
+    stats["time to first token"] = `${s.ttftMs.toFixed(1)} ms`;
+    stats.prefill = `${s.prefillTokS.toFixed(1)} tok/s`;
+    stats.decode = `${s.decodeTokS.toFixed(1)} tok/s`;
+    stats.stopped = STOP_REASONS[s.stopReason] || s.stopReason;
+  } else {
+    stats.stopped = STOP_REASONS.Aborted;
+  }
+  delete stats["tokens/s (live)"];
+  renderStats();
+}
+
+const STOP_REASONS = {
+  Eos: "the model ended its text (end token)",
+  StopString: "a stop string",
+  MaxTokens: "max tokens reached",
+  ContextFull: "the context is full",
+  Aborted: "Stop pressed",
+};
 
 function stopGenerate() {
   nt.abort();
@@ -320,6 +347,154 @@ async function runScore() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Chat: a conversation through the model's own chat template. Each reply re-renders the whole
+// conversation; the worker keeps the KV cache of what the new prompt shares with the last one,
+// so only the new turn is prefilled (the stats say how much was reused).
+
+let conversation = []; // [{role, content, first?, count?}]: assistant turns know their token spans
+
+function chatMode() {
+  return document.querySelector('input[name="mode"]:checked')?.value === "chat";
+}
+
+function setMode(mode) {
+  document.querySelector(`input[name="mode"][value="${mode}"]`).checked = true;
+  const chat = mode === "chat";
+  $("text-input").hidden = $("output").hidden = $("generate").hidden = $("score-btn").hidden = chat;
+  $("chat-input").hidden = $("conversation").hidden = $("send").hidden = !chat;
+  $("regenerate").hidden = $("edit-last").hidden = $("clear-chat").hidden = !chat;
+  $("rendered").hidden = !chat || !conversation.length;
+  $("gen-h").textContent = chat ? "Chat" : "Prompt";
+  $("out-h").textContent = chat ? "Conversation" : "Output";
+  updateChatButtons();
+}
+
+function updateChatButtons() {
+  const idle = document.body.dataset.state === "ready" && !!loadedSpec;
+  const last = conversation.at(-1);
+  $("send").disabled = !idle;
+  $("regenerate").disabled = !idle || last?.role !== "assistant";
+  $("edit-last").disabled = !idle || !conversation.some((m) => m.role === "user");
+  $("clear-chat").disabled = !idle || !conversation.length;
+}
+
+/** The messages the template renders: the system message (if any) and the turns. */
+function chatMessages() {
+  const system = $("system").value.trim();
+  const turns = conversation.map(({ role, content }) => ({ role, content }));
+  return system ? [{ role: "system", content: system }, ...turns] : turns;
+}
+
+function renderConversation() {
+  const list = $("conversation");
+  list.replaceChildren();
+  const system = $("system").value.trim();
+  if (system) list.append(el("li", { className: "system" }, el("span", { className: "role", textContent: "system" }), system));
+  for (const m of conversation) {
+    const li = el("li", { className: m.role }, el("span", { className: "role", textContent: m.role }));
+    if (m.role === "assistant" && m.first !== undefined) {
+      // The reply's tokens again, clickable for the inspector.
+      const spans = tokens.slice(m.first, m.first + m.count).map((t, k) => tokenSpanAt(t, m.first + k));
+      li.append(...spans);
+    } else li.append(m.content);
+    list.append(li);
+  }
+  return list;
+}
+
+function tokenSpanAt(t, i) {
+  const span = el("span", { className: "tok", textContent: t.text, tabIndex: 0 });
+  if (t.text === "") span.classList.add("empty");
+  span.dataset.i = i;
+  span.style.backgroundColor = probColor(t.prob);
+  span.title = `${JSON.stringify(t.token)}  P = ${t.prob.toFixed(4)}`;
+  return span;
+}
+
+async function sendMessage() {
+  const text = $("message").value.trim();
+  if (!text || !loadedSpec) return;
+  conversation.push({ role: "user", content: text });
+  $("message").value = "";
+  await runReply();
+}
+
+async function runReply() {
+  hideError();
+  const messages = chatMessages();
+  const turn = { role: "assistant", content: "", first: tokens.length, count: 0 };
+  conversation.push(turn);
+  const list = renderConversation();
+  const li = list.lastElementChild;
+  setState("generating");
+  updateChatButtons();
+  $("stop-btn").disabled = false;
+  const t0 = performance.now();
+  let first = null;
+  try {
+    for await (const t of nt.reply(messages, { ...options(), dropOldest: $("drop-oldest").checked })) {
+      first ??= performance.now() - t0;
+      li.append(tokenSpan(t));
+      turn.count += 1;
+      turn.content += t.text;
+      liveStats(t, turn.count, t0, first);
+    }
+    const s = nt.lastSummary;
+    summaryStats(s);
+    if (s) {
+      turn.content = s.text;
+      forgetDropped(s.messages, messages.length);
+    }
+    $("rendered-text").textContent = await nt.renderChat(chatMessages(), { addGenerationPrompt: false });
+    $("rendered").hidden = false;
+  } catch (e) {
+    // The reply did not happen: the user's message goes back to the input box to retry.
+    conversation.pop();
+    if (conversation.at(-1)?.role === "user") $("message").value = conversation.pop().content;
+    renderConversation();
+    showError(e.message, false);
+  } finally {
+    setState("ready");
+    $("stop-btn").disabled = true;
+    updateChatButtons();
+  }
+}
+
+/** After `dropOldest` made room: keep the turns the prompt still holds (`kept`, as rendered). */
+function forgetDropped(kept, sent) {
+  if (!kept || kept.length === sent) return;
+  const dropped = sent - kept.length;
+  conversation.splice(0, dropped);
+  stats["KV cache"] += ` (${dropped} oldest messages dropped to fit the context)`;
+  renderStats();
+  renderConversation();
+}
+
+function regenerate() {
+  if (conversation.at(-1)?.role !== "assistant") return;
+  conversation.pop();
+  runReply();
+}
+
+function editLast() {
+  while (conversation.length && conversation.at(-1).role !== "user") conversation.pop();
+  const last = conversation.pop();
+  if (last) $("message").value = last.content;
+  renderConversation();
+  updateChatButtons();
+  $("message").focus();
+}
+
+function clearChat() {
+  conversation = [];
+  tokens = [];
+  renderConversation();
+  $("rendered").hidden = true;
+  $("inspect").replaceChildren(el("p", { className: "note", textContent: "Click a generated token." }));
+  updateChatButtons();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Stats and cache list
 
 function renderStats() {
@@ -361,6 +536,14 @@ async function refreshCacheList() {
 // ---------------------------------------------------------------------------------------------
 
 $("generate").addEventListener("click", runGenerate);
+$("send").addEventListener("click", sendMessage);
+$("regenerate").addEventListener("click", regenerate);
+$("edit-last").addEventListener("click", editLast);
+$("clear-chat").addEventListener("click", clearChat);
+for (const radio of document.querySelectorAll('input[name="mode"]')) radio.addEventListener("change", () => setMode(radio.value));
+$("message").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("send").disabled) sendMessage();
+});
 $("stop-btn").addEventListener("click", stopGenerate);
 $("score-btn").addEventListener("click", runScore);
 $("retry").addEventListener("click", () => lastLoad?.());
@@ -368,17 +551,19 @@ $("cancel-load").addEventListener("click", () => loadController?.abort());
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("generate").disabled) runGenerate();
 });
-$("output-tokens").addEventListener("click", (e) => {
-  const span = e.target.closest(".tok");
-  if (span) inspect(Number(span.dataset.i));
-});
-$("output-tokens").addEventListener("keydown", (e) => {
-  const span = e.target.closest(".tok");
-  if (span && (e.key === "Enter" || e.key === " ")) {
-    e.preventDefault();
-    inspect(Number(span.dataset.i));
-  }
-});
+for (const box of [$("output-tokens"), $("conversation")]) {
+  box.addEventListener("click", (e) => {
+    const span = e.target.closest(".tok");
+    if (span) inspect(Number(span.dataset.i));
+  });
+  box.addEventListener("keydown", (e) => {
+    const span = e.target.closest(".tok");
+    if (span && (e.key === "Enter" || e.key === " ")) {
+      e.preventDefault();
+      inspect(Number(span.dataset.i));
+    }
+  });
+}
 
 if ("serviceWorker" in navigator && !params.has("nosw")) {
   navigator.serviceWorker.register("sw.js").catch((e) => console.warn("service worker not registered:", e));
@@ -386,4 +571,4 @@ if ("serviceWorker" in navigator && !params.has("nosw")) {
 setState("idle");
 initPicker();
 refreshCacheList();
-window.nexttokenApp = { nt, get tokens() { return tokens; }, get stats() { return stats; } };
+window.nexttokenApp = { nt, get tokens() { return tokens; }, get stats() { return stats; }, get conversation() { return conversation; } };

@@ -7,7 +7,8 @@
 // Environment: CHROMIUM=/path/to/chromium (default /usr/bin/chromium), NEXTTOKEN_BIN=path to the
 // native CLI (default target/release/nexttoken, else target/debug/nexttoken),
 // NEXTTOKEN_REQUIRE_SHARED=1 (missing ../shared is a failure, not a skip),
-// NEXTTOKEN_REQUIRE_WEBGPU=1 (the WebGPU run must really use WebGPU), ONLY=cpu|webgpu.
+// NEXTTOKEN_REQUIRE_WEBGPU=1 (the WebGPU run must really use WebGPU), ONLY=cpu|webgpu,
+// FILTER=regex (only the tests whose names match).
 // Closing line: "N passed, N failed" (and skipped); the exit status is 1 if anything failed.
 
 import { spawnSync } from "node:child_process";
@@ -36,6 +37,7 @@ if (!fs.existsSync(path.join(here, "node_modules", "playwright-core"))) {
 const { chromium } = await import("playwright-core");
 const { serve } = await import("./serve.mjs");
 const { ggufWithout } = await import("./gguf.mjs");
+const { makeChatFixture, chatTests } = await import("./chat.mjs");
 
 let passed = 0;
 let failed = 0;
@@ -43,6 +45,8 @@ let skipped = 0;
 const failures = [];
 
 async function test(name, fn) {
+  // FILTER=regex runs only the tests whose names match (while working on one feature).
+  if (process.env.FILTER && !new RegExp(process.env.FILTER).test(name)) return;
   const t0 = Date.now();
   try {
     const r = await fn();
@@ -174,6 +178,12 @@ if (haveShared) {
   assert(r.stdout.startsWith(PROMPT), `the CLI's output does not start with the prompt: ${r.stdout}`);
   expected = r.stdout.slice(PROMPT.length).replace(/\n$/, "");
   console.log(`native CLI (${path.relative(repo, bin)}), greedy ${N_TOKENS} tokens: ${JSON.stringify(PROMPT + expected)}`);
+}
+
+// A chat model: a synthetic Qwen2 shape whose GGUF carries llama.cpp's Qwen2 vocabulary and
+// chat template (tests/browser/chat.mjs).
+if (haveTokenizerTests) {
+  makeChatFixture({ dir: path.join(fixtures, "chat"), bin: nativeBin(), vocabGguf: path.join(tokenizerTests, "qwen2", "ggml-vocab-qwen2.gguf") });
 }
 
 // The server: www/, the fixtures under /test/, and a download that breaks off half way. Requests
@@ -707,6 +717,8 @@ async function runConfig(mode) {
         assertEq(r.gpu.summary.text, r.cpu.summary.text, "beam text");
       });
     }
+
+    await chatTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), fixtures, outDir, tmp: fixtures, waitLoaded, waitState, errorText, statsOf });
 
     await test(`[${mode}] model output with HTML is shown as text; no script runs`, async () => {
       await page.goto(`${base}/?model=${encodeURIComponent("/test/xss.json")}&prompt=`);

@@ -154,6 +154,7 @@ export async function chatTests(t) {
   if (webgpu) return;
 
   await test(`[${mode}] chat: a conversation longer than the context is a clear error, or loses its oldest turns with dropOldest`, async () => {
+    await page.goto(`${base}/?nosw`);
     const r = await page.evaluate(async (url) => {
       const { NextToken } = await import("/nexttoken.js");
       const nt = new NextToken();
@@ -185,6 +186,7 @@ export async function chatTests(t) {
 
   await test(`[${mode}] OpenAI API: chat.completions.create shapes (plain, streamed, usage), logprobs agree with the CLI, abort, errors, queued requests`, async () => {
     const messages = [{ role: "user", content: "Hello there" }];
+    await page.goto(`${base}/?nosw`);
     const r = await page.evaluate(
       async ({ url, messages, N }) => {
         const { NextToken } = await import("/nexttoken.js");
@@ -223,6 +225,17 @@ export async function chatTests(t) {
             }
           }
           out.legacy = await nt.completions.create({ prompt: "The sea is", temperature: 0, max_tokens: N, logprobs: 2 });
+          // abort() then generate() at once: the new generation runs whole (the old loop must
+          // not stop it), and so does one started while another runs.
+          for await (const _ of nt.generate("The sea is", { maxTokens: 50, temperature: 1 })) break;
+          nt.abort();
+          const after = [];
+          for await (const t of nt.generate("The sea is", { maxTokens: N, temperature: 0 })) after.push(t.id);
+          out.afterAbortGenerate = { n: after.length, stop: nt.lastSummary.stopReason };
+          nt.generate("The sea", { maxTokens: 50 });
+          const second = [];
+          for await (const t of nt.generate("The sea is", { maxTokens: N, temperature: 0 })) second.push(t.id);
+          out.secondGenerate = { n: second.length, stop: nt.lastSummary.stopReason };
           return out;
         } finally {
           nt.terminate();
@@ -264,6 +277,31 @@ export async function chatTests(t) {
     assertEq(lp.token_logprobs.length, ref.tokens.length, "legacy logprobs count");
     lp.token_logprobs.forEach((x, i) => assert(Math.abs(x - ref.tokens[i].logprob) < 2e-3, `token ${i}: logprob ${x} vs the CLI's ${ref.tokens[i].logprob}`));
     assert(lp.top_logprobs.every((o) => Object.keys(o).length <= 2), "legacy top_logprobs size");
+    for (const what of ["afterAbortGenerate", "secondGenerate"]) {
+      const g = r[what];
+      assert(g.stop !== "Aborted" && (g.n === N || g.stop === "Eos"), `${what}: ${JSON.stringify(g)} (the previous generation's loop stopped it)`);
+    }
+  });
+
+  await test(`[${mode}] chat with a model that has no chat template: the page offers text mode only, reply() says why`, async () => {
+    await page.goto(`${base}/?nosw&model=lesson-toy`);
+    await waitLoaded(page);
+    assert(await page.isDisabled("#mode-chat"), "chat mode offered for a table model");
+    assert(await page.isVisible("#prompt"), "text mode not shown");
+    const err = await page.evaluate(async () => {
+      const { NextToken } = await import("/nexttoken.js");
+      const nt = new NextToken();
+      try {
+        await nt.load("models/lesson-toy.json");
+        for await (const _ of nt.reply([{ role: "user", content: "the" }]));
+        return "no error";
+      } catch (e) {
+        return e.message;
+      } finally {
+        nt.terminate();
+      }
+    });
+    assert(/no chat template/.test(err), `error: ${err}`);
   });
 
   await test(`[${mode}] Hugging Face references resolve to the Hub's download URL and load (hf:owner/repo/file, owner/repo:file)`, async () => {

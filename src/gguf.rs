@@ -6,11 +6,15 @@
 //! `(type, shape, byte range)` into the same buffer, which is a memory map natively and the
 //! downloaded bytes in the browser.
 //!
+//! A model split by llama.cpp's `gguf-split` (`NAME-00001-of-00003.gguf`, ...: each part a whole
+//! GGUF file, the metadata in part 1) parses as one model from its parts laid end to end in one
+//! buffer, still without a copy: see [`Gguf::parse`].
+//!
 //! Every count, length and offset comes from an untrusted file, so each is checked against the
 //! bytes that remain before anything is allocated; a hostile file gets an error, never a panic
 //! or a huge allocation.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::{gguf_err, Result};
 use crate::quant::GgmlType;
@@ -140,117 +144,96 @@ pub struct Gguf {
     pub version: u32,
     pub metadata: HashMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
-    /// Byte offset where tensor data starts.
+    /// Byte offset where tensor data starts (of the first part, for a split model).
     pub data_offset: usize,
+    /// Files parsed as one model: the parts of a model split by `gguf-split`, else 1.
+    pub parts: usize,
 }
 
 impl Gguf {
     /// Parse the header of a GGUF file held in `bytes` and check that every tensor lies inside it.
+    ///
+    /// A model split by llama.cpp's `gguf-split` parses as one when `bytes` holds its parts laid
+    /// end to end in order (see [`split_gguf`]): the metadata is part 1's, the tensors are every
+    /// part's, with offsets into `bytes`. Each next part starts where the previous one's tensor
+    /// data ends (after zero padding to its alignment, which gguf-split writes).
     pub fn parse(bytes: &[u8]) -> Result<Gguf> {
-        let mut r = Reader { bytes, pos: 0, array_elements: 0 };
-        let magic = r.take(4, "magic")?;
-        if magic != MAGIC {
-            return gguf_err!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic);
+        let first = Part::parse(bytes, 0)?;
+        let count = first.split_key(SPLIT_COUNT)?.unwrap_or(1);
+        if count <= 1 {
+            return Ok(first.into_gguf());
         }
-        let version = r.u32("version")?;
-        if !(2..=3).contains(&version) {
-            return gguf_err!("unsupported GGUF version {version} (supported: 2 and 3)");
-        }
-        let n_tensors = r.u64("tensor count")?;
-        let n_kv = r.u64("metadata count")?;
-        // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at
-        // least 8 + 4 + 4 + 8 bytes. A count that cannot fit in the file is a lie.
-        r.check_count(n_kv, 13, "metadata count")?;
-        r.check_count(n_tensors, 24, "tensor count")?;
-
-        let mut metadata = HashMap::new();
-        for _ in 0..n_kv {
-            let key = r.string("metadata key")?;
-            let ty = r.u32("metadata type")?;
-            let value = r.value(ty, &key, 0)?;
-            if metadata.insert(key.clone(), value).is_some() {
-                return gguf_err!("duplicate metadata key {key:?}");
-            }
-        }
-
-        let alignment = match metadata.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(v) => match v.as_u64() {
-                Some(a) if a.is_power_of_two() && a <= 1 << 20 => a,
-                _ => return gguf_err!("general.alignment {v:?} is not a power of two"),
-            },
+        let Some(no) = first.split_key(SPLIT_NO)? else {
+            return gguf_err!("{SPLIT_COUNT} is {count} but {SPLIT_NO} is missing");
         };
-
-        let mut infos = Vec::new();
-        for i in 0..n_tensors {
-            let name = r.string("tensor name")?;
-            let n_dims = r.u32("tensor dimension count")? as usize;
-            if n_dims == 0 || n_dims > MAX_DIMS {
+        if no != 0 {
+            return gguf_err!(
+                "this is part {} of {count} of a split model: load the first part (…-00001-of-{count:05}.gguf), which holds the metadata, with the others after it",
+                no + 1
+            );
+        }
+        let Some(expected) = first.split_key(SPLIT_TENSORS)? else {
+            return gguf_err!("split model without {SPLIT_TENSORS}");
+        };
+        let mut end = first.end();
+        let Part { version, metadata, mut tensors, data_offset, .. } = first;
+        let mut names: HashSet<String> = tensors.iter().map(|t| t.name.clone()).collect();
+        for k in 1..count {
+            let Some(start) = part_start(bytes, end) else {
+                let after = if end.padded >= bytes.len() {
+                    "the data ends".to_string()
+                } else {
+                    format!("no GGUF header follows at byte {}", end.start)
+                };
                 return gguf_err!(
-                    "tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS} allowed)"
-                );
-            }
-            let mut dims = Vec::with_capacity(n_dims);
-            for _ in 0..n_dims {
-                let d = r.u64("tensor dimension")?;
-                if d == 0 || d > u32::MAX as u64 {
-                    return gguf_err!("tensor {name:?} has an absurd dimension {d}");
-                }
-                dims.push(d as usize);
-            }
-            let ty_id = r.u32("tensor type")?;
-            let ty = GgmlType::from_id(ty_id).ok_or_else(|| {
-                crate::Error::Gguf(format!(
-                    "tensor {name:?} has unsupported type {} (supported: {})",
-                    GgmlType::describe_id(ty_id),
-                    GgmlType::SUPPORTED
-                ))
-            })?;
-            let offset = r.u64("tensor offset")?;
-            if offset % alignment != 0 {
-                return gguf_err!("tensor {name:?} offset {offset} is not aligned to {alignment}");
-            }
-            let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
-            let size = n_elements.and_then(|n| ty.bytes_for(n, dims[0] as u64));
-            let Some(size) = size else {
-                return gguf_err!(
-                    "tensor {name:?} of type {} has shape {dims:?}, whose row length is not a multiple of the block size {} or whose size overflows",
-                    ty.name(),
-                    ty.block_size()
+                    "part {} of {count} of the split model is missing: {after} after part {k}",
+                    k + 1
                 );
             };
-            infos.push((name, ty, dims, offset, size, i));
-        }
-
-        let data_offset = r.pos.div_ceil(alignment as usize) * alignment as usize;
-        let mut tensors = Vec::with_capacity(infos.len());
-        let mut seen = HashMap::new();
-        for (name, ty, dims, offset, size, index) in infos {
-            let start = (data_offset as u64).checked_add(offset);
-            let end = start.and_then(|s| s.checked_add(size));
-            match end {
-                Some(end) if end <= bytes.len() as u64 => {}
-                _ => {
+            let part = Part::parse(bytes, start).map_err(|e| in_part(e, k, count))?;
+            match (part.split_key(SPLIT_NO)?, part.split_key(SPLIT_COUNT)?) {
+                (Some(n), Some(c)) if n == k && c == count => {}
+                (n, c) => {
                     return gguf_err!(
-                        "tensor {name:?} ({} bytes at offset {}) lies past the end of the file ({} bytes): the file is truncated",
-                        size,
-                        (data_offset as u64).saturating_add(offset),
-                        bytes.len()
+                        "part {} of {count} of the split model (at byte {start}) says it is part {} of {}: the parts are out of order, or from different models",
+                        k + 1,
+                        n.map_or("?".into(), |n| (n + 1).to_string()),
+                        c.map_or("?".into(), |c| c.to_string()),
                     )
                 }
             }
-            if seen.insert(name.clone(), index).is_some() {
-                return gguf_err!("duplicate tensor name {name:?}");
+            end = part.end();
+            for t in part.tensors {
+                if !names.insert(t.name.clone()) {
+                    return gguf_err!(
+                        "duplicate tensor name {:?} (again in part {} of {count})",
+                        t.name,
+                        k + 1
+                    );
+                }
+                tensors.push(t);
             }
-            tensors.push(TensorInfo {
-                name,
-                ty,
-                dims,
-                offset: data_offset + offset as usize,
-                size_bytes: size as usize,
-            });
         }
-        Ok(Gguf { version, metadata, tensors, data_offset })
+        if tensors.len() as u64 != expected {
+            return gguf_err!(
+                "{SPLIT_TENSORS} is {expected} but the {count} parts hold {} tensors",
+                tensors.len()
+            );
+        }
+        // Anything after the last part but its padding is a part too many (a mismatched set).
+        if part_start(bytes, end).is_some() || end.padded < bytes.len() {
+            return gguf_err!(
+                "{} bytes follow the last of the {count} parts of the split model",
+                bytes.len().saturating_sub(end.start)
+            );
+        }
+        Ok(Gguf { version, metadata, tensors, data_offset, parts: count as usize })
+    }
+
+    /// The header of the one GGUF file at the start of `bytes`, taken as it is: for a part of a
+    /// split model, its own metadata and tensors (the `split.*` keys say which part it is).
+    pub fn parse_file(bytes: &[u8]) -> Result<Gguf> {
+        Ok(Part::parse(bytes, 0)?.into_gguf())
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -306,6 +289,189 @@ impl Gguf {
             Some(a) => Ok(a),
             None => gguf_err!("missing general.architecture"),
         }
+    }
+}
+
+/// `general.alignment` when it is one we accept: a power of two up to 1 MiB.
+fn valid_alignment(v: &Value) -> Option<u64> {
+    v.as_u64().filter(|a| a.is_power_of_two() && *a <= 1 << 20)
+}
+
+/// `split.*` keys, which llama.cpp's `gguf-split` writes into every part: `split.no` (u16, from
+/// 0), `split.count` (u16) and `split.tensors.count` (i32, the tensors of all parts together).
+const SPLIT_NO: &str = "split.no";
+const SPLIT_COUNT: &str = "split.count";
+const SPLIT_TENSORS: &str = "split.tensors.count";
+
+/// Prefix `e` (a part's own parse error) with the part it is about.
+fn in_part(e: crate::Error, k: u64, count: u64) -> crate::Error {
+    match e {
+        crate::Error::Gguf(m) => crate::Error::Gguf(format!("part {} of {count}: {m}", k + 1)),
+        other => other,
+    }
+}
+
+/// Where one part's tensor data ends, and that end rounded up to its alignment.
+#[derive(Clone, Copy)]
+struct End {
+    start: usize,
+    padded: usize,
+}
+
+/// Where the part after one that ends at `end` starts: right there, or after the zero padding
+/// gguf-split writes; None without a GGUF header there.
+fn part_start(bytes: &[u8], end: End) -> Option<usize> {
+    let mut p = end.start;
+    while p < end.padded && bytes.get(p) == Some(&0) {
+        p += 1;
+    }
+    (bytes.get(p..p + MAGIC.len())? == MAGIC).then_some(p)
+}
+
+/// One GGUF file that starts at byte `start` of a buffer (0, or later for the parts of a split
+/// model laid end to end); all offsets are into the whole buffer.
+struct Part {
+    start: usize,
+    version: u32,
+    metadata: HashMap<String, Value>,
+    tensors: Vec<TensorInfo>,
+    data_offset: usize,
+    alignment: usize,
+}
+
+impl Part {
+    fn parse(bytes: &[u8], start: usize) -> Result<Part> {
+        let mut r = Reader { bytes, pos: start, array_elements: 0 };
+        let magic = r.take(4, "magic")?;
+        if magic != MAGIC {
+            return gguf_err!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic);
+        }
+        let version = r.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return gguf_err!("unsupported GGUF version {version} (supported: 2 and 3)");
+        }
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv = r.u64("metadata count")?;
+        // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info at
+        // least 8 + 4 + 4 + 8 bytes. A count that cannot fit in the file is a lie.
+        r.check_count(n_kv, 13, "metadata count")?;
+        r.check_count(n_tensors, 24, "tensor count")?;
+
+        let mut metadata = HashMap::new();
+        for _ in 0..n_kv {
+            let key = r.string("metadata key")?;
+            let ty = r.u32("metadata type")?;
+            let value = r.value(ty, &key, 0)?;
+            if metadata.insert(key.clone(), value).is_some() {
+                return gguf_err!("duplicate metadata key {key:?}");
+            }
+        }
+
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match valid_alignment(v) {
+                Some(a) => a,
+                None => return gguf_err!("general.alignment {v:?} is not a power of two"),
+            },
+        };
+
+        let mut infos = Vec::new();
+        for i in 0..n_tensors {
+            let name = r.string("tensor name")?;
+            let n_dims = r.u32("tensor dimension count")? as usize;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return gguf_err!(
+                    "tensor {name:?} has {n_dims} dimensions (1..={MAX_DIMS} allowed)"
+                );
+            }
+            let mut dims = Vec::with_capacity(n_dims);
+            for _ in 0..n_dims {
+                let d = r.u64("tensor dimension")?;
+                if d == 0 || d > u32::MAX as u64 {
+                    return gguf_err!("tensor {name:?} has an absurd dimension {d}");
+                }
+                dims.push(d as usize);
+            }
+            let ty_id = r.u32("tensor type")?;
+            let ty = GgmlType::from_id(ty_id).ok_or_else(|| {
+                crate::Error::Gguf(format!(
+                    "tensor {name:?} has unsupported type {} (supported: {})",
+                    GgmlType::describe_id(ty_id),
+                    GgmlType::SUPPORTED
+                ))
+            })?;
+            let offset = r.u64("tensor offset")?;
+            if offset % alignment != 0 {
+                return gguf_err!("tensor {name:?} offset {offset} is not aligned to {alignment}");
+            }
+            let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+            let size = n_elements.and_then(|n| ty.bytes_for(n, dims[0] as u64));
+            let Some(size) = size else {
+                return gguf_err!(
+                    "tensor {name:?} of type {} has shape {dims:?}, whose row length is not a multiple of the block size {} or whose size overflows",
+                    ty.name(),
+                    ty.block_size()
+                );
+            };
+            infos.push((name, ty, dims, offset, size, i));
+        }
+
+        // Alignment is relative to the start of the file, which for a later part is `start`.
+        let data_offset = start + (r.pos - start).div_ceil(alignment as usize) * alignment as usize;
+        let mut tensors = Vec::with_capacity(infos.len());
+        let mut seen = HashMap::new();
+        for (name, ty, dims, offset, size, index) in infos {
+            let start = (data_offset as u64).checked_add(offset);
+            let end = start.and_then(|s| s.checked_add(size));
+            match end {
+                Some(end) if end <= bytes.len() as u64 => {}
+                _ => {
+                    return gguf_err!(
+                        "tensor {name:?} ({} bytes at offset {}) lies past the end of the file ({} bytes): the file is truncated",
+                        size,
+                        (data_offset as u64).saturating_add(offset),
+                        bytes.len()
+                    )
+                }
+            }
+            if seen.insert(name.clone(), index).is_some() {
+                return gguf_err!("duplicate tensor name {name:?}");
+            }
+            tensors.push(TensorInfo {
+                name,
+                ty,
+                dims,
+                offset: data_offset + offset as usize,
+                size_bytes: size as usize,
+            });
+        }
+        Ok(Part { start, version, metadata, tensors, data_offset, alignment: alignment as usize })
+    }
+
+    /// This file alone as a model's header.
+    fn into_gguf(self) -> Gguf {
+        let Part { version, metadata, tensors, data_offset, .. } = self;
+        Gguf { version, metadata, tensors, data_offset, parts: 1 }
+    }
+
+    /// The integer `split.*` key `key`, if present.
+    fn split_key(&self, key: &str) -> Result<Option<u64>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n)),
+                None => gguf_err!("{key} is {v:?}, not a count"),
+            },
+        }
+    }
+
+    /// Where this part's tensor data ends (its header's end when it has no tensors). gguf-split
+    /// pads each tensor to 32 bytes, whatever the part's alignment.
+    fn end(&self) -> End {
+        let end = self.tensors.iter().map(|t| t.offset + t.size_bytes);
+        let start = end.fold(self.data_offset, usize::max);
+        let align = self.alignment.max(DEFAULT_ALIGNMENT as usize);
+        End { start, padded: self.start + (start - self.start).div_ceil(align) * align }
     }
 }
 
@@ -462,7 +628,13 @@ impl GgufWriter {
             out.extend_from_slice(&value_type(value).to_le_bytes());
             write_value(&mut out, value);
         }
-        let align = DEFAULT_ALIGNMENT as usize;
+        // The file's own alignment when it names one (a split's part 1 keeps the original's).
+        let align = self
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "general.alignment")
+            .and_then(|(_, v)| valid_alignment(v))
+            .unwrap_or(DEFAULT_ALIGNMENT) as usize;
         let mut offset = 0usize;
         for (name, ty, dims, data) in &self.tensors {
             write_string(&mut out, name);
@@ -480,6 +652,78 @@ impl GgufWriter {
             out.resize(out.len().div_ceil(align) * align, 0);
         }
         out
+    }
+}
+
+/// The GGUF file `bytes` split as llama.cpp's `gguf-split` splits one: part i gets the next
+/// `tensors_per_part[i]` tensors (in file order) and is a whole GGUF file of its own; part 1 keeps
+/// all the metadata, and every part gets `split.no`, `split.count` and `split.tensors.count`.
+/// gguf-split puts a tensor or more in every part but the first (which
+/// `--no-tensor-first-split` leaves empty). For the tests and `nexttoken synth --split`.
+pub fn split_gguf_by(bytes: &[u8], tensors_per_part: &[usize]) -> Result<Vec<Vec<u8>>> {
+    let g = Gguf::parse(bytes)?;
+    let n = tensors_per_part.len();
+    if g.parts > 1 {
+        return gguf_err!("the file is split already ({} parts)", g.parts);
+    }
+    if n == 0
+        || n > u16::MAX as usize
+        || tensors_per_part[1..].contains(&0)
+        || tensors_per_part.iter().sum::<usize>() != g.tensors.len()
+    {
+        return Err(crate::Error::Input(format!(
+            "cannot split {} tensors into parts of {tensors_per_part:?} tensors",
+            g.tensors.len()
+        )));
+    }
+    // Sorted: the map's order is random, the file's bytes should not be.
+    let mut keys: Vec<_> = g.metadata.iter().filter(|(k, _)| !k.starts_with("split.")).collect();
+    keys.sort_by(|a, b| a.0.cmp(b.0));
+    let mut tensors = g.tensors.iter();
+    let parts = tensors_per_part.iter().enumerate().map(|(i, &count)| {
+        let mut w = GgufWriter::new();
+        if i == 0 {
+            for (k, v) in &keys {
+                w.metadata(k, (*v).clone());
+            }
+        }
+        w.metadata(SPLIT_NO, Value::U16(i as u16));
+        w.metadata(SPLIT_COUNT, Value::U16(n as u16));
+        w.metadata(SPLIT_TENSORS, Value::I32(g.tensors.len() as i32));
+        for t in tensors.by_ref().take(count) {
+            w.tensor(&t.name, t.ty, &t.dims, bytes[t.offset..][..t.size_bytes].to_vec());
+        }
+        w.to_bytes()
+    });
+    Ok(parts.collect())
+}
+
+/// [`split_gguf_by`] into `parts` parts of tensor counts as equal as can be.
+pub fn split_gguf(bytes: &[u8], parts: usize) -> Result<Vec<Vec<u8>>> {
+    let n = Gguf::parse(bytes)?.tensors.len();
+    if parts == 0 || parts > n {
+        return Err(crate::Error::Input(format!("cannot split {n} tensors into {parts} parts")));
+    }
+    let counts: Vec<usize> = (0..parts).map(|i| (i + 1) * n / parts - i * n / parts).collect();
+    split_gguf_by(bytes, &counts)
+}
+
+/// llama.cpp's file name of part `k` (from 1) of `n` of a split model: `PREFIX-0000k-of-0000n.gguf`.
+pub fn split_file_name(prefix: &str, k: usize, n: usize) -> String {
+    format!("{prefix}-{k:05}-of-{n:05}.gguf")
+}
+
+/// `(PREFIX, n)` when `name` is that of the first part of a model split in `n > 1` parts
+/// (`PREFIX-00001-of-0000n.gguf`, see [`split_file_name`]).
+pub fn first_split_part(name: &str) -> Option<(&str, usize)> {
+    let (rest, n) = name.strip_suffix(".gguf")?.rsplit_once("-of-")?;
+    let (prefix, k) = rest.rsplit_once('-')?;
+    let number = |s: &str| {
+        (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<usize>().ok())?
+    };
+    match (number(k)?, number(n)?) {
+        (1, n) if n > 1 && !prefix.is_empty() => Some((prefix, n)),
+        _ => None,
     }
 }
 

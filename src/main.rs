@@ -63,6 +63,10 @@ enum Command {
         /// becomes the vocabulary size. The file then needs no tokenizer.json.
         #[arg(long)]
         vocab_from: Option<PathBuf>,
+        /// Write the model in N parts as llama.cpp's gguf-split does: OUT-00001-of-0000N.gguf, ...
+        /// (OUT without its .gguf), loaded by giving the first part as --model.
+        #[arg(long, default_value_t = 1)]
+        split: usize,
     },
     /// Measure load time, prefill and decode speed, bandwidth and peak memory.
     Bench(bench::BenchOptions),
@@ -202,8 +206,8 @@ fn main() -> ExitCode {
         }
         Command::Score(args) => with_model(&args.model, |m, v, _| run_score(m, v, &args)),
         Command::Info { model } => run_info(model.as_deref()),
-        Command::Synth { config, ty, out, seed, vocab_from } => {
-            synth::run(&config, &ty, &out, seed, vocab_from.as_deref())
+        Command::Synth { config, ty, out, seed, vocab_from, split } => {
+            synth::run(&config, &ty, &out, seed, vocab_from.as_deref(), split)
         }
         Command::Bench(options) => bench::run(&options),
     };
@@ -592,6 +596,10 @@ fn run_info(path: Option<&Path>) -> Result<()> {
     println!("norm eps       {}", c.norm_eps);
     println!("bos / eos      {:?} (add bos: {}) / {:?}", c.bos_token, c.add_bos, c.eos_tokens);
     println!("parameters     {}", model.parameter_count());
+    let parts = Gguf::parse(&model.storage)?.parts;
+    if parts > 1 {
+        println!("file           split in {parts} parts (gguf-split)");
+    }
     let mut by_type: Vec<(&str, usize, usize)> = Vec::new();
     for t in &model.tensors {
         match by_type.iter_mut().find(|e| e.0 == t.ty.name()) {

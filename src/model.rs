@@ -393,9 +393,20 @@ pub struct Model {
 }
 
 impl Model {
-    /// Describe the model in `bytes` (a whole GGUF file).
+    /// Describe the model in `bytes`: a whole GGUF file, or the parts of a split one end to end.
     pub fn from_storage(storage: Storage) -> Result<Model> {
+        Model::describe(storage, None)
+    }
+
+    /// [`Model::from_storage`], and when `parts` is given, the file must be split in that many.
+    fn describe(storage: Storage, parts: Option<usize>) -> Result<Model> {
         let gguf = Gguf::parse(&storage)?;
+        if let Some(parts) = parts.filter(|&p| p != gguf.parts) {
+            return Err(Error::Model(format!(
+                "the file names say {parts} parts, but part 1 says the model has {}",
+                gguf.parts
+            )));
+        }
         let config = read_config(&gguf)?;
         let (weights, rope_freqs) = read_weights(&gguf, &config)?;
         let rope = read_rope(&config, rope_freqs.map(|t| &storage[t.offset..][..t.size_bytes]));
@@ -421,9 +432,18 @@ impl Model {
         Model::from_storage(Storage::Owned(bytes))
     }
 
-    /// Map and describe the GGUF file at `path`.
+    /// Map and describe the GGUF file at `path`. The first part of a model split by llama.cpp's
+    /// `gguf-split` (`NAME-00001-of-0000N.gguf`) brings the other parts beside it: all N are read
+    /// into one buffer, in order (see [`Gguf::parse`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(path: &std::path::Path) -> Result<Model> {
+        let name = path.file_name().and_then(|n| n.to_str());
+        if let Some((prefix, n)) = name.and_then(crate::gguf::first_split_part) {
+            let paths: Vec<_> = (1..=n)
+                .map(|k| path.with_file_name(crate::gguf::split_file_name(prefix, k, n)))
+                .collect();
+            return Model::describe(Storage::Owned(read_parts(&paths)?), Some(n));
+        }
         let io = |source| Error::Io { path: path.display().to_string(), source };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; a file changed underneath us while it runs gives wrong
@@ -452,6 +472,33 @@ impl Model {
     pub fn parameter_count(&self) -> usize {
         self.tensors.iter().map(|t| t.rows * t.cols).sum()
     }
+}
+
+/// The files at `paths` laid end to end in one buffer, allocated once; a missing one is an
+/// error naming it.
+#[cfg(not(target_arch = "wasm32"))]
+fn read_parts(paths: &[std::path::PathBuf]) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let n = paths.len();
+    let mut files = Vec::with_capacity(n);
+    let mut total = 0u64;
+    for (k, path) in paths.iter().enumerate() {
+        let io = move |source| Error::Io {
+            path: format!("{} (part {} of {n} of a split model)", path.display(), k + 1),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        total += file.metadata().map_err(io)?.len();
+        files.push((file, io));
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(total as usize).map_err(|_| {
+        Error::Model(format!("out of memory: cannot allocate {total} bytes for the split model"))
+    })?;
+    for (mut file, io) in files {
+        file.read_to_end(&mut buf).map_err(io)?;
+    }
+    Ok(buf)
 }
 
 fn read_config(g: &Gguf) -> Result<Config> {

@@ -495,14 +495,21 @@ fn apply(b: &mut Vec<u8>, header_len: usize, d: &Damage) {
 }
 
 fn base_files() -> Vec<(Vec<u8>, usize)> {
-    [("llama", GgmlType::Q8_0), ("qwen2", GgmlType::F16), ("gpt2", GgmlType::Q8_0)]
-        .iter()
-        .map(|&(arch, ty)| {
-            let b = synth_model(arch, ty, 11);
-            let header = Gguf::parse(&b).unwrap().data_offset;
-            (b, header)
-        })
-        .collect()
+    let mut files: Vec<_> =
+        [("llama", GgmlType::Q8_0), ("qwen2", GgmlType::F16), ("gpt2", GgmlType::Q8_0)]
+            .iter()
+            .map(|&(arch, ty)| {
+                let b = synth_model(arch, ty, 11);
+                let header = Gguf::parse(&b).unwrap().data_offset;
+                (b, header)
+            })
+            .collect();
+    // A model split by gguf-split, its 3 parts laid end to end: damage anywhere (every part has
+    // a header).
+    let split = nexttoken::gguf::split_gguf(&files[0].0, 3).unwrap().concat();
+    let len = split.len();
+    files.push((split, len));
+    files
 }
 
 proptest! {
@@ -514,7 +521,7 @@ proptest! {
     })]
 
     #[test]
-    fn damaged_files_never_panic(which in 0usize..3, damages in proptest::collection::vec(damage(), 1..4)) {
+    fn damaged_files_never_panic(which in 0usize..4, damages in proptest::collection::vec(damage(), 1..4)) {
         thread_local! { static BASES: Vec<(Vec<u8>, usize)> = base_files(); }
         let (mut b, header) = BASES.with(|bases| bases[which].clone());
         for d in &damages {

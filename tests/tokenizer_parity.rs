@@ -364,3 +364,148 @@ fn odd_metadata_does_not_panic() {
     .unwrap();
     tok.encode("ab a b").unwrap();
 }
+
+/// The GGUF `bytes` with `tokenizer.ggml.pre` set to `pre` (every other key kept).
+fn with_pre(bytes: &[u8], pre: &str) -> Vec<u8> {
+    let g = Gguf::parse(bytes).unwrap();
+    assert!(g.tensors.is_empty(), "a vocabulary-only file");
+    let mut keys: Vec<_> = g.metadata.into_iter().collect();
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    set(&mut keys, "tokenizer.ggml.pre", Value::String(pre.into()));
+    let mut w = GgufWriter::new();
+    for (k, v) in keys {
+        w.metadata(&k, v);
+    }
+    w.to_bytes()
+}
+
+/// SmolLM's pre-tokenizer (`tokenizer.ggml.pre` "smollm", which SmolLM2's GGUF files carry):
+/// every digit a word of its own, then GPT-2's regex. The reference is a tokenizer.json with
+/// SmolLM2's pre-tokenizer, `Sequence[Digits(individual_digits), ByteLevel(use_regex)]`, over
+/// GPT-2's vocabulary and merges, run by the `tokenizers` crate; ours is built from GPT-2's
+/// vocabulary-only GGUF with the name rewritten. On llama.cpp's vectors and on digit runs.
+#[test]
+fn smollm_pre_tokenizer_matches_its_tokenizer_json() {
+    let Some(dir) = folder("gpt-2") else { return };
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap())
+            .unwrap();
+    json["pre_tokenizer"] = serde_json::json!({
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+        ]
+    });
+    let reference = HfTokenizer::from_bytes(json.to_string().as_bytes()).unwrap();
+    let gpt2 = std::fs::read(dir.join("ggml-vocab-gpt-2.gguf")).unwrap();
+    let smollm = HfTokenizer::from_gguf_bytes(&with_pre(&gpt2, "smollm")).unwrap();
+
+    let digits = [
+        "3333333",
+        "1234567890",
+        " 1234567890 ",
+        "a1b22c333d4444",
+        "In 2024, π ≈ 3.14159 and 1,000,000 > 999.",
+        "version 1.2.3-rc4, tel. +1 (555) 0100",
+        "٣٤٥ ١٢ — Arabic-Indic digits; ½ ¾ x² Ⅻ (other numbers)",
+    ];
+    let vectors = vectors(&dir);
+    let texts = vectors.iter().map(|(t, _)| t.as_str()).chain(digits);
+    let mut failures = Vec::new();
+    for text in texts {
+        let (got, want) = (smollm.encode(text).unwrap(), reference.encode(text).unwrap());
+        if got != want {
+            failures.push(format!("{text:?}: got {got:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "smollm differs:\n{}", failures.join("\n"));
+
+    // Independently of any tokenizer.json: each digit is a token of its own (GPT-2 merges them).
+    let id = |s: &str| smollm.token_id(s).unwrap();
+    assert_eq!(smollm.encode("3333333").unwrap(), vec![id("3"); 7]);
+    let each: Vec<u32> = "1234567890".chars().map(|c| id(&c.to_string())).collect();
+    assert_eq!(smollm.encode("1234567890").unwrap(), each);
+    let plain = HfTokenizer::from_gguf_bytes(&gpt2).unwrap();
+    assert!(plain.encode("1234567890").unwrap().len() < 10);
+    assert_eq!(smollm.decode(&smollm.encode(digits[4]).unwrap()), digits[4]);
+}
+
+/// The other names llama.cpp gives each supported pre-tokenizer split text exactly as it does
+/// (a tiny vocabulary where digits, spaces and letters merge differently per regex).
+#[test]
+fn pre_tokenizer_aliases_split_as_their_family() {
+    let file = |pre: &str| {
+        vocab_file("gpt2", |m| {
+            let strings =
+                |v: &[&str]| Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect());
+            set(m, "tokenizer.ggml.pre", Value::String(pre.into()));
+            set(
+                m,
+                "tokenizer.ggml.tokens",
+                strings(&["a", "b", "ab", "Ġ", "<|end|>", "1", "2", "12", "Ġ1", "Ġ12"]),
+            );
+            set(m, "tokenizer.ggml.merges", strings(&["a b", "Ġ 1", "Ġ1 2", "1 2"]));
+            set(
+                m,
+                "tokenizer.ggml.token_type",
+                Value::Array([1, 1, 1, 1, 3, 1, 1, 1, 1, 1].into_iter().map(Value::I32).collect()),
+            );
+        })
+    };
+    let texts = ["ab 12", "12ab", "a 1 2 ab  12", "ab<|end|>12"];
+    let families: [(&str, &[&str]); 3] = [
+        (
+            "gpt-2",
+            &[
+                "phi-2",
+                "jina-es",
+                "jina-de",
+                "jina-v2-es",
+                "jina-v2-de",
+                "gigachat",
+                "a.x-4.0",
+                "mellum",
+                "modern-bert",
+                "exaone4",
+                "mpt",
+                "olmo",
+                "jais",
+                "trillion",
+                "granite-docling",
+            ],
+        ),
+        (
+            "smollm",
+            &["starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"],
+        ),
+        (
+            "llama-bpe",
+            &[
+                "llama3",
+                "llama-v3",
+                "falcon3",
+                "falcon-h1",
+                "pixtral",
+                "midm-2.0",
+                "lfm2",
+                "jina-v5-nano",
+            ],
+        ),
+    ];
+    let encode_all = |pre: &str| -> Vec<Vec<u32>> {
+        let t = HfTokenizer::from_gguf_bytes(&file(pre)).unwrap();
+        texts.iter().map(|s| t.encode(s).unwrap()).collect()
+    };
+    let canonical: Vec<_> = families.iter().map(|(name, _)| encode_all(name)).collect();
+    // The three families really differ here: GPT-2 keeps " 12" whole, SmolLM splits the digits,
+    // Llama 3 leaves the space alone.
+    assert_eq!(canonical[0][0], [2, 9]);
+    assert_eq!(canonical[1][0], [2, 3, 5, 6]);
+    assert_eq!(canonical[2][0], [2, 3, 7]);
+    for ((name, aliases), want) in families.iter().zip(&canonical) {
+        for alias in *aliases {
+            assert_eq!(&encode_all(alias), want, "{alias} vs {name}");
+        }
+    }
+}

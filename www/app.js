@@ -117,17 +117,21 @@ async function loadModel(spec) {
     const info = await nt.load(spec, {
       backend: $("backend").value,
       signal: loadController.signal,
-      onProgress: ({ file, loaded, total, fromCache }) => {
-        const what = `${fromCache ? "Reading cached" : "Downloading"} ${file}`;
+      onProgress: ({ file, loaded, total, fromCache, part = 1, parts = 1, doneBytes = 0 }) => {
+        const what = `${fromCache ? "Reading cached" : "Downloading"} ${file}${parts > 1 ? ` (part ${part} of ${parts})` : ""}`;
         if (total) {
-          progress.max = total;
-          progress.value = loaded;
+          // A split model's bar counts parts as equal shares (gguf-split makes them about equal).
+          progress.max = parts;
+          progress.value = part - 1 + loaded / total;
           status.textContent = `${what}: ${formatBytes(loaded)} of ${formatBytes(total)} (${Math.floor((100 * loaded) / total)}%)`;
         } else {
           progress.removeAttribute("value");
           status.textContent = `${what}: ${formatBytes(loaded)}`;
         }
-        stats.download = `${formatBytes(loaded)}${total ? " / " + formatBytes(total) : ""}${fromCache ? " (cache)" : ""}`;
+        stats.download =
+          parts > 1
+            ? `${formatBytes(doneBytes + loaded)} (part ${part} of ${parts})${fromCache ? " (cache)" : ""}`
+            : `${formatBytes(loaded)}${total ? " / " + formatBytes(total) : ""}${fromCache ? " (cache)" : ""}`;
         renderStats();
       },
       onWarning: (message) => showError(message, false, "warning"),

@@ -34,6 +34,23 @@ function nameOf(url) {
 }
 
 /**
+ * The URLs of every part of a model split by llama.cpp's gguf-split when `url` names its first
+ * part (`NAME-00001-of-00003.gguf`: parts 2 and 3 are beside it, same query); else just `url`.
+ * Absolute URLs.
+ */
+export function splitPartUrls(url) {
+  const first = new URL(url, self.location.href);
+  const m = /^(.+)-00001-of-(\d{5})\.gguf$/.exec(first.pathname);
+  const n = m ? Number(m[2]) : 1;
+  if (n < 2) return [first.href];
+  return Array.from({ length: n }, (_, i) => {
+    const part = new URL(first.href);
+    part.pathname = `${m[1]}-${String(i + 1).padStart(5, "0")}-of-${m[2]}.gguf`;
+    return part.href;
+  });
+}
+
+/**
  * Fetch `url`, from the model cache when it is there. Calls `onStart({total, fromCache})` once
  * the size is known (0 if not), `onChunk(Uint8Array)` for every chunk and `onProgress({loaded, total, fromCache})`. Resolves to
  * `{bytes, total, fromCache, cacheWarning}`; rejects with a DownloadError naming the problem.

@@ -158,7 +158,10 @@ export class NextToken {
    * Load a model (replacing the current one). `model`: catalog id, URL or {url, tokenizer, kind,
    * sha256}; a GGUF's `tokenizer` (a tokenizer.json URL, also an option here) is optional: without
    * it the tokenizer the GGUF's own metadata describes is used. Options: `onProgress({file, loaded,
-   * total, fromCache})`, `onWarning(message)`, `backend` ("auto" | "gpu" | "cpu"), `maxSeq`,
+   * total, fromCache, part, parts, doneBytes})` (a model split by gguf-split, loaded from the URL
+   * of its first part `NAME-00001-of-0000N.gguf`, comes in `parts` files: `loaded`/`total` count
+   * the current one, `doneBytes` the ones before; `sha256` is then a list, one per part, and
+   * `size` the whole model's), `onWarning(message)`, `backend` ("auto" | "gpu" | "cpu"), `maxSeq`,
    * `exact` (CPU path: the reference kernels, f32 activations, instead of the fast int8 ones),
    * `threads` (CPU path: at most this many threads; default: the pool's size), `signal`. Resolves to the model's info plus `timings`
    * {downloadMs, initMs}; rejects with an Error whose `retryable` says if retrying may help.

@@ -5,13 +5,13 @@
 // Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt, options}
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"abort", id} | {type:"score", id, text} | {type:"cancel-load", id}
-// Messages out: {type:"progress", id, file, loaded, total, fromCache}
+// Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
 //               {type:"done", id, summary, messages} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
 import { loadWasm } from "./wasm.js";
-import { fetchModelFile, dropOldCaches, deleteCached } from "./model-cache.js";
+import { fetchModelFile, dropOldCaches, deleteCached, splitPartUrls } from "./model-cache.js";
 
 let ready = null;
 let engine = null;
@@ -86,38 +86,22 @@ async function load({ id, spec, options = {} }) {
       // tokenizer URL, null: loadGguf builds the tokenizer from the GGUF's own metadata (and says
       // so when the file has none).
       const tokenizer = spec.tokenizer ? await fetchText(spec.tokenizer, id, "tokenizer", signal) : null;
-      let sink = null;
-      const got = await fetchModelFile(spec.url, {
-        signal,
-        sha256: spec.sha256,
-        // One allocation of the announced size; the chunks are copied straight into it.
-        onStart: ({ total }) => {
-          sink?.free();
-          sink = new wasm.ByteSink(total || spec.size || 0);
-        },
-        onChunk: (chunk) => sink.push(chunk),
-        onProgress: (p) => post({ type: "progress", id, file: "model", ...p }),
-      }).catch((e) => {
-        sink?.free();
-        throw e;
-      });
-      if (got.cacheWarning) post({ type: "warning", id, message: got.cacheWarning });
-      if (!sink) throw new Error("the model file is empty");
+      const { sink, fromCache, urls } = await fetchGguf(spec, id, signal);
       const t1 = performance.now();
       try {
         engine = await wasm.Engine.loadGguf(sink, tokenizer, { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads });
       } catch (e) {
-        // The file downloaded completely but is not a usable model: do not keep it. Unless only
-        // the GGUF's own tokenizer failed ("tokenizer: ...": no tokenizer metadata, or a kind we
-        // do not build; a file that does not parse is a "GGUF: ..." error): the tokenizer is
-        // built first, so the model was not looked at, and a retry with a tokenizer.json URL
-        // should not download it again.
+        // The file (every part of it) downloaded completely but is not a usable model: do not
+        // keep it. Unless only the GGUF's own tokenizer failed ("tokenizer: ...": no tokenizer
+        // metadata, or a kind we do not build; a file that does not parse is a "GGUF: ..."
+        // error): the tokenizer is built first, so the model was not looked at, and a retry with
+        // a tokenizer.json URL should not download it again.
         const ownTokenizerFailed = !spec.tokenizer && /^tokenizer: /.test(errorMessage(e));
-        if (!ownTokenizerFailed) await deleteCached(new URL(spec.url, self.location.href).href).catch(() => {});
+        if (!ownTokenizerFailed) await deleteAll(urls);
         if (spec.tokenizer) await deleteCached(new URL(spec.tokenizer, self.location.href).href).catch(() => {});
         throw e;
       }
-      timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache: got.fromCache };
+      timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache };
     }
     post({ type: "loaded", id, info: { ...engine.info(), version: wasm.version(), threads: wasm.threads }, timings });
   } catch (e) {
@@ -129,6 +113,52 @@ async function load({ id, spec, options = {} }) {
     loadAborts.delete(id);
   }
 }
+
+/**
+ * Download the GGUF of `spec` straight into a wasm ByteSink: one file, or every part of a model
+ * split by gguf-split (a URL naming its first part), appended in order. Each part is cached on
+ * its own; progress messages say which part. Resolves to {sink, fromCache (every part), urls}.
+ */
+async function fetchGguf(spec, id, signal) {
+  const urls = splitPartUrls(spec.url);
+  const parts = urls.length;
+  if (parts > 1 && spec.sha256 && !(Array.isArray(spec.sha256) && spec.sha256.length === parts)) {
+    throw new Error(`${spec.url} is part 1 of ${parts} of a split model: give its sha256 as a list of ${parts}, one per part`);
+  }
+  let sink = null;
+  let fromCache = true;
+  let doneBytes = 0; // of the parts before this one
+  try {
+    for (let i = 0; i < parts; i++) {
+      const got = await fetchModelFile(urls[i], {
+        signal,
+        sha256: parts > 1 ? spec.sha256?.[i] : spec.sha256,
+        // One allocation of the announced size (for a split model `spec.size` is the whole's,
+        // when known), the chunks copied straight into it; each later part grows it by exactly
+        // its own size.
+        onStart: ({ total }) => {
+          if (i > 0) return sink.reserve(total);
+          sink?.free();
+          sink = new wasm.ByteSink((parts > 1 && spec.size) || total || spec.size || 0);
+        },
+        onChunk: (chunk) => sink.push(chunk),
+        onProgress: (p) => post({ type: "progress", id, file: "model", part: i + 1, parts, doneBytes, ...p }),
+      });
+      if (got.cacheWarning) post({ type: "warning", id, message: got.cacheWarning });
+      fromCache &&= got.fromCache;
+      doneBytes += got.bytes;
+    }
+  } catch (e) {
+    sink?.free();
+    // A part that cannot be had at all (404) makes the others useless; a network error may pass.
+    if (parts > 1 && e?.name === "DownloadError" && !e.retryable) await deleteAll(urls);
+    throw e;
+  }
+  if (!sink) throw new Error("the model file is empty");
+  return { sink, fromCache, urls };
+}
+
+const deleteAll = (urls) => Promise.all(urls.map((u) => deleteCached(u).catch(() => {})));
 
 // One generation at a time: a new one first stops the one running and waits for its loop to
 // end, so an old loop can never touch the new session (and the new one can take over the KV

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use nexttoken::gguf::Gguf;
+use nexttoken::gguf::{split_file_name, split_gguf, Gguf};
 use nexttoken::model::Arch;
 use nexttoken::quant::GgmlType;
 use nexttoken::synthetic::{self, Spec, VocabMeta};
@@ -121,8 +121,16 @@ fn vocab_from(path: &Path) -> Result<VocabMeta> {
         .map_err(|e| Error::Input(format!("--vocab-from {}: {e}", path.display())))
 }
 
-/// The `synth` command: read the config, write the file, say what was written.
-pub fn run(config: &Path, ty: &str, out: &Path, seed: u64, vocab: Option<&Path>) -> Result<()> {
+/// The `synth` command: read the config, write the file (or its `split` parts), say what was
+/// written.
+pub fn run(
+    config: &Path,
+    ty: &str,
+    out: &Path,
+    seed: u64,
+    vocab: Option<&Path>,
+    split: usize,
+) -> Result<()> {
     let ty = match ty.to_ascii_lowercase().as_str() {
         "f32" => GgmlType::F32,
         "f16" => GgmlType::F16,
@@ -148,17 +156,29 @@ pub fn run(config: &Path, ty: &str, out: &Path, seed: u64, vocab: Option<&Path>)
     }
     let t0 = std::time::Instant::now();
     let bytes = synthetic::write(&c)?;
-    std::fs::write(out, &bytes)
-        .map_err(|source| Error::Io { path: out.display().to_string(), source })?;
+    let size = bytes.len();
+    let files = if split > 1 {
+        let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("model");
+        let prefix = name.strip_suffix(".gguf").unwrap_or(name);
+        let parts = split_gguf(&bytes, split)?;
+        let names = (1..=split).map(|k| out.with_file_name(split_file_name(prefix, k, split)));
+        names.zip(parts).collect()
+    } else {
+        vec![(out.to_path_buf(), bytes)]
+    };
+    for (path, part) in &files {
+        std::fs::write(path, part)
+            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    }
     eprintln!(
         "wrote {} ({} {}, {} layers, n_embd {}, vocab {}, {:.1} MiB) in {:.1} s",
-        out.display(),
+        files.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", "),
         c.arch.gguf_name(),
         ty.name(),
         c.n_layer,
         c.n_embd,
         c.n_vocab,
-        bytes.len() as f64 / (1 << 20) as f64,
+        size as f64 / (1 << 20) as f64,
         t0.elapsed().as_secs_f64()
     );
     Ok(())

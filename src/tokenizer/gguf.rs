@@ -9,8 +9,9 @@
 //!   `SentencePieceExtractor` derives them. Text is normalised as SentencePiece does (a `▁` in
 //!   front, spaces to `▁`); pieces missing from the vocabulary fall back to `<0xXX>` byte tokens.
 //! - `gpt2`: byte-level BPE. Merges are in the file; the pre-tokenizer's regex is named by
-//!   `tokenizer.ggml.pre` (llama.cpp's names), since the same byte-level scheme splits words
-//!   differently for each model family.
+//!   `tokenizer.ggml.pre` (llama.cpp's names: GPT-2's, SmolLM's, Llama 3's, Qwen2's and the names
+//!   llama.cpp treats as theirs), since the same byte-level scheme splits words differently for
+//!   each model family.
 //!
 //! Control and unknown tokens (`token_type` 3 and 2) become special added tokens: matched whole
 //! in text and dropped by `decode(skip_special = true)`. User-defined tokens (4) are what
@@ -26,6 +27,7 @@ use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Merges, Vocab as BpeVocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence, NFC};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
@@ -212,6 +214,16 @@ fn spm_merges(tokens: &[&str], scores: &[f32], ids: &HashMap<&str, u32>) -> Merg
     candidates.into_iter().map(|c| (c.left.to_owned(), c.right.to_owned())).collect()
 }
 
+/// How a byte-level vocabulary cuts text into words before BPE.
+enum WordSplit {
+    /// GPT-2's regex, built into `ByteLevel`.
+    Gpt2,
+    /// Every digit a word of its own, then GPT-2's regex.
+    DigitsThenGpt2,
+    /// This regex, then the byte-level mapping.
+    Regex(&'static str),
+}
+
 fn byte_level(g: &Gguf, tokens: &[&str]) -> Result<Tokenizer> {
     let pre = match g.get("tokenizer.ggml.pre") {
         None => {
@@ -223,16 +235,24 @@ fn byte_level(g: &Gguf, tokens: &[&str]) -> Result<Tokenizer> {
             err(format!("tokenizer.ggml.pre is a {}, not a string", v.type_name()))
         })?,
     };
-    // (regex, NFC first, ignore merges) per llama.cpp pre-tokenizer name; the values are those
-    // of each family's tokenizer.json. `None` is GPT-2's regex, built into ByteLevel.
-    let (regex, nfc, ignore_merges) = match pre {
-        "gpt-2" => (None, false, false),
+    // (split, NFC first, ignore merges) per llama.cpp pre-tokenizer name; the values are those
+    // of each family's tokenizer.json. The other names of a row are those llama.cpp's
+    // `llama_vocab::impl::load` gives the same regexes and no flag that changes the ids.
+    let (split, nfc, ignore_merges) = match pre {
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de" | "gigachat"
+        | "a.x-4.0" | "mellum" | "modern-bert" | "exaone4" | "mpt" | "olmo" | "jais"
+        | "trillion" | "granite-docling" => (WordSplit::Gpt2, false, false),
+        // SmolLM's tokenizer.json: `Sequence[Digits(individual_digits), ByteLevel]`, which is
+        // llama.cpp's `\p{N}` then GPT-2's regex.
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => (WordSplit::DigitsThenGpt2, false, false),
         // Llama 3 looks a whole word up in the vocabulary before merging.
-        "llama-bpe" | "llama3" | "llama-v3" => (Some(LLAMA3_REGEX), false, true),
-        "qwen2" | "deepseek-r1-qwen" => (Some(QWEN2_REGEX), true, false),
+        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" => (WordSplit::Regex(LLAMA3_REGEX), false, true),
+        "qwen2" | "deepseek-r1-qwen" => (WordSplit::Regex(QWEN2_REGEX), true, false),
         other => {
             return Err(err(format!(
-                "unsupported tokenizer.ggml.pre {other:?} (supported: gpt-2, llama-bpe, qwen2); give a tokenizer.json"
+                "unsupported tokenizer.ggml.pre {other:?} (supported: gpt-2, smollm, llama-bpe, qwen2 and their aliases); give a tokenizer.json"
             )))
         }
     };
@@ -270,9 +290,14 @@ fn byte_level(g: &Gguf, tokens: &[&str]) -> Result<Tokenizer> {
     if nfc {
         t.with_normalizer(Some(NFC)).map_err(hf("normaliser"))?;
     }
-    let pre_tokenizer: PreTokenizerWrapper = match regex {
-        None => ByteLevel::new(false, true, true).into(),
-        Some(regex) => {
+    let pre_tokenizer: PreTokenizerWrapper = match split {
+        WordSplit::Gpt2 => ByteLevel::new(false, true, true).into(),
+        WordSplit::DigitsThenGpt2 => PreSequence::new(vec![
+            Digits::new(true).into(),
+            ByteLevel::new(false, true, true).into(),
+        ])
+        .into(),
+        WordSplit::Regex(regex) => {
             let split = Split::new(
                 SplitPattern::Regex(regex.into()),
                 SplitDelimiterBehavior::Isolated,

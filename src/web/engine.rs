@@ -31,16 +31,24 @@ impl ByteSink {
     /// unknown. Fails cleanly (instead of aborting) when wasm memory cannot grow that far.
     #[wasm_bindgen(constructor)]
     pub fn new(capacity: f64) -> Result<ByteSink, JsError> {
-        let mut buf = Vec::new();
-        if capacity > 0.0 {
-            buf.try_reserve_exact(capacity as usize).map_err(|_| {
+        let mut sink = ByteSink { buf: Vec::new() };
+        sink.reserve(capacity)?;
+        Ok(sink)
+    }
+
+    /// Room for `extra` more bytes, exactly: called before each later part of a split model with
+    /// that part's size, so the buffer grows to the model's size and no further (`push` alone
+    /// grows by doubling, which can reserve nearly twice what the model needs).
+    pub fn reserve(&mut self, extra: f64) -> Result<(), JsError> {
+        if extra > 0.0 {
+            self.buf.try_reserve_exact(extra as usize).map_err(|_| {
                 JsError::new(&format!(
                     "out of memory: cannot allocate {:.0} MB for the model in WebAssembly memory (the limit is 4 GB, and the browser may allow less)",
-                    capacity / 1e6
+                    (self.buf.len() as f64 + extra) / 1e6
                 ))
             })?;
         }
-        Ok(ByteSink { buf })
+        Ok(())
     }
 
     /// Append a chunk (copied once, straight from the JS array into wasm memory).

@@ -677,6 +677,85 @@ async function runConfig(mode) {
       assert((await outputText(page)).length > 0, "nothing generated");
     });
 
+    if (!webgpu) {
+      await test(`[${mode}] a model split by gguf-split loads from its first part's URL: the parts in order, each cached, progress by part; greedy ids equal the unsplit file's and the native CLI's; a missing or misordered part is a clear error and leaves no part cached`, async () => {
+        // The CLI writes a synthetic model (random weights, its placeholder vocabulary) whole and
+        // in 3 parts (gguf-split's layout); then two broken sets: part 2 missing, parts 2 and 3
+        // swapped.
+        const dir = path.join(fixtures, "split");
+        fs.mkdirSync(dir);
+        const config = path.join(dir, "config.json");
+        fs.writeFileSync(config, JSON.stringify({ model_type: "llama", vocab_size: 512, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, intermediate_size: 96, max_position_embeddings: 64 }));
+        for (const args of [["--out", path.join(dir, "whole.gguf")], ["--out", path.join(dir, "m.gguf"), "--split", "3"]]) {
+          const r = spawnSync(nativeBin(), ["synth", "--config", config, "--type", "q8_0", "--seed", "5", ...args], { encoding: "utf8" });
+          assert(r.status === 0, `synth failed: ${r.stderr}`);
+        }
+        const part = (k) => path.join(dir, `m-0000${k}-of-00003.gguf`);
+        for (const [name, k] of [["missing", 1], ["missing", 3], ["swapped", 1], ["swapped", 3], ["swapped", 2]]) {
+          fs.mkdirSync(path.join(dir, name), { recursive: true });
+          fs.copyFileSync(part(k), path.join(dir, name, `m-0000${name === "swapped" && k > 1 ? 5 - k : k}-of-00003.gguf`));
+        }
+        const prompt = "Hello";
+        const n = 12;
+        const cli = spawnSync(nativeBin(), ["generate", "--model", path.join(dir, "whole.gguf"), "--prompt", prompt, "--temperature", "0", "--max-tokens", String(n), "--backend", "cpu", "--json", "--isa", "scalar", "--threads", "1"], { encoding: "utf8" });
+        assert(cli.status === 0, `the CLI failed: ${cli.stderr}`);
+        const want = cli.stdout.trim().split("\n").map((l) => JSON.parse(l)).filter((l) => "id" in l).map((l) => l.id);
+
+        await page.goto(`${base}/?nosw&model=lesson-toy`);
+        const r = await page.evaluate(
+          async ({ prompt, n }) => {
+            const { NextToken } = await import("/nexttoken.js");
+            const nt = new NextToken();
+            const run = async (url) => {
+              const parts = new Set();
+              try {
+                const info = await nt.load(url, { backend: "cpu", onProgress: (p) => parts.add(`${p.part} of ${p.parts}`) });
+                const ids = [];
+                for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: n })) ids.push(t.id);
+                return { ids, parts: [...parts], fromCache: info.timings.fromCache, parameters: info.parameters };
+              } catch (e) {
+                return { error: e.message, parts: [...parts] };
+              }
+            };
+            const cached = async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((q) => new URL(q.url).pathname).filter((u) => u.startsWith("/test/split/"));
+            try {
+              const whole = await run("/test/split/whole.gguf");
+              const split = await run("/test/split/m-00001-of-00003.gguf");
+              const cachedParts = await cached();
+              const again = await run("/test/split/m-00001-of-00003.gguf");
+              const missing = await run("/test/split/missing/m-00001-of-00003.gguf");
+              const swapped = await run("/test/split/swapped/m-00001-of-00003.gguf");
+              return { whole, split, cachedParts, again, missing, swapped, cachedAfter: await cached() };
+            } finally {
+              nt.terminate();
+            }
+          },
+          { prompt, n },
+        );
+        for (const k of ["whole", "split", "again"]) assert(!r[k].error, `${k}: ${r[k].error}`);
+        assertEq(JSON.stringify(r.whole.ids), JSON.stringify(want), "greedy ids of the unsplit file vs the native CLI's");
+        assertEq(JSON.stringify(r.split.ids), JSON.stringify(want), "greedy ids of the split model vs the unsplit file's");
+        assertEq(r.split.parameters, r.whole.parameters, "parameters");
+        assertEq(JSON.stringify(r.split.parts), JSON.stringify(["1 of 3", "2 of 3", "3 of 3"]), "progress by part");
+        assertEq(JSON.stringify(r.cachedParts.filter((u) => /m-0000\d-of-00003/.test(u)).sort()), JSON.stringify([1, 2, 3].map((k) => `/test/split/m-0000${k}-of-00003.gguf`)), "the parts cached, each on its own");
+        assertEq(r.again.fromCache, true, "a second load reads every part from the cache");
+        assertEq(JSON.stringify(r.again.ids), JSON.stringify(want), "greedy ids from the cached parts");
+        console.log(`      ${want.length} greedy ids equal; errors shown:\n        ${r.missing.error}\n        ${r.swapped.error}`);
+        assert(/404/.test(r.missing.error) && /m-00002-of-00003\.gguf/.test(r.missing.error), `missing part: unclear error ${JSON.stringify(r.missing.error)}`);
+        assert(/part 2 of 3/.test(r.swapped.error) && /out of order/.test(r.swapped.error), `swapped parts: unclear error ${JSON.stringify(r.swapped.error)}`);
+        const broken = r.cachedAfter.filter((u) => /\/(missing|swapped)\//.test(u));
+        assertEq(JSON.stringify(broken), "[]", "parts of the broken sets left in the cache");
+        // The page, from part 1's URL (the parts now cached).
+        await page.goto(`${base}/?nosw&model=${encodeURIComponent("/test/split/m-00001-of-00003.gguf")}&prompt=${encodeURIComponent(prompt)}`);
+        await waitLoaded(page);
+        await setSettings(page, { maxTokens: n });
+        await page.click("#generate");
+        await waitState(page, "ready", 120_000);
+        const ids = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => t.id));
+        assertEq(JSON.stringify(ids), JSON.stringify(want), "the page's greedy ids");
+      });
+    }
+
     if (webgpu) {
       await test(`[${mode}] score and beam search run on WebGPU and agree with the exact CPU path`, async () => {
         if (!fs.existsSync(path.join(www, "models", "default.gguf"))) return "skip";

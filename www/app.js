@@ -7,7 +7,7 @@
 // ready | generating | error.
 
 import { NextToken, CATALOG, resolveSpec } from "./nexttoken.js";
-import { listCached, deleteCached, formatBytes } from "./model-cache.js";
+import { listCached, deleteCached, isCached, formatBytes } from "./model-cache.js";
 
 const $ = (id) => document.getElementById(id);
 const el = (tag, props = {}, ...children) => {
@@ -41,7 +41,8 @@ async function initPicker() {
     const r = await fetch("models/default.gguf", { method: "HEAD", cache: "no-store" });
     defaultThere = r.ok;
   } catch {
-    defaultThere = false;
+    // Offline: the default model is there if an earlier visit stored it.
+    defaultThere = await isCached("models/default.gguf").catch(() => false);
   }
   if (!defaultThere) {
     const opt = select.querySelector('option[value="default"]');
@@ -117,8 +118,9 @@ async function loadModel(spec) {
     const info = await nt.load(spec, {
       backend: $("backend").value,
       signal: loadController.signal,
-      onProgress: ({ file, loaded, total, fromCache, part = 1, parts = 1, doneBytes = 0 }) => {
-        const what = `${fromCache ? "Reading cached" : "Downloading"} ${file}${parts > 1 ? ` (part ${part} of ${parts})` : ""}`;
+      onProgress: ({ file, loaded, total, fromCache, resumed = 0, part = 1, parts = 1, doneBytes = 0 }) => {
+        const from = resumed ? `, resumed at ${formatBytes(resumed)}` : "";
+        const what = `${fromCache ? "Reading cached" : "Downloading"} ${file}${parts > 1 ? ` (part ${part} of ${parts})` : ""}${from}`;
         if (total) {
           // A split model's bar counts parts as equal shares (gguf-split makes them about equal).
           progress.max = parts;
@@ -527,7 +529,8 @@ async function refreshCacheList() {
       await deleteCached(item.url);
       refreshCacheList();
     });
-    const li = el("li", {}, el("span", { className: "name", textContent: item.name, title: item.url }), el("span", { className: "size", textContent: formatBytes(item.bytes) }), del);
+    const size = item.complete ? formatBytes(item.bytes) : `partial: ${formatBytes(item.bytes)}${item.size ? ` of ${formatBytes(item.size)}` : ""}, resumes on the next load`;
+    const li = el("li", {}, el("span", { className: "name", textContent: item.name, title: item.url }), el("span", { className: "size", textContent: size }), del);
     list.append(li);
   }
   if (navigator.storage?.estimate) {

@@ -136,10 +136,12 @@ async function fetchGguf(spec, id, signal) {
         // One allocation of the announced size (for a split model `spec.size` is the whole's,
         // when known), the chunks copied straight into it; each later part grows it by exactly
         // its own size.
-        onStart: ({ total }) => {
+        onStart: async ({ total }) => {
           if (i > 0) return sink.reserve(total);
+          const size = (parts > 1 && spec.size) || total || spec.size || 0;
+          await preflight(urls[0], size, id);
           sink?.free();
-          sink = new wasm.ByteSink((parts > 1 && spec.size) || total || spec.size || 0);
+          sink = new wasm.ByteSink(size);
         },
         onChunk: (chunk) => sink.push(chunk),
         onProgress: (p) => post({ type: "progress", id, file: "model", part: i + 1, parts, doneBytes, ...p }),
@@ -154,8 +156,28 @@ async function fetchGguf(spec, id, signal) {
     if (parts > 1 && e?.name === "DownloadError" && !e.retryable) await deleteAll(urls);
     throw e;
   }
-  if (!sink) throw new Error("the model file is empty");
+  if (!sink || !sink.length) throw new Error(`the server sent an empty file for ${spec.url.split("/").pop()}: it is not a model`);
   return { sink, fromCache, urls };
+}
+
+/** WebAssembly memory is 32-bit: the model's bytes and everything else share 4 GiB. */
+const WASM_MEMORY_LIMIT = 4 * 2 ** 30;
+
+/**
+ * Before a download: refuse a model that cannot fit in WebAssembly memory, and warn when the
+ * browser's storage cannot keep it (it then runs but is downloaded again next time).
+ */
+async function preflight(url, size, id) {
+  if (!size) return;
+  const name = decodeURIComponent(new URL(url).pathname.split("/").pop());
+  const gb = (n) => (n / 1e9).toFixed(2) + " GB";
+  if (size > WASM_MEMORY_LIMIT * 0.9) {
+    throw new Error(`${name} is ${gb(size)} (as the server announced it): more than the ${gb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`);
+  }
+  const estimate = await navigator.storage?.estimate?.().catch(() => null);
+  if (estimate?.quota && size > estimate.quota - (estimate.usage || 0)) {
+    post({ type: "warning", id, message: `${name} (${gb(size)}) is more than the ${gb(estimate.quota - (estimate.usage || 0))} of storage this browser offers: it runs now but cannot be kept for offline use` });
+  }
 }
 
 const deleteAll = (urls) => Promise.all(urls.map((u) => deleteCached(u).catch(() => {})));

@@ -38,6 +38,8 @@ const { chromium } = await import("playwright-core");
 const { serve } = await import("./serve.mjs");
 const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
+const { faultyServer, downloadTests } = await import("./downloads.mjs");
+const faulty = faultyServer();
 
 let passed = 0;
 let failed = 0;
@@ -167,12 +169,7 @@ const PROMPT = "Once upon a time";
 const N_TOKENS = 32;
 let expected = null;
 if (haveShared) {
-  const candidates = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean);
-  const bin = candidates.find((p) => fs.existsSync(p));
-  if (!bin) {
-    console.log("no native CLI (target/release/nexttoken or target/debug/nexttoken): run cargo build --release\n0 passed, 1 failed");
-    process.exit(1);
-  }
+  const bin = nativeBin();
   const r = spawnSync(bin, ["generate", "--model", path.join(fixtures, "stories260K-f32.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N_TOKENS), "--backend", "cpu", "--exact"], { encoding: "utf8" });
   assert(r.status === 0, `the CLI failed: ${r.stderr}`);
   assert(r.stdout.startsWith(PROMPT), `the CLI's output does not start with the prompt: ${r.stdout}`);
@@ -191,6 +188,7 @@ if (haveTokenizerTests) {
 let interruptedHits = 0;
 const ggufOnlyOthers = [];
 const handler = (req, res) => {
+  if (faulty.handler(req, res)) return true;
   if (req.url.startsWith("/test/gguf-only/") && !/^\/test\/gguf-only\/[\w-]+\.gguf$/.test(req.url)) ggufOnlyOthers.push(req.url);
   if (req.url.startsWith("/test/interrupted.gguf")) {
     interruptedHits++;
@@ -395,7 +393,7 @@ async function runConfig(mode) {
           // Idle, loading, ready (the lesson table), generating, scoring.
           await p.goto(`${base}/?nosw&model=lesson-toy&prompt=${encodeURIComponent("the cat sat")}`);
           await waitLoaded(p);
-          for (const id of ["custom-row", "chat-row", "progress", "cancel-load", "error", "retry", "score-out"]) {
+          for (const id of ["custom-row", "chat-input", "send", "regenerate", "edit-last", "clear-chat", "conversation", "rendered", "progress", "cancel-load", "error", "retry", "score-out"]) {
             assertEq(await p.evaluate((id) => document.getElementById(id).hidden, id), true, `#${id} hidden when the lesson table is loaded`);
           }
           let n = await verify("lesson table loaded", 2);
@@ -405,15 +403,13 @@ async function runConfig(mode) {
           await p.click("#score-btn");
           await p.locator("#score-out").waitFor({ state: "visible" });
           n = await verify("after Generate and Score", n + 1);
-          // Picker changes: the custom URL row appears and goes again; an instruct model shows the
-          // chat checkbox, a table model hides it.
+          // Picker changes: the custom URL row appears and goes again.
           await p.selectOption("#model-select", "custom");
           assert(await p.isVisible("#model-url"), "the custom URL row does not appear");
           await p.selectOption("#model-select", "smollm2-135m");
-          assert(await p.isVisible("#chat"), "the chat checkbox does not appear for an instruct model");
           await p.selectOption("#model-select", "lesson-beam");
           n = await verify("after picker changes", n + 1);
-          assert(!(await p.isVisible("#model-url")) && !(await p.isVisible("#chat")), "the custom row or the chat checkbox stayed visible");
+          assert(!(await p.isVisible("#model-url")), "the custom row stayed visible");
           // The error state (404): the message shows, Retry does not (not retryable).
           await p.goto(`${base}/?nosw&model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
           await waitState(p, ["error", "ready"]);
@@ -523,7 +519,7 @@ async function runConfig(mode) {
       await test(`[${mode}] second visit with the network blocked loads from the cache (service worker + Cache API)`, async () => {
         // The service worker must control the page and the model must be in the cache.
         await page.evaluate(() => navigator.serviceWorker.ready);
-        const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+        const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).map((r) => r.url));
         assert(cached.some((u) => u.endsWith("/test/stories260K-f32.gguf")), `model not cached: ${JSON.stringify(cached)}`);
         await stopServer();
         const blocked = [];
@@ -553,7 +549,7 @@ async function runConfig(mode) {
         const err = await errorText(page);
         console.log(`      error shown: ${err}`);
         assert(/truncat|past the end|end of (the )?file|too short|bytes/i.test(err), `unclear error: ${JSON.stringify(err)}`);
-        const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+        const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).map((r) => r.url));
         assert(!cached.some((u) => u.endsWith("truncated.gguf")), "the unusable file was kept in the cache");
         await useLessonToy(page);
       });
@@ -567,7 +563,7 @@ async function runConfig(mode) {
         await useLessonToy(page);
       });
 
-      await test(`[${mode}] an interrupted download says so, offers Retry and caches nothing`, async () => {
+      await test(`[${mode}] an interrupted download says so, offers Retry, and keeps only a partial entry (never loaded as a model)`, async () => {
         await page.goto(`${base}/?model=${encodeURIComponent("/test/interrupted.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
         await waitState(page, ["error", "ready"]);
         const err = await errorText(page);
@@ -578,8 +574,8 @@ async function runConfig(mode) {
         await page.click("#retry");
         await waitState(page, ["error", "ready"]);
         assert(interruptedHits > before, "Retry did not download again");
-        const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
-        assert(!cached.some((u) => u.includes("interrupted")), "a partial download was cached");
+        const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).filter((r) => r.url.includes("interrupted")));
+        assert(cached.every((r) => !r.complete), `a partial download was stored as complete: ${JSON.stringify(cached)}`);
         await useLessonToy(page);
       });
 
@@ -595,12 +591,12 @@ async function runConfig(mode) {
       });
     }
 
-    await test(`[${mode}] the default model (www/models/default.gguf) is picked, loads and matches the native CLI`, async () => {
+    await test(`[${mode}] the default model (www/models/default.gguf) is picked, loads and matches the native CLI, and again offline from the cache`, async () => {
       if (!fs.existsSync(path.join(www, "models", "default.gguf"))) {
         console.log("      (www/models/default.gguf is not built yet)");
         return "skip";
       }
-      const bin = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean).find((p) => fs.existsSync(p));
+      const bin = nativeBin();
       // The reference: WebGPU computes in f32 like the exact CPU path; the wasm CPU path is the
       // fast one (Q8 activations), which natively with the scalar kernels differs from simd128
       // only in summation order.
@@ -617,6 +613,25 @@ async function runConfig(mode) {
       await page.click("#generate");
       await waitState(page, "ready", 120_000);
       assertEq(await outputText(page), want, "default model greedy text vs the native CLI");
+
+      // A second visit without network: the page still picks the default model (its probe of the
+      // server fails; the cache has it), loads it from the cache and generates the same text.
+      await page.evaluate(() => navigator.serviceWorker.ready);
+      await context.route("**/*", (route) => route.abort("internetdisconnected"));
+      await context.setOffline(true);
+      try {
+        await page.goto(`${base}/`);
+        await waitLoaded(page);
+        assertEq(await page.inputValue("#model-select"), "default", "model picked offline");
+        assert(/cache/.test((await statsOf(page)).download || ""), "offline: not loaded from the cache");
+        await setSettings(page, { maxTokens: 24 });
+        await page.click("#generate");
+        await waitState(page, "ready", 120_000);
+        assertEq(await outputText(page), want, "offline: default model greedy text");
+      } finally {
+        await context.setOffline(false);
+        await context.unroute("**/*");
+      }
     });
 
     await test(`[${mode}] a GGUF with no tokenizer URL loads with its own tokenizer; greedy ids and text match the native CLI (no tokenizer.json beside the model)`, async () => {
@@ -666,7 +681,7 @@ async function runConfig(mode) {
       assert(await page.isVisible("#error"), "the error is not visible");
       await useLessonToy(page);
       // The model was never looked at: it stays cached, and with a tokenizer.json it loads.
-      const cached = await page.evaluate(async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((r) => r.url));
+      const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).map((r) => r.url));
       assert(cached.some((u) => u.endsWith(url)), `the GGUF was dropped from the cache: ${JSON.stringify(cached)}`);
       await page.goto(`${base}/?model=${encodeURIComponent(url)}&tokenizer=${encodeURIComponent("/models/default-tokenizer.json")}&prompt=${encodeURIComponent("In the beginning")}`);
       await waitLoaded(page);
@@ -717,7 +732,7 @@ async function runConfig(mode) {
                 return { error: e.message, parts: [...parts] };
               }
             };
-            const cached = async () => (await (await caches.open("nexttoken-models-v1")).keys()).map((q) => new URL(q.url).pathname).filter((u) => u.startsWith("/test/split/"));
+            const cached = async () => (await (await import("/model-cache.js")).listCached()).map((q) => new URL(q.url).pathname).filter((u) => u.startsWith("/test/split/"));
             try {
               const whole = await run("/test/split/whole.gguf");
               const split = await run("/test/split/m-00001-of-00003.gguf");
@@ -797,6 +812,8 @@ async function runConfig(mode) {
       });
     }
 
+    await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText });
+
     await chatTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), fixtures, outDir, tmp: fixtures, waitLoaded, waitState, errorText, statsOf });
 
     await test(`[${mode}] model output with HTML is shown as text; no script runs`, async () => {
@@ -850,8 +867,11 @@ async function runConfig(mode) {
   }
 }
 
+/** The native CLI: NEXTTOKEN_BIN, else the newer of the release and debug builds (a stale one misleads). */
 function nativeBin() {
-  const bin = [process.env.NEXTTOKEN_BIN, path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter(Boolean).find((p) => fs.existsSync(p));
+  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) => fs.existsSync(p));
+  built.sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
+  const bin = [process.env.NEXTTOKEN_BIN, ...built].filter(Boolean).find((p) => fs.existsSync(p));
   assert(bin, "no native CLI (target/release/nexttoken or target/debug/nexttoken): run cargo build --release");
   return bin;
 }

@@ -146,7 +146,7 @@ async function loadModel(spec) {
       backend: backendLabel(info),
       architecture: info.kind === "table" ? "bigram table" : `${info.arch}, ${info.nLayer} layers, ${info.nEmbd} wide`,
       parameters: info.parameters.toLocaleString(),
-      "model size": formatBytes(info.bytes),
+      "model size": info.kind === "table" ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)` : formatBytes(info.bytes),
       download: info.timings?.fromCache ? "from cache" : stats.download || "",
       "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms)`,
     };
@@ -201,7 +201,16 @@ function hideError() {
 // ---------------------------------------------------------------------------------------------
 // Generation
 
+/** The decoding settings; a field outside its range is an error naming it (not silently used). */
 function options() {
+  for (const input of document.querySelectorAll("#settings input[type=number]")) {
+    if (input.value === "" || !input.checkValidity()) {
+      const name = input.closest("label")?.firstChild.textContent.trim() || input.id;
+      $("settings").open = true;
+      input.focus();
+      throw new Error(`${name}: ${input.validationMessage || "enter a number"}`);
+    }
+  }
   const num = (id) => Number($(id).value);
   return {
     temperature: num("temperature"),
@@ -278,9 +287,14 @@ function summaryStats(s) {
     stats["prompt tokens"] = String(s.promptTokens);
     // Prefilled again: only what the previous generation's KV cache did not already hold.
     stats["KV cache"] = `reused ${s.reusedTokens} of ${s.promptTokens} prompt tokens`;
-    stats["time to first token"] = `${s.ttftMs.toFixed(1)} ms`;
-    stats.prefill = `${s.prefillTokS.toFixed(1)} tok/s`;
-    stats.decode = `${s.decodeTokS.toFixed(1)} tok/s`;
+    if (s.backend === "table") {
+      // A lookup takes microseconds: a tokens-per-second figure would say nothing.
+      stats.speed = "a table lookup per token (no model to run)";
+    } else {
+      stats["time to first token"] = `${s.ttftMs.toFixed(1)} ms`;
+      stats.prefill = `${s.prefillTokS.toFixed(1)} tok/s`;
+      stats.decode = `${s.decodeTokS.toFixed(1)} tok/s`;
+    }
     stats.stopped = STOP_REASONS[s.stopReason] || s.stopReason;
   } else {
     stats.stopped = STOP_REASONS.Aborted;

@@ -5,7 +5,7 @@
 //
 // Attributes: model (catalog id, .gguf URL or table .json URL), tokenizer (tokenizer.json URL for a
 // GGUF; optional: without it, the tokenizer the GGUF's own metadata describes), prompt, max-tokens (default 64), temperature (default 0.8;
-// 0 = greedy), seed, top-k, top-p, beams, show-probabilities (each token's P, and the product),
+// 0 = greedy), seed (only for reproducible runs: without it each run draws anew), top-k, top-p, beams, show-probabilities (each token's P, and the product),
 // autorun (generate once loaded), backend (auto | gpu | cpu), editable (let the reader edit the prompt).
 // Events: "nexttoken-token" (detail: the token), "nexttoken-done" (detail: summary + probability).
 
@@ -135,7 +135,8 @@ class NextTokenElement extends HTMLElement {
       const opts = {
         maxTokens: this.num("max-tokens", 64),
         temperature: this.num("temperature", 0.8),
-        seed: this.num("seed", 0),
+        // A seed only when the page sets one (reproducible runs); else each run draws anew.
+        seed: this.hasAttribute("seed") ? this.num("seed", 0) : crypto.getRandomValues(new Uint32Array(1))[0],
         topK: this.num("top-k", 0),
         topP: this.num("top-p", 1),
         beams: this.num("beams", 1),

@@ -43,6 +43,8 @@ export const CATALOG = [
     name: "Lesson: greedy vs beam search (table model)",
     kind: "table",
     url: "models/lesson-beam.json",
+    // Beam search from the very start: with a prompt the lesson's two sentences never compete.
+    prompt: "",
     note: "greedy finds “the cat” (0.33); 2 beams find “a bird” (0.36)",
   },
   // Instruct models from the Hugging Face Hub: each GGUF carries its tokenizer and chat template.

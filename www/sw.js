@@ -10,6 +10,7 @@ const SHELL = [
   "index.html",
   "embed.html",
   "style.css",
+  "favicon.svg",
   "app.js",
   "nexttoken.js",
   "openai.js",

@@ -39,6 +39,7 @@ const { serve } = await import("./serve.mjs");
 const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
+const { pageTests } = await import("./page.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -811,6 +812,8 @@ async function runConfig(mode) {
         assertEq(r.gpu.summary.text, r.cpu.summary.text, "beam text");
       });
     }
+
+    await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
 
     await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText });
 

@@ -144,6 +144,12 @@ impl Sampler {
         &self.cfg
     }
 
+    /// What the model believes about `id` (its plain-softmax probability and the top
+    /// alternatives), as a [`Pick`] of it, without drawing: for a token chosen by the caller.
+    pub fn describe(&self, logits: &[f32], id: u32) -> Pick {
+        describe(logits, id, self.shown())
+    }
+
     /// Choose the next token given the model's `logits` and the tokens so far (prompt included),
     /// which only the repetition penalty looks at.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Pick {

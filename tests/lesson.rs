@@ -408,3 +408,31 @@ fn the_table_vocab_encodes_words_and_decodes_without_markers() {
     assert!(err.contains("\"cow\""), "{err}");
     assert!((toy.prob(1, 2) - 0.6).abs() < 1e-6);
 }
+
+// --- Branching -----------------------------------------------------------------------------
+
+/// A branch: after "the", the reader picks "dog" (P = 0.4) instead of greedy's "cat". The forced
+/// token comes out with the table's probability, the sampler draws nothing for it, and what
+/// follows is greedy's continuation of "the dog" (P(ran | dog) = 0.8), exactly as a fresh
+/// generation from "<s> the dog" gives.
+#[test]
+fn a_forced_token_branches_with_the_models_probability() {
+    let model = load("lesson-toy");
+    let the = sentence(&model, "the");
+    let prefix = &the[..2]; // <s> the
+    let dog = model.encode("dog").unwrap()[0];
+    let opts = GenerateOptions { forced: vec![dog], ..greedy(8) };
+    let (events, stop, text) = run(&model, prefix, opts);
+    assert_eq!(events[0].id, dog);
+    assert!((events[0].prob - 0.4).abs() < 1e-6, "{}", events[0].prob);
+    assert_eq!(text.trim(), "dog ran");
+    assert_eq!(stop, StopReason::Eos);
+
+    let fresh_prompt: Vec<u32> = prefix.iter().copied().chain([dog]).collect();
+    let (fresh, _, _) = run(&model, &fresh_prompt, greedy(8));
+    let ids = |e: &[TokenEvent]| e.iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(ids(&events[1..]), ids(&fresh));
+    // An id outside the vocabulary is an error, not a panic.
+    let bad = GenerateOptions { forced: vec![999], ..greedy(8) };
+    assert!(Generation::new(&model, &model, prefix, bad).is_err());
+}

@@ -203,9 +203,12 @@ export class NextToken {
    * far). Options: maxTokens, temperature, topK, topP, minP, repeatPenalty, repeatWindow, seed,
    * stop, topLogprobs (alternatives per token, default 5, at most 20), beams, lengthNormalise.
    * The prefix this prompt shares with the previous generation's is not computed again
-   * (`lastSummary.reusedTokens`). When it ends, `lastSummary` holds the totals.
+   * (`lastSummary.reusedTokens`). `prompt` may also be `{ids: [...]}`: token ids as they are
+   * (no BOS added), e.g. `lastSummary.promptIds` plus the ids of the tokens before a position
+   * plus another token: a branch. When it ends, `lastSummary` holds the totals and `promptIds`.
    */
   generate(prompt, options = {}) {
+    if (typeof prompt === "object" && prompt !== null && "ids" in prompt) return this.#stream({ type: "generate", ids: Array.from(prompt.ids), options });
     return this.#stream({ type: "generate", prompt, options });
   }
 
@@ -247,7 +250,7 @@ export class NextToken {
         this.pending.delete(id);
         if (this.current === id) this.current = null;
         finished = true;
-        if (msg.type === "done" && msg.summary) this.lastSummary = { ...msg.summary, messages: msg.messages, wallMs: performance.now() - t0 };
+        if (msg.type === "done" && msg.summary) this.lastSummary = { ...msg.summary, messages: msg.messages, promptIds: msg.promptIds, wallMs: performance.now() - t0 };
         else if (msg.type === "error") failure = new Error(msg.message);
       }
       wake?.();

@@ -2,12 +2,12 @@
 // generation loop, one token per step, posting each token as soon as it is known. The page
 // stays responsive, and between tokens the worker yields so that an "abort" message gets in.
 //
-// Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt, options}
+// Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt | ids, options}
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"abort", id} | {type:"score", id, text} | {type:"cancel-load", id}
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
-//               {type:"done", id, summary, messages} | {type:"result", id, value}
+//               {type:"done", id, summary, messages, promptIds} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
 import { loadWasm } from "./wasm.js";
@@ -193,7 +193,7 @@ function generate(msg) {
   running = previous.then(() => run(msg));
 }
 
-async function run({ id, type, prompt, messages, options = {} }) {
+async function run({ id, type, prompt, ids, messages, options = {} }) {
   if (aborted.has(id)) {
     // Aborted while it waited for the previous one.
     aborted.delete(id);
@@ -207,7 +207,9 @@ async function run({ id, type, prompt, messages, options = {} }) {
   let session = null;
   sessionId = id;
   try {
-    session = type === "chat" ? engine.startChat(messages, options) : engine.start(prompt, options);
+    if (type === "chat") session = engine.startChat(messages, options);
+    else if (ids) session = engine.startIds(Uint32Array.from(ids), options);
+    else session = engine.start(prompt, options);
     for (;;) {
       if (aborted.has(id)) {
         session.abort();
@@ -218,7 +220,7 @@ async function run({ id, type, prompt, messages, options = {} }) {
       post({ type: "token", id, token });
       await yieldToEvents();
     }
-    post({ type: "done", id, summary: session.summary(), messages: session.messages });
+    post({ type: "done", id, summary: session.summary(), messages: session.messages, promptIds: Array.from(session.promptIds) });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   } finally {

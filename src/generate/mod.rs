@@ -34,6 +34,10 @@ pub struct GenerateOptions {
     /// More ids that end generation like the model's end tokens (when `stop_at_eos`): a chat
     /// template's end-of-turn markers such as `<|im_end|>` (`chat::ChatTemplate::stop_tokens`).
     pub stop_tokens: Vec<u32>,
+    /// Tokens emitted first, in place of sampled ones, each with the probability the model gives
+    /// it (a branch: the alternative the reader chose at a position). The sampler draws nothing
+    /// for them.
+    pub forced: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
@@ -44,6 +48,7 @@ impl Default for GenerateOptions {
             stop_strings: Vec::new(),
             stop_at_eos: true,
             stop_tokens: Vec::new(),
+            forced: Vec::new(),
         }
     }
 }
@@ -231,6 +236,12 @@ where
                 prompt_ids.len()
             )));
         }
+        if let Some(&id) = opts.forced.iter().find(|&&id| id as usize >= m.vocab_size()) {
+            return Err(Error::Input(format!(
+                "forced token id {id} is outside the model's vocabulary of {}",
+                m.vocab_size()
+            )));
+        }
         if opts.stop_strings.iter().any(String::is_empty) {
             return Err(Error::Input("a stop string is empty (it would match at once)".into()));
         }
@@ -336,7 +347,15 @@ where
         if !logits.is_empty() {
             self.logits = logits;
         }
-        self.finish_step(|g| g.sampler.sample(&g.logits, &g.tokens))
+        self.finish_step(|g| match g.next_forced() {
+            Some(id) => g.sampler.describe(&g.logits, id),
+            None => g.sampler.sample(&g.logits, &g.tokens),
+        })
+    }
+
+    /// The forced token this step emits, if any is left (`GenerateOptions::forced`).
+    fn next_forced(&self) -> Option<u32> {
+        self.opts.forced.get(self.tokens.len() - self.prompt_len).copied()
     }
 
     /// When the sampler can pick from the `k` most likely tokens alone (greedy, or top-k
@@ -344,6 +363,10 @@ where
     /// device ([`LanguageModel::forward_top`]) then sends back only those, and the step ends
     /// with [`step_output_top`](Generation::step_output_top).
     pub fn top_needed(&self, limit: usize) -> Option<usize> {
+        // A forced token may be anywhere in the distribution: its step needs the whole row.
+        if self.next_forced().is_some() {
+            return None;
+        }
         self.sampler.top_needed(limit)
     }
 
@@ -517,6 +540,12 @@ fn check_prompt<M: LanguageModel>(model: &M, prompt_ids: &[u32]) -> Result<()> {
         return Err(Error::Input(
             "the prompt is empty: it needs at least one token (usually BOS)".into(),
         ));
+    }
+    let n_vocab = model.vocab_size();
+    if let Some(&id) = prompt_ids.iter().find(|&&id| id as usize >= n_vocab) {
+        return Err(Error::Input(format!(
+            "token id {id} is outside the model's vocabulary of {n_vocab}"
+        )));
     }
     let context = model.context_length();
     if prompt_ids.len() > context {

@@ -179,7 +179,7 @@ impl Engine {
             Loaded::Gpu(m, _) => start_after(m, vocab.clone(), ids, opts, previous, stops),
         }
         .map_err(js_err)?;
-        let session = Session::new(gen, vocab, ids.len());
+        let session = Session::new(gen, vocab, ids.to_vec());
         *self.latest.borrow_mut() = Some(session.slot());
         Ok(session)
     }
@@ -329,6 +329,16 @@ impl Engine {
     pub fn start(&self, prompt: &str, options: JsValue) -> Result<Session, JsError> {
         let opts = GenOptions::parse(options)?;
         let ids = prompt_ids(self.bos(), &*self.vocab(), prompt).map_err(js_err)?;
+        self.start_ids(&ids, &opts, &[])
+    }
+
+    /// Start generating after the token ids `ids` (as they are: no BOS is added), e.g. a
+    /// branch: the ids a session gave (`promptIds`, then its tokens up to a position) with
+    /// another token at the end. Options as `start`; the KV cache of the prefix these ids share
+    /// with the previous generation's is reused (only the branch's new tokens are computed).
+    #[wasm_bindgen(js_name = startIds)]
+    pub fn start_ids_js(&self, ids: Vec<u32>, options: JsValue) -> Result<Session, JsError> {
+        let opts = GenOptions::parse(options)?;
         self.start_ids(&ids, &opts, &[])
     }
 

@@ -70,6 +70,9 @@ pub(super) struct GenOptions {
     /// Alternatives reported with each token (default 5, at most 20).
     #[serde(alias = "top_logprobs")]
     top_logprobs: Option<usize>,
+    /// Token ids emitted first whatever the sampler would pick (a branch's chosen token).
+    #[serde(alias = "force_tokens")]
+    force_tokens: Vec<u32>,
 }
 
 impl GenOptions {
@@ -94,6 +97,7 @@ impl GenOptions {
                 alternatives: self.top_logprobs.unwrap_or(s.alternatives),
             },
             stop_strings: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            forced: self.force_tokens.clone(),
             ..d
         }
     }

@@ -359,7 +359,7 @@ pub struct Session {
     /// failed step, and once a newer session took over its KV cache.
     gen: Slot,
     vocab: Rc<dyn Vocab>,
-    prompt_tokens: usize,
+    prompt_ids: Vec<u32>,
     /// A chat session's conversation as rendered (after dropping the oldest turns to fit).
     messages: Option<Vec<Message>>,
 }
@@ -369,8 +369,8 @@ pub struct Session {
 pub(super) type Slot = Rc<RefCell<Option<Gen>>>;
 
 impl Session {
-    pub(super) fn new(gen: Gen, vocab: Rc<dyn Vocab>, prompt_tokens: usize) -> Session {
-        Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_tokens, messages: None }
+    pub(super) fn new(gen: Gen, vocab: Rc<dyn Vocab>, prompt_ids: Vec<u32>) -> Session {
+        Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_ids, messages: None }
     }
 
     pub(super) fn with_messages(mut self, messages: Vec<Message>) -> Session {
@@ -436,7 +436,14 @@ impl Session {
 
     #[wasm_bindgen(getter, js_name = promptTokens)]
     pub fn prompt_tokens(&self) -> usize {
-        self.prompt_tokens
+        self.prompt_ids.len()
+    }
+
+    /// The prompt's token ids (BOS included when the model wants it): with the generated ids,
+    /// what a branch from a later position starts from.
+    #[wasm_bindgen(getter, js_name = promptIds)]
+    pub fn prompt_ids(&self) -> Vec<u32> {
+        self.prompt_ids.clone()
     }
 
     /// A chat session's messages as the prompt holds them: the conversation given, less the

@@ -195,6 +195,10 @@ fn contained<T>(doing: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 #[derive(serde::Deserialize)]
 struct JsonShape {
     model: Option<ModelShape>,
+    /// Read as a value so every string in it is checked (skipped strings are not: a lone
+    /// surrogate `\ud800` would reach the decoder's `expect` in `tokenizers`).
+    #[serde(rename = "decoder")]
+    _decoder: Option<serde_json::Value>,
 }
 
 #[derive(serde::Deserialize)]
@@ -216,7 +220,7 @@ enum Merge {
 }
 
 /// The checks [`HfTokenizer::from_bytes`] makes before `tokenizers` sees the bytes: they are
-/// JSON (syntax errors inside `"decoder"` make `tokenizers` panic), nested at most
+/// JSON (any error inside `"decoder"` makes `tokenizers` panic), nested at most
 /// [`MAX_JSON_DEPTH`] deep, and a BPE model's `continuing_subword_prefix` starts the second
 /// half of every merge (`tokenizers` slices it off unchecked: a panic, or worse, a cut through
 /// a UTF-8 character).

@@ -21,10 +21,16 @@ fn gpt2_json() -> Value {
 const TEXT: &str = "Hello world, héllo ##wörld 123 and a much longer tail of words";
 
 /// Load a tokenizer from `bytes`; if it loads, encode `TEXT` and decode odd ids. The load or
-/// encode error, or the ids.
+/// encode error, or the ids. A panic inside `tokenizers` that `HfTokenizer` caught fails the
+/// test too: in wasm it would have aborted, so every known case must be checked beforehand.
 fn load_and_use(bytes: &[u8]) -> Result<Vec<u32>, String> {
-    let tok = HfTokenizer::from_bytes(bytes).map_err(|e| e.to_string())?;
-    let ids = tok.encode(TEXT).map_err(|e| e.to_string())?;
+    let contained = |e: nexttoken::Error| {
+        let msg = e.to_string();
+        assert!(!msg.contains("the tokenizers crate failed"), "a panic was caught: {msg}");
+        msg
+    };
+    let tok = HfTokenizer::from_bytes(bytes).map_err(contained)?;
+    let ids = tok.encode(TEXT).map_err(contained)?;
     tok.decode(&ids);
     tok.decode(&[0, 1, 2, 3, 100, 255, 256, 1000, u32::MAX]);
     Ok(ids)
@@ -50,6 +56,20 @@ fn truncated_inside_the_decoder() {
         let err = load_and_use(&text.as_bytes()[..cut]).unwrap_err();
         assert!(err.contains("EOF while parsing"), "cut at {cut}: {err}");
     }
+}
+
+/// Found by the fuzzer: an escape that is not a character (a lone surrogate) inside the decoder
+/// reached an `expect` in `tokenizers`.
+#[test]
+fn a_lone_surrogate_in_the_decoder() {
+    let text = gpt2_json().to_string();
+    let bad = text.replacen("\"decoder\":{\"", "\"decoder\":{\"\\ud800", 1);
+    assert_ne!(bad, text);
+    let err = load_and_use(bad.as_bytes()).unwrap_err();
+    assert!(
+        err.starts_with("tokenizer: cannot read tokenizer.json") && err.contains("escape"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -300,5 +320,22 @@ proptest! {
         if let Ok(text) = std::str::from_utf8(&bytes) {
             use_table(text);
         }
+    }
+}
+
+/// A WordPiece model (where the prefix belongs) with odd prefixes, decoded by the WordPiece
+/// decoder: loads and runs, or says why not.
+#[test]
+fn wordpiece_with_odd_prefixes() {
+    for prefix in ["##", "", "é", "a", "##########"] {
+        let t = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+            "decoder": {"type": "WordPiece", "prefix": prefix, "cleanup": true},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": prefix,
+                      "max_input_chars_per_word": 100,
+                      "vocab": {"[UNK]": 0, "a": 1, "##b": 2, "éb": 3, "ab": 4, "b": 5}}
+        });
+        let _ = load_and_use(t.to_string().as_bytes());
     }
 }

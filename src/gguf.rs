@@ -339,13 +339,42 @@ struct Part {
     alignment: usize,
 }
 
+/// What a file that should have been GGUF starts with, readably (`"The " (54 68 65 20)`),
+/// and what it looks like when that is recognisable.
+fn not_gguf(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(4)];
+    let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+    let text: String = head
+        .iter()
+        .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
+        .collect();
+    let start = String::from_utf8_lossy(&bytes[..bytes.len().min(64)]).trim_start().to_lowercase();
+    let looks_like = if start.starts_with("version https://git-lfs") {
+        "; it is a Git LFS pointer, not the file (run `git lfs pull`)"
+    } else if start.starts_with("<!doctype html") || start.starts_with("<html") {
+        "; it looks like an HTML page (an error page saved instead of the model?)"
+    } else if start.starts_with('<') {
+        "; it looks like HTML or XML"
+    } else if start.starts_with('{') || start.starts_with('[') {
+        "; it looks like JSON (a tokenizer.json? a table model needs the .json extension)"
+    } else {
+        ""
+    };
+    format!("it starts with \"{text}\" ({}), not \"GGUF\"{looks_like}", hex.join(" "))
+}
+
 impl Part {
     fn parse(bytes: &[u8], start: usize) -> Result<Part> {
         let mut r = Reader { bytes, pos: start, array_elements: 0 };
-        let magic = r.take(4, "magic")?;
-        if magic != MAGIC {
-            return gguf_err!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic);
+        let head = &bytes[start..];
+        if head.is_empty() {
+            return gguf_err!("not a GGUF file: it is empty (0 bytes: truncated or never written)");
         }
+        // A prefix of the magic is a truncated GGUF, which the read below reports.
+        if !head.starts_with(MAGIC) && !MAGIC.starts_with(head) {
+            return gguf_err!("not a GGUF file: {}", not_gguf(head));
+        }
+        r.take(4, "magic")?;
         let version = r.u32("version")?;
         if !(2..=3).contains(&version) {
             return gguf_err!("unsupported GGUF version {version} (supported: 2 and 3)");

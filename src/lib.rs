@@ -11,6 +11,8 @@ pub mod backend;
 pub mod chat;
 pub mod cpu;
 pub mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod files;
 pub mod generate;
 pub mod gguf;
 pub mod gpu;

@@ -198,6 +198,7 @@ struct ScoreArgs {
 }
 
 fn main() -> ExitCode {
+    quiet_device_select();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => with_model(&args.model, |m, v, _| run_generate(m, v, &args)),
@@ -220,6 +221,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// Mesa's Vulkan device-select layer asks the Wayland compositor which GPU drives the display,
+/// and without a session (`XDG_RUNTIME_DIR` unset: ssh, CI, containers) libwayland prints
+/// `error: XDG_RUNTIME_DIR is invalid or not set` at every adapter enumeration, though nothing
+/// failed. With no session there is no display to ask, so the layer is switched off
+/// (`NODEVICE_SELECT=1`, its own switch) unless the user set that already; wgpu ranks the
+/// adapters itself either way. Done first thing, while no other thread reads the environment.
+fn quiet_device_select() {
+    let has_session =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| d.to_string_lossy().starts_with('/'));
+    if !has_session && std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 /// Load the model named by `args` on the chosen backend and hand it to `f`, with its tokenizer
 /// and its GGUF header (the metadata: `None` for a table model).
 fn with_model(
@@ -229,7 +244,7 @@ fn with_model(
     let model = match &args.model {
         None => default_model()?,
         Some(path) if path.extension().is_some_and(|e| e == "json") => {
-            let table = TableModel::from_json(&read_to_string(path)?)?;
+            let table = TableModel::from_json(&read_text(path, "table model")?)?;
             return f(&table, &table, None);
         }
         Some(path) => Model::open(path)?,
@@ -238,6 +253,7 @@ fn with_model(
     // pass needs), from the bytes the model already holds.
     let header = Gguf::parse(&model.storage)?;
     let tokenizer = load_tokenizer(args, &header)?;
+    tokenizer.check_fits(model.config.n_vocab)?;
     let header = Some(&header);
     let choice = backend::choose_native(args.backend.parse::<BackendRequest>()?)?;
     eprintln!("backend: {}", choice.reason());
@@ -251,10 +267,7 @@ fn with_model(
             let cpu = if args.exact {
                 CpuModel::new(model)
             } else {
-                let threads = match args.threads {
-                    0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                    n => n,
-                };
+                let threads = cpu_threads(args.threads)?;
                 let fast =
                     CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
                 match &args.isa {
@@ -280,8 +293,27 @@ fn with_model(
     }
 }
 
+/// The most `--threads`: more than any CPU has cores (the largest have a few hundred hardware
+/// threads), and far below what the OS allows, so a typo (`--threads 100000`) is an error
+/// rather than a pool of 100000 threads.
+const MAX_THREADS: usize = 1024;
+
+/// The CPU threads `--threads` asks for: 0 is every core; above [`MAX_THREADS`] is an error.
+fn cpu_threads(threads: usize) -> Result<usize> {
+    if threads == 0 {
+        return Ok(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    }
+    if threads > MAX_THREADS {
+        return Err(Error::Input(format!(
+            "--threads {threads}: at most {MAX_THREADS} (0 uses every core)"
+        )));
+    }
+    Ok(threads)
+}
+
 /// The tokenizer of the model `args` names, whose GGUF header is `header`: `--tokenizer` if
-/// given, else (a file) a `tokenizer.json` beside the model or (the embedded model) its own
+/// given, else (a file) `<stem>-tokenizer.json` or `tokenizer.json` beside the model (as
+/// www/models/ has `default.gguf` and `default-tokenizer.json`) or (the embedded model) its own
 /// tokenizer.json, else the one the GGUF's metadata describes.
 fn load_tokenizer(args: &ModelArgs, header: &Gguf) -> Result<HfTokenizer> {
     if let Some(file) = &args.tokenizer {
@@ -290,9 +322,13 @@ fn load_tokenizer(args: &ModelArgs, header: &Gguf) -> Result<HfTokenizer> {
     let Some(path) = &args.model else {
         return HfTokenizer::from_bytes(DEFAULT_TOKENIZER);
     };
-    let beside = path.with_file_name("tokenizer.json");
-    if beside.exists() {
-        return HfTokenizer::from_file(&beside);
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let candidates = [
+        path.with_file_name(format!("{stem}-tokenizer.json")),
+        path.with_file_name("tokenizer.json"),
+    ];
+    if let Some(beside) = candidates.iter().find(|p| p.exists()) {
+        return HfTokenizer::from_file(beside);
     }
     HfTokenizer::from_gguf(header).map_err(|e| {
         let why = match e {
@@ -300,8 +336,9 @@ fn load_tokenizer(args: &ModelArgs, header: &Gguf) -> Result<HfTokenizer> {
             other => other.to_string(),
         };
         Error::Tokenizer(format!(
-            "no tokenizer: {} does not exist and the model's own is unusable: {why} (pass --tokenizer PATH)",
-            beside.display()
+            "no tokenizer: neither {} nor {} exists, and the model's own is unusable: {why} (pass --tokenizer PATH)",
+            candidates[0].display(),
+            candidates[1].display()
         ))
     })
 }
@@ -357,16 +394,62 @@ fn top_json(vocab: &dyn Vocab, top: &[(u32, f32)]) -> serde_json::Value {
     top.iter().map(|&(id, p)| json!({"id": id, "token": vocab.token_text(id), "prob": p})).collect()
 }
 
+/// Stdout that remembers whether its last line is unfinished (streamed text), so that an error
+/// can end the line first instead of running into the text.
+struct Lines<W: Write> {
+    out: W,
+    open: bool,
+}
+
+impl<W: Write> Lines<W> {
+    fn new(out: W) -> Self {
+        Lines { out, open: false }
+    }
+
+    /// `result`, after ending an unfinished line if it is an error.
+    fn end_line_if_err<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() && self.open {
+            self.open = false;
+            let _ = writeln!(self.out).and_then(|()| self.out.flush());
+        }
+        result
+    }
+}
+
+impl<W: Write> Write for Lines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        if n > 0 {
+            self.open = buf[n - 1] != b'\n';
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 fn generate_with<M: LanguageModel>(
     model: &M,
     vocab: &dyn Vocab,
     args: &GenerateArgs,
 ) -> Result<()> {
+    let mut out = Lines::new(std::io::stdout().lock());
+    let result = generate_to(model, vocab, args, &mut out);
+    out.end_line_if_err(result)
+}
+
+fn generate_to<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    args: &GenerateArgs,
+    out: &mut impl Write,
+) -> Result<()> {
     let ids = prompt_ids(model.bos_token(), vocab, &args.prompt)?;
-    let mut out = std::io::stdout().lock();
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
 
-    if args.beams > 1 {
+    // 0 beams goes to the search too, which refuses it (it is not a quiet "1").
+    if args.beams != 1 {
         let opts = BeamOptions {
             beams: args.beams,
             max_tokens: args.sampling.max_tokens,
@@ -381,7 +464,9 @@ fn generate_with<M: LanguageModel>(
             writeln!(out, "{}", json!({"prompt_tokens": ids.len(), "beams": list}))
                 .map_err(write_err)?;
         } else {
-            let best = &beams[0];
+            let best = beams
+                .first()
+                .ok_or_else(|| Error::Input("beam search found no continuation".into()))?;
             writeln!(out, "{}{}", args.prompt, continuation(vocab, &ids, &best.ids))
                 .map_err(write_err)?;
             eprintln!("beam log P = {:.4}, P = {:.4}", best.logprob, best.logprob.exp());
@@ -445,20 +530,22 @@ fn chat_with<M: LanguageModel>(
     };
     let mut chat: Chat<M::State> =
         Chat::new(template, args.system.as_deref()).with_overflow(overflow);
-    let mut out = std::io::stdout().lock();
+    let mut out = Lines::new(std::io::stdout().lock());
 
     if let Some(path) = &args.messages {
-        let messages: Vec<Message> = serde_json::from_str(&read_to_string(path)?).map_err(|e| {
-            Error::Input(format!(
-                "{}: not a conversation ([{{\"role\": ..., \"content\": ...}}, ...]): {e}",
-                path.display()
-            ))
-        })?;
+        let messages: Vec<Message> = serde_json::from_str(&read_text(path, "conversation")?)
+            .map_err(|e| {
+                Error::Input(format!(
+                    "{}: not a conversation ([{{\"role\": ..., \"content\": ...}}, ...]): {e}",
+                    path.display()
+                ))
+            })?;
         if messages.first().is_some_and(|m| m.role == "system") {
             chat.messages.clear();
         }
         chat.messages.extend(messages);
-        return chat_turn(model, vocab, &mut chat, args, &mut out);
+        let result = chat_turn(model, vocab, &mut chat, args, &mut out);
+        return out.end_line_if_err(result);
     }
 
     let interactive = std::io::stdin().is_terminal();
@@ -482,7 +569,8 @@ fn chat_with<M: LanguageModel>(
             continue;
         }
         chat.push(Message::user(text));
-        if let Err(e) = chat_turn(model, vocab, &mut chat, args, &mut out) {
+        let result = chat_turn(model, vocab, &mut chat, args, &mut out);
+        if let Err(e) = out.end_line_if_err(result) {
             // The message that could not be answered is not part of the conversation.
             chat.messages.pop();
             eprintln!("error: {e}");
@@ -575,7 +663,7 @@ fn run_info(path: Option<&Path>) -> Result<()> {
     let model = match path {
         None => default_model()?,
         Some(path) if path.extension().is_some_and(|e| e == "json") => {
-            let table = TableModel::from_json(&read_to_string(path)?)?;
+            let table = TableModel::from_json(&read_text(path, "table model")?)?;
             println!("table model: vocabulary of {} words", table.vocab_size());
             return Ok(());
         }
@@ -594,7 +682,16 @@ fn run_info(path: Option<&Path>) -> Result<()> {
     println!("context        {}", c.n_ctx);
     println!("rope           {:?}, theta {}, {} dims", c.rope, c.rope_theta, c.rope_dims);
     println!("norm eps       {}", c.norm_eps);
-    println!("bos / eos      {:?} (add bos: {}) / {:?}", c.bos_token, c.add_bos, c.eos_tokens);
+    let ids = |ids: &[u32]| match ids {
+        [] => "none".to_string(),
+        _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+    };
+    println!(
+        "bos / eos      {} (add bos: {}) / {}",
+        ids(c.bos_token.as_slice()),
+        c.add_bos,
+        ids(&c.eos_tokens)
+    );
     println!("parameters     {}", model.parameter_count());
     let parts = Gguf::parse(&model.storage)?.parts;
     if parts > 1 {
@@ -618,7 +715,8 @@ fn run_info(path: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-fn read_to_string(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path)
-        .map_err(|source| Error::Io { path: path.display().to_string(), source })
+/// The text of a JSON file the user named (a table model, a conversation): a regular file of at
+/// most 64 MiB, so a FIFO or `/dev/zero` gets a message instead of a hang.
+fn read_text(path: &Path, what: &str) -> Result<String> {
+    nexttoken::files::read_text_capped(path, what, 64 << 20)
 }

@@ -444,6 +444,7 @@ impl Model {
                 .collect();
             return Model::describe(Storage::Owned(read_parts(&paths)?), Some(n));
         }
+        crate::files::regular_file_len(path, "model file")?;
         let io = |source| Error::Io { path: path.display().to_string(), source };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; a file changed underneath us while it runs gives wrong
@@ -487,6 +488,10 @@ fn read_parts(paths: &[std::path::PathBuf]) -> Result<Vec<u8>> {
             path: format!("{} (part {} of {n} of a split model)", path.display(), k + 1),
             source,
         };
+        crate::files::regular_file_len(path, "model file").map_err(|e| match e {
+            Error::Io { source, .. } => io(source),
+            other => other,
+        })?;
         let file = std::fs::File::open(path).map_err(io)?;
         total += file.metadata().map_err(io)?.len();
         files.push((file, io));

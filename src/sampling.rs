@@ -7,7 +7,8 @@
 //! 1. **repetition penalty** (CTRL / llama.cpp style): each distinct token of the last
 //!    `repeat_window` history tokens gets `logit / penalty` if its logit is positive and
 //!    `logit * penalty` otherwise, so both cases move towards "less likely";
-//! 2. **greedy** if `temperature <= 0`: the argmax, ties going to the lowest id;
+//! 2. **greedy** if `temperature` is 0 or below [`GREEDY_BELOW`]: the argmax, ties going to the
+//!    lowest id;
 //! 3. **temperature**: logits are divided by it (<1 sharpens, >1 flattens);
 //! 4. **softmax** (max-subtracted, so `exp` never overflows; `-inf` logits get probability 0);
 //! 5. **top-k**: keep the `top_k` most probable tokens;
@@ -19,6 +20,7 @@
 //! The probability reported in [`Pick`] is not the reshaped one: it is what the model itself
 //! believes, the plain softmax of the logits at temperature 1.
 
+use crate::error::{Error, Result};
 use crate::lm::TopK;
 use rand_core::{RngCore, SeedableRng};
 use rand_pcg::Pcg32;
@@ -27,7 +29,7 @@ use rand_pcg::Pcg32;
 /// every filter off); [`SamplerConfig::greedy`] always takes the most probable token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
-    /// Divides the logits; 0 (or less) means greedy.
+    /// Divides the logits; 0 (or anything below [`GREEDY_BELOW`]) means greedy.
     pub temperature: f32,
     /// Keep only the k most probable tokens; 0 = off.
     pub top_k: usize,
@@ -64,11 +66,53 @@ impl SamplerConfig {
         SamplerConfig { temperature: 0.0, ..Self::default() }
     }
 
-    /// Temperature 0 is the limit where all probability goes to the argmax. A NaN temperature
-    /// (a bad UI value) is greedy too, rather than a distribution of NaNs.
+    /// Temperature 0 is the limit where all probability goes to the argmax, and temperatures
+    /// below [`GREEDY_BELOW`] are that limit in f32. A NaN temperature (which
+    /// [`validate`](SamplerConfig::validate) refuses) is greedy too, rather than NaNs.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.temperature.is_nan()
+        self.temperature < GREEDY_BELOW || self.temperature.is_nan()
     }
+
+    /// An [`Error::Input`] naming the first option out of range: a temperature that is
+    /// negative or not finite, top-p or min-p outside [0, 1], a repetition penalty that is not
+    /// a finite number above 0. The generation constructors call it, so every front end does.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, value: f32, want: &str| {
+            Err(Error::Input(format!("{name} = {value} is out of range: it must be {want}")))
+        };
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return bad("temperature", t, "a finite number >= 0 (0 is greedy)");
+        }
+        for (name, p) in [("top_p", self.top_p), ("min_p", self.min_p)] {
+            if !(0.0..=1.0).contains(&p) {
+                return bad(name, p, "between 0 and 1");
+            }
+        }
+        let r = self.repeat_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return bad("repeat_penalty", r, "a finite number > 0 (1 is off)");
+        }
+        Ok(())
+    }
+}
+
+/// Temperatures below this are greedy. Sampling divides the logits' distances from the best by
+/// T: at T < 1e-6 a token 1e-4 below the best gets weight exp(-100) ≈ 4e-44 against the
+/// best's 1, which vanishes in the draw's sum, so only near-exact ties could ever be drawn
+/// instead of the argmax. Going greedy there also keeps 1/T far from f32 overflow (at
+/// T = 1e-39, 1/T is infinite and 0 × inf = NaN made every weight NaN: the least likely token
+/// came out every step).
+pub const GREEDY_BELOW: f32 = 1e-6;
+
+/// The error for a row of logits holding NaN or +inf (a NaN or infinite weight, or an overflow
+/// in the forward pass): nothing can be chosen or scored from it. `position` is the index in
+/// the sequence of the token those logits predict.
+pub fn bad_logits(position: usize) -> Error {
+    Error::Model(format!(
+        "the logits predicting position {position} are NaN or infinite (a NaN or infinite \
+         weight, or an overflow in the forward pass); stopping instead of picking at random"
+    ))
 }
 
 /// The random stream behind sampling: PCG32 (XSH-RR), whose output is specified bit for bit, so a
@@ -151,7 +195,8 @@ impl Sampler {
     }
 
     /// Choose the next token given the model's `logits` and the tokens so far (prompt included),
-    /// which only the repetition penalty looks at.
+    /// which only the repetition penalty looks at. A row holding NaN or +inf gives a pick whose
+    /// `logprob` is NaN (see [`logsumexp`]): callers check that, not every logit.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Pick {
         let id = self.choose(logits, history);
         describe(logits, id, self.shown())
@@ -220,11 +265,12 @@ impl Sampler {
             }
         };
         let logprob_of = |logit: f32| logit as f64 - top.logsumexp;
-        let logprob = top
-            .ids
-            .iter()
-            .position(|&i| i == id)
-            .map_or(f64::NEG_INFINITY, |at| logprob_of(top.logits[at]));
+        let logprob = match top.ids.iter().position(|&i| i == id) {
+            Some(at) => logprob_of(top.logits[at]),
+            // Nothing was ranked: every logit was NaN.
+            None if top.ids.is_empty() => f64::NAN,
+            None => f64::NEG_INFINITY,
+        };
         let shown = top.ids.iter().zip(&top.logits).take(self.shown());
         Pick {
             id,
@@ -404,14 +450,18 @@ fn max_finite(logits: &[f32]) -> Option<f32> {
 }
 
 /// ln Σ exp(logits), computed as max + ln Σ exp(l - max) in f64 so nothing overflows or
-/// underflows to a wrong answer. `-inf` when every logit is `-inf` (there is no distribution).
+/// underflows to a wrong answer. `-inf` when every logit is `-inf` (there is no distribution);
+/// NaN when any logit is NaN or +inf (broken logits: every log-probability from it is NaN, which
+/// is how generation and scoring notice them without a pass of their own).
 pub fn logsumexp(logits: &[f32]) -> f64 {
     let Some(max) = max_finite(logits) else {
-        return f64::NEG_INFINITY;
+        let any_nan = logits.iter().any(|l| l.is_nan());
+        return if any_nan { f64::NAN } else { f64::NEG_INFINITY };
     };
     let max = max as f64;
+    // NaN - max is NaN, and +inf - max (max being +inf) is NaN too: either poisons the sum.
     let sum: f64 =
-        logits.iter().filter(|&&l| l > f32::NEG_INFINITY).map(|&l| (l as f64 - max).exp()).sum();
+        logits.iter().filter(|&&l| l != f32::NEG_INFINITY).map(|&l| (l as f64 - max).exp()).sum();
     max + sum.ln()
 }
 

@@ -21,7 +21,8 @@
 //! }
 //! ```
 //!
-//! - `vocab`: the words, in id order (word i has id i). No duplicates, no whitespace inside.
+//! - `vocab`: the words, in id order (word i has id i). No duplicates, no whitespace inside;
+//!   at most [`MAX_TABLE_WORDS`] (4096).
 //! - `bos` / `eos`: the start and end words (both in `vocab`).
 //! - `next[w]`: P(next word | w), over words of `vocab`; words left out have probability 0.
 //!   Every row sums to 1 (within 1e-6). Every word except `eos` needs a row; after `eos`, if it
@@ -40,8 +41,11 @@ use crate::lm::{LanguageModel, Vocab};
 
 const DEFAULT_CONTEXT_LENGTH: usize = 64;
 const ROW_SUM_TOLERANCE: f64 = 1e-6;
+/// The most words a table may have. Lessons use a handful; a table is written and checked by
+/// hand, and a bigger one is not a lesson (each forward pass still builds a full row of logits).
+pub const MAX_TABLE_WORDS: usize = 4096;
 
-/// The JSON as written; `TableModel::from_json` checks it and turns it into a matrix.
+/// The JSON as written; `TableModel::from_json` checks it and turns it into sparse rows.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TableFile {
@@ -64,8 +68,9 @@ pub struct TableModel {
     bos: u32,
     eos: [u32; 1],
     context_length: usize,
-    /// Row `prev` holds ln P(next | prev) for every next: `words.len()` squared entries.
-    logits: Vec<f32>,
+    /// Row `prev` lists (next, ln P(next | prev)) for the words that can follow, by id; every
+    /// other word has probability 0 (logit `-inf`). Sparse: a table's rows are short.
+    rows: Vec<Vec<(u32, f32)>>,
 }
 
 /// Where a table model is in a sequence. The last word is all a bigram model uses; the state
@@ -96,6 +101,12 @@ impl TableModel {
         if file.vocab.is_empty() {
             return model_err("vocab is empty".into());
         }
+        if file.vocab.len() > MAX_TABLE_WORDS {
+            return model_err(format!(
+                "vocab has {} words; a table model may have at most {MAX_TABLE_WORDS}",
+                file.vocab.len()
+            ));
+        }
         let mut ids = HashMap::new();
         for (i, word) in file.vocab.iter().enumerate() {
             if word.is_empty() || word.contains(char::is_whitespace) {
@@ -114,8 +125,7 @@ impl TableModel {
         let bos = id_of(&file.bos, "bos")?;
         let eos = id_of(&file.eos, "eos")?;
 
-        let n = file.vocab.len();
-        let mut logits = vec![f32::NEG_INFINITY; n * n];
+        let mut rows = vec![Vec::new(); file.vocab.len()];
         for (prev, row) in &file.next {
             let prev_id = id_of(prev, "next has a row for")? as usize;
             let mut sum = 0.0;
@@ -127,8 +137,11 @@ impl TableModel {
                     ));
                 }
                 sum += p;
-                logits[prev_id * n + next_id as usize] = p.ln() as f32;
+                if p > 0.0 {
+                    rows[prev_id].push((next_id, p.ln() as f32));
+                }
             }
+            rows[prev_id].sort_unstable_by_key(|&(next, _)| next);
             if (sum - 1.0).abs() > ROW_SUM_TOLERANCE {
                 return model_err(format!("next[{prev:?}] sums to {sum}, not 1"));
             }
@@ -142,7 +155,7 @@ impl TableModel {
                     "next has no row for {word:?}: every word except eos needs a next-word distribution"
                 ));
             }
-            logits[id * n + id] = 0.0; // after the end comes the end: ln 1
+            rows[id] = vec![(id as u32, 0.0)]; // after the end comes the end: ln 1
         }
 
         Ok(TableModel {
@@ -153,7 +166,7 @@ impl TableModel {
             bos,
             eos: [eos],
             context_length: file.context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH),
-            logits,
+            rows,
         })
     }
 
@@ -176,13 +189,17 @@ impl TableModel {
 
     /// P(next | prev) straight from the table (0 for an id outside the vocabulary).
     pub fn prob(&self, prev: u32, next: u32) -> f64 {
-        self.row(prev).and_then(|row| row.get(next as usize)).map_or(0.0, |&l| (l as f64).exp())
+        let row = self.rows.get(prev as usize).map_or(&[][..], Vec::as_slice);
+        row.binary_search_by_key(&next, |&(id, _)| id).map_or(0.0, |at| (row[at].1 as f64).exp())
     }
 
-    fn row(&self, id: u32) -> Option<&[f32]> {
-        let n = self.words.len();
-        let start = id as usize * n;
-        self.logits.get(start..start + n)
+    /// Append the logits of the word after `prev` (a known id) to `out`: a full row.
+    fn push_row(&self, prev: u32, out: &mut Vec<f32>) {
+        let start = out.len();
+        out.resize(start + self.words.len(), f32::NEG_INFINITY);
+        for &(next, logit) in &self.rows[prev as usize] {
+            out[start + next as usize] = logit;
+        }
     }
 }
 
@@ -248,7 +265,7 @@ impl LanguageModel for TableModel {
         let rows = if all_logits { tokens } else { &tokens[tokens.len() - 1..] };
         let mut out = Vec::with_capacity(rows.len() * self.words.len());
         for &id in rows {
-            out.extend_from_slice(self.row(id).expect("id checked above"));
+            self.push_row(id, &mut out);
         }
         state.tokens.extend_from_slice(tokens);
         Ok(out)

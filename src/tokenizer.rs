@@ -81,17 +81,40 @@ impl SpecialTokens {
     }
 }
 
+/// The largest `tokenizer.json` read from disk. The biggest real ones (Gemma's, 256k tokens) are
+/// about 35 MB; a file far larger is not a tokenizer, and `/dev/zero` would never end.
+pub const MAX_TOKENIZER_JSON_BYTES: u64 = 64 << 20;
+
+/// Deepest nesting of arrays and objects in a `tokenizer.json`. Real files nest under 10 levels;
+/// `tokenizers` re-reads a decoder through a buffer whose recursion limit (128) would turn a
+/// deeply nested `Sequence` into a panic, so anything past this is refused before it gets there.
+const MAX_JSON_DEPTH: usize = 32;
+
 impl HfTokenizer {
+    /// A tokenizer from the bytes of a `tokenizer.json`.
+    ///
+    /// The `tokenizers` crate panics on some inputs (a syntax error inside `"decoder"`, deep
+    /// nesting, a BPE `continuing_subword_prefix` its merges lack), which in wasm would abort
+    /// the module; those are checked here first ([`check_json`]). Its truncation and padding
+    /// settings are dropped: they shape fixed-size training batches, never a prompt (the
+    /// context limit gives an error instead of a silent cut), and their bad values panic or
+    /// allocate gigabytes per encode. Anything else that panics is caught natively
+    /// ([`contained`]).
     pub fn from_bytes(bytes: &[u8]) -> Result<HfTokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes)
+        check_json(bytes)
             .map_err(|e| Error::Tokenizer(format!("cannot read tokenizer.json: {e}")))?;
+        let mut inner = contained("reading tokenizer.json", || {
+            tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| Error::Tokenizer(format!("cannot read tokenizer.json: {e}")))
+        })?;
+        inner.with_truncation(None).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        inner.with_padding(None);
         Ok(HfTokenizer { inner, special: SpecialTokens::default() })
     }
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_file(path: &std::path::Path) -> Result<HfTokenizer> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        let bytes = crate::files::read_capped(path, "tokenizer.json", MAX_TOKENIZER_JSON_BYTES)?;
         HfTokenizer::from_bytes(&bytes)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
     }
@@ -112,6 +135,19 @@ impl HfTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// An error unless every id of this tokenizer is a row of a model's `n_vocab` logits: a
+    /// tokenizer with more tokens belongs to another model, and its ids past the end would
+    /// fail only later, mid-generation.
+    pub fn check_fits(&self, n_vocab: usize) -> Result<()> {
+        let size = self.vocab_size();
+        if size > n_vocab {
+            return Err(Error::Tokenizer(format!(
+                "it has {size} tokens but the model only {n_vocab}: are they from the same model?"
+            )));
+        }
+        Ok(())
+    }
+
     /// Special ids and BOS/EOS flags (from the GGUF metadata; empty for a `tokenizer.json`).
     pub fn special(&self) -> &SpecialTokens {
         &self.special
@@ -120,15 +156,17 @@ impl HfTokenizer {
 
 impl Vocab for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| Error::Tokenizer(format!("cannot encode text: {e}")))?;
+        let enc = contained("encoding", || {
+            self.inner
+                .encode(text, false)
+                .map_err(|e| Error::Tokenizer(format!("cannot encode text: {e}")))
+        })?;
         Ok(enc.get_ids().to_vec())
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        self.inner.decode(ids, true).unwrap_or_default()
+        contained("decoding", || Ok(self.inner.decode(ids, true).unwrap_or_default()))
+            .unwrap_or_default()
     }
 
     fn token_text(&self, id: u32) -> String {
@@ -138,4 +176,105 @@ impl Vocab for HfTokenizer {
     fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
+}
+
+/// `f()`, with a panic inside `tokenizers` turned into an error (natively; wasm aborts on a
+/// panic, which is why [`check_json`] catches the known cases before they get here).
+fn contained<T>(doing: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(Error::Tokenizer(format!("the tokenizers crate failed while {doing}: {why}")))
+    })
+}
+
+/// The parts of a `tokenizer.json` checked before `tokenizers` reads it.
+#[derive(serde::Deserialize)]
+struct JsonShape {
+    model: Option<ModelShape>,
+    /// Read as a value so every string in it is checked (skipped strings are not: a lone
+    /// surrogate `\ud800` would reach the decoder's `expect` in `tokenizers`).
+    #[serde(rename = "decoder")]
+    _decoder: Option<serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ModelShape {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    continuing_subword_prefix: Option<String>,
+    #[serde(default)]
+    merges: Vec<Merge>,
+}
+
+/// A BPE merge: `"a b"` (the old format) or `["a", "b"]`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Merge {
+    Joined(String),
+    Pair(serde::de::IgnoredAny, String),
+    Other(serde::de::IgnoredAny),
+}
+
+/// The checks [`HfTokenizer::from_bytes`] makes before `tokenizers` sees the bytes: they are
+/// JSON (any error inside `"decoder"` makes `tokenizers` panic), nested at most
+/// [`MAX_JSON_DEPTH`] deep, and a BPE model's `continuing_subword_prefix` starts the second
+/// half of every merge (`tokenizers` slices it off unchecked: a panic, or worse, a cut through
+/// a UTF-8 character).
+fn check_json(bytes: &[u8]) -> std::result::Result<(), String> {
+    let depth = json_depth(bytes);
+    if depth > MAX_JSON_DEPTH {
+        return Err(format!(
+            "arrays and objects nest {depth} deep; at most {MAX_JSON_DEPTH} is supported"
+        ));
+    }
+    let shape: JsonShape = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let Some(model) = shape.model else { return Ok(()) };
+    let (Some("BPE"), Some(prefix)) = (model.kind.as_deref(), &model.continuing_subword_prefix)
+    else {
+        return Ok(());
+    };
+    for merge in &model.merges {
+        let second = match merge {
+            Merge::Joined(s) => s.split_once(' ').map(|(_, b)| b),
+            Merge::Pair(_, b) => Some(b.as_str()),
+            Merge::Other(_) => None,
+        };
+        if let Some(b) = second.filter(|b| !b.starts_with(prefix.as_str())) {
+            return Err(format!(
+                "the BPE model's continuing_subword_prefix {prefix:?} does not start the merge part {b:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How deep arrays and objects nest in JSON text (brackets inside strings do not count). Not a
+/// parser: the bytes are parsed afterwards; this only bounds the recursion that parse needs.
+fn json_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }

@@ -492,3 +492,254 @@ fn chat_errors_are_clear() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("(2 oldest messages dropped to fit the context)"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// No input that panics, hangs or lies.
+// ---------------------------------------------------------------------------------------------
+
+/// Run nexttoken, killing it after `secs` (a FIFO or /dev/zero must not block or read forever).
+fn nexttoken_within(args: &[&str], secs: u64) -> Output {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nexttoken"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nexttoken");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() >= secs {
+            child.kill().unwrap();
+            panic!("{args:?} still running after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn tmp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nexttoken-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A synthetic llama (vocabulary of 50, tokenizer in its metadata) whose final norm's first
+/// weight is `value`, written to `dir`.
+fn synth_file(dir: &std::path::Path, name: &str, value: f32) -> String {
+    let mut parts = common::synth_parts("llama", nexttoken::quant::GgmlType::F32, 5);
+    let norm = nexttoken::tensor_names::OUTPUT_NORM;
+    let t = parts.tensors.iter_mut().find(|t| t.name == norm).unwrap();
+    t.data[..4].copy_from_slice(&value.to_le_bytes());
+    let path = dir.join(name);
+    std::fs::write(&path, parts.to_bytes()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn nan_logits_are_an_error_on_every_path() {
+    let dir = tmp_dir("nan");
+    let model = synth_file(&dir, "nan.gguf", f32::NAN);
+    let base = ["--model", &model, "--backend", "cpu", "--max-tokens", "3"];
+    let with = |cmd: &'static str, extra: &[&'static str]| -> Vec<String> {
+        [&[cmd][..], &base[..], extra].concat().into_iter().map(String::from).collect()
+    };
+    for extra in [&[][..], &["--json"], &["--beams", "3"], &["--beams", "3", "--json"]] {
+        let o = nexttoken(&strs(&with("generate", extra)));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains("NaN or infinite"), "{extra:?}: {err}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(!out.contains("beams"), "{extra:?}: printed {out}");
+    }
+    fails_with(
+        &["score", "--model", &model, "--backend", "cpu", "--text", "abc"],
+        "NaN or infinite",
+    );
+    // The same model without the NaN runs.
+    let fine = synth_file(&dir, "fine.gguf", 1.0);
+    stdout(&nexttoken(&["generate", "--model", &fine, "--backend", "cpu", "--max-tokens", "3"]));
+}
+
+/// generate echoes the prompt before the first token; an error after it starts a new line.
+#[test]
+fn an_error_after_the_echoed_prompt_starts_a_new_line() {
+    let dir = tmp_dir("newline");
+    let model = synth_file(&dir, "nan.gguf", f32::NAN);
+    let o = nexttoken(&["generate", "--model", &model, "--backend", "cpu", "--prompt", "abc"]);
+    assert!(!o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "abc\n");
+}
+
+#[test]
+fn option_ranges_are_checked() {
+    let gen = |extra: &[&'static str]| {
+        [&["generate", "--max-tokens", "2", "--backend", "cpu"][..], extra].concat()
+    };
+    fails_with(&gen(&["--beams", "0"]), "beams = 0");
+    fails_with(&gen(&["--beams", "65"]), "1 to 64");
+    fails_with(&gen(&["--threads", "5000"]), "--threads 5000: at most 1024");
+    fails_with(&gen(&["--temperature=-1"]), "temperature = -1 is out of range");
+    fails_with(&gen(&["--temperature", "NaN"]), "temperature = NaN");
+    fails_with(&gen(&["--top-p", "1.5"]), "top_p = 1.5");
+    fails_with(&gen(&["--min-p=-0.5"]), "min_p = -0.5");
+    fails_with(&gen(&["--repeat-penalty", "0"]), "repeat_penalty = 0");
+    // Temperatures that overflowed 1/T are greedy: the same ids as temperature 0.
+    let greedy = stdout(&nexttoken(&gen(&["--temperature", "0", "--json"])));
+    let tiny = stdout(&nexttoken(&gen(&["--temperature", "1e-40", "--json", "--seed", "3"])));
+    let ids = |out: &str| -> Vec<Value> {
+        out.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].clone()).collect()
+    };
+    assert_eq!(ids(&tiny), ids(&greedy));
+}
+
+#[test]
+fn model_and_tokenizer_paths_that_are_not_files() {
+    let dir = tmp_dir("paths");
+    let missing = dir.join("missing.gguf");
+    let gen = |model: &str| -> Vec<String> {
+        ["generate", "--model", model, "--prompt", "x", "--backend", "cpu"]
+            .map(String::from)
+            .to_vec()
+    };
+    let run = |args: &[&str]| {
+        let o = nexttoken_within(args, 30);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = run(&strs(&gen(missing.to_str().unwrap())));
+    assert!(err.contains("missing.gguf: the model file does not exist"), "{err}");
+    let err = run(&strs(&gen(dir.to_str().unwrap())));
+    assert!(err.contains("is a directory"), "{err}");
+    let err = run(&strs(&gen("/dev/null")));
+    assert!(err.contains("/dev/null: is not a regular file"), "{err}");
+    let fifo = dir.join("fifo.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success());
+    if made {
+        let err = run(&strs(&gen(fifo.to_str().unwrap())));
+        assert!(err.contains("is not a regular file"), "{err}");
+        let err = run(&["info", "--model", fifo.to_str().unwrap()]);
+        assert!(err.contains("is not a regular file"), "{err}");
+    }
+    let err = run(&[
+        "generate",
+        "--tokenizer",
+        "/dev/zero",
+        "--prompt",
+        "x",
+        "--backend",
+        "cpu",
+        "--model",
+        &synth_file(&dir, "m.gguf", 1.0),
+    ]);
+    assert!(err.contains("/dev/zero: is not a regular file"), "{err}");
+    // A regular file too large to be a tokenizer (sparse: no disk used).
+    let big = dir.join("big.json");
+    std::fs::File::create(&big).unwrap().set_len(65 << 20).unwrap();
+    let model = synth_file(&dir, "m.gguf", 1.0);
+    let err = run(&["generate", "--tokenizer", big.to_str().unwrap(), "--model", &model]);
+    assert!(err.contains("too large") && err.contains("64 MiB"), "{err}");
+}
+
+#[test]
+fn tokenizer_files_that_panicked_inside_tokenizers() {
+    let dir = tmp_dir("tok");
+    let model = synth_file(&dir, "m.gguf", 1.0);
+    let text = std::fs::read_to_string(common::fixtures().join("gpt2/tokenizer.json")).unwrap();
+    let cut = text.find("\"decoder\"").unwrap() + 20;
+    let bad: [(&str, String); 2] = [
+        ("truncated.json", text[..cut].to_string()),
+        ("nested.json", {
+            let mut t: Value = serde_json::from_str(&text).unwrap();
+            for _ in 0..70 {
+                t["decoder"] =
+                    serde_json::json!({"type": "Sequence", "decoders": [t["decoder"].clone()]});
+            }
+            t.to_string()
+        }),
+    ];
+    for (name, json) in bad {
+        let path = dir.join(name);
+        std::fs::write(&path, json).unwrap();
+        let o = nexttoken(&["generate", "--model", &model, "--tokenizer", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains("cannot read tokenizer.json") && !err.contains("panicked"), "{err}");
+    }
+}
+
+/// A tokenizer with more tokens than the model has logits belongs to another model.
+#[test]
+fn a_tokenizer_larger_than_the_model_is_refused_at_load() {
+    let dir = tmp_dir("fit");
+    let model = synth_file(&dir, "m.gguf", 1.0);
+    let tok = common::fixtures().join("gpt2/tokenizer.json");
+    fails_with(
+        &["generate", "--model", &model, "--tokenizer", tok.to_str().unwrap(), "--prompt", "hi"],
+        "but the model only 50",
+    );
+}
+
+/// www/models/default.gguf alone (no --tokenizer): its tokenizer is default-tokenizer.json
+/// beside it; a copy with nothing beside it uses the GGUF's own. Both tokenize the reference
+/// prompt as transformers did.
+#[test]
+fn the_default_model_file_finds_its_tokenizer() {
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(common::fixtures().join("default_model/reference.json")).unwrap(),
+    )
+    .unwrap();
+    let want = ids(&reference["prompt_ids"]);
+    let www = common::repo().join("www/models/default.gguf");
+    let alone = tmp_dir("default").join("default.gguf");
+    std::fs::copy(&www, &alone).unwrap();
+    for model in [&www, &alone] {
+        let text = reference["prompt"].as_str().unwrap();
+        let args = ["score", "--model", model.to_str().unwrap(), "--text", text, "--json"];
+        let out: Value = serde_json::from_str(&stdout(&nexttoken(&args))).unwrap();
+        let got: Vec<u64> =
+            out["tokens"].as_array().unwrap().iter().map(|t| t["id"].as_u64().unwrap()).collect();
+        assert_eq!(got, want[1..], "{}", model.display());
+    }
+}
+
+#[test]
+fn info_prints_plain_values() {
+    let out = stdout(&nexttoken(&["info"]));
+    assert!(out.contains("bos / eos      1 (add bos: true) / 2"), "{out}");
+    assert!(!out.contains("Some("), "{out}");
+}
+
+#[test]
+fn not_a_gguf_says_what_the_file_starts_with() {
+    let dir = tmp_dir("magic");
+    let cases = [
+        ("text.gguf", "The quick brown fox", "\"The \" (54 68 65 20)"),
+        ("json.gguf", "{\"model\": {}}", "looks like JSON"),
+        ("page.gguf", "<!DOCTYPE html><html>404</html>", "HTML page"),
+        ("empty.gguf", "", "it is empty"),
+    ];
+    for (name, content, needle) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        fails_with(&["info", "--model", path.to_str().unwrap()], needle);
+    }
+}
+
+/// Without a desktop session (XDG_RUNTIME_DIR unset) the GPU probe prints nothing but the
+/// backend line: Mesa's device-select layer used to make libwayland complain twice.
+#[test]
+fn the_gpu_probe_is_quiet_without_a_session() {
+    let o = Command::new(env!("CARGO_BIN_EXE_nexttoken"))
+        .args(["generate", "--prompt", "In the", "--max-tokens", "1"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+}

@@ -194,11 +194,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["note"] = json!("readback is the full logits row (the LanguageModel API); forward_greedy reads 4 bytes, forward_topk 8k+8");
             r
         } else {
-            let threads = if o.threads == 0 {
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            } else {
-                o.threads
-            };
+            let threads = crate::cpu_threads(o.threads)?;
             let precision = if o.exact { Precision::Exact } else { Precision::Fast };
             let cm = CpuModel::new(model)
                 .with_precision(precision)

@@ -9,7 +9,7 @@ use super::{check_prompt, common_prefix_len, text_after_anchor, visible_end, ANC
 use super::{GenerationSummary, StopReason, TokenEvent};
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, TopK, Vocab};
-use crate::sampling::TOP_SHOWN;
+use crate::sampling::{bad_logits, TOP_SHOWN};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BeamOptions {
@@ -21,6 +21,10 @@ pub struct BeamOptions {
     /// are not penalised just for being long.
     pub length_normalise: bool,
 }
+
+/// The most beams a search may keep. Every beam holds a copy of the model state (a KV cache), and
+/// a device ranks at most 64 tokens per pass ([`BeamSearch::top_k`] asks for `beams` of them).
+pub const MAX_BEAMS: usize = 64;
 
 /// The exponent α in score = log P / length^α; 1 is the plain per-token average.
 const LENGTH_ALPHA: f64 = 1.0;
@@ -97,8 +101,11 @@ impl<S: Clone> BeamSearch<S> {
         opts: BeamOptions,
     ) -> Result<Self> {
         check_prompt(model, prompt_ids)?;
-        if opts.beams == 0 {
-            return Err(Error::Input("beam search needs at least one beam".into()));
+        if !(1..=MAX_BEAMS).contains(&opts.beams) {
+            return Err(Error::Input(format!(
+                "beams = {} is out of range: beam search needs 1 to {MAX_BEAMS} beams",
+                opts.beams
+            )));
         }
         let root = Hypothesis {
             ids: Vec::new(),
@@ -149,11 +156,20 @@ impl<S: Clone> BeamSearch<S> {
     }
 
     /// The next-token ranking from the forward pass of [`step_input`](BeamSearch::step_input).
+    /// A ranking from NaN or infinite logits is an error ([`bad_logits`]); the search is over.
     ///
     /// # Panics
     /// When no forward pass is pending (`step_input` gave `None`).
-    pub fn step_output(&mut self, top: TopK) {
+    pub fn step_output(&mut self, top: TopK) -> Result<()> {
+        // NaN or +inf logits make the log-sum-exp NaN, or (on a GPU) leave nothing ranked.
+        if top.ids.is_empty() || top.logsumexp.is_nan() || top.logsumexp == f64::INFINITY {
+            let hyp = self.pending();
+            let position = hyp.tokens.len();
+            self.over = true;
+            return Err(bad_logits(self.prompt_len + position));
+        }
         self.pending().top = Some(top);
+        Ok(())
     }
 
     fn pending(&mut self) -> &mut Hypothesis<S> {
@@ -307,7 +323,7 @@ pub fn beam_search<M: LanguageModel>(
     while let Some(tokens) = search.step_input() {
         let k = search.top_k();
         let top = model.forward_top(search.state_mut(), &tokens, k)?;
-        search.step_output(top);
+        search.step_output(top)?;
     }
     Ok(search.finish())
 }

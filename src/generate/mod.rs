@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, TopK, Vocab};
-use crate::sampling::{Pick, Sampler, SamplerConfig};
+use crate::sampling::{bad_logits, Pick, Sampler, SamplerConfig};
 
 pub mod beam;
 pub mod score;
@@ -242,6 +242,7 @@ where
                 m.vocab_size()
             )));
         }
+        opts.sampler.validate()?;
         if opts.stop_strings.iter().any(String::is_empty) {
             return Err(Error::Input("a stop string is empty (it would match at once)".into()));
         }
@@ -298,14 +299,14 @@ where
         };
         let model = Borrow::<M>::borrow(&self.model);
         if tokens.is_empty() {
-            return Ok(Some(self.step_output(Vec::new())));
+            return self.step_output(Vec::new()).map(Some);
         }
         if let Some(k) = model.top_on_device().and_then(|limit| self.top_needed(limit)) {
             let top = model.forward_top(&mut self.state, &tokens, k)?;
-            return Ok(Some(self.step_output_top(top)));
+            return self.step_output_top(top).map(Some);
         }
         let logits = model.forward(&mut self.state, &tokens, false)?;
-        Ok(Some(self.step_output(logits)))
+        self.step_output(logits).map(Some)
     }
 
     /// [`step`](Generation::step) in parts, for a model whose forward pass must be awaited (WebGPU
@@ -343,7 +344,8 @@ where
 
     /// Finish a step begun with [`step_input`](Generation::step_input): sample from `logits`
     /// (the last row of the forward pass; empty keeps the previous logits) and report the token.
-    pub fn step_output(&mut self, logits: Vec<f32>) -> TokenEvent {
+    /// Logits holding NaN or +inf are an error ([`bad_logits`]), which ends the generation.
+    pub fn step_output(&mut self, logits: Vec<f32>) -> Result<TokenEvent> {
         if !logits.is_empty() {
             self.logits = logits;
         }
@@ -372,11 +374,11 @@ where
 
     /// [`step_output`](Generation::step_output) from the forward pass's `k` most likely tokens
     /// and log-sum-exp (`k` from [`top_needed`](Generation::top_needed)).
-    pub fn step_output_top(&mut self, top: TopK) -> TokenEvent {
+    pub fn step_output_top(&mut self, top: TopK) -> Result<TokenEvent> {
         self.finish_step(|g| g.sampler.sample_top(&top))
     }
 
-    fn finish_step(&mut self, pick: impl FnOnce(&mut Self) -> Pick) -> TokenEvent {
+    fn finish_step(&mut self, pick: impl FnOnce(&mut Self) -> Pick) -> Result<TokenEvent> {
         let start = self.step_start;
         if !self.prefilled {
             self.prefilled = true;
@@ -386,6 +388,11 @@ where
         }
 
         let pick = pick(self);
+        // The one check for broken logits: they make the pick's log-probability NaN.
+        if pick.logprob.is_nan() {
+            self.stop = Some(StopReason::Aborted);
+            return Err(bad_logits(self.tokens.len()));
+        }
         let event = self.accept(pick);
 
         let elapsed = (self.clock)() - start;
@@ -393,7 +400,7 @@ where
             None => self.ttft_ms = Some(elapsed),
             Some(_) => self.decode_ms += elapsed,
         }
-        event
+        Ok(event)
     }
 
     /// Record the sampled token, decide whether it is the last, and work out its text.

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
-use crate::sampling::log_softmax_at;
+use crate::sampling::{bad_logits, log_softmax_at};
 
 /// How probable a sequence is under a model, token by token. Everything is in log space: a
 /// product of hundreds of probabilities underflows even f64, a sum of their logs does not.
@@ -104,7 +104,12 @@ impl<S> Scoring<S> {
         // Row i predicts the token after the chunk's i-th; the sequence's last predicts nothing.
         for (i, row) in logits.chunks_exact(self.vocab_size).enumerate() {
             if let Some(&next) = self.ids.get(self.fed + i + 1) {
-                self.token_logprobs.push(log_softmax_at(row, next));
+                let logprob = log_softmax_at(row, next);
+                // NaN exactly when the row holds NaN or +inf (see `logsumexp`).
+                if logprob.is_nan() {
+                    return Err(bad_logits(self.fed + i + 1));
+                }
+                self.token_logprobs.push(logprob);
             }
         }
         self.fed += n;

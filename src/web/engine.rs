@@ -234,14 +234,7 @@ impl Engine {
             .map_err(|e| e.to_string());
         drop(header);
         let model = Model::from_bytes(sink.buf).map_err(js_err)?;
-        if tokenizer.vocab_size() > model.config.n_vocab {
-            // More tokenizer ids than logits: a mismatched pair; ids past n_vocab would fail later.
-            web_sys::console::warn_1(&JsValue::from_str(&format!(
-                "tokenizer has {} tokens, the model {}: are they from the same model?",
-                tokenizer.vocab_size(),
-                model.config.n_vocab
-            )));
-        }
+        tokenizer.check_fits(model.config.n_vocab).map_err(js_err)?;
         let max_seq = opts.max_seq.unwrap_or(2048).max(1);
         let backend = opts.backend.as_deref().unwrap_or("auto");
         let precision = if opts.exact { Precision::Exact } else { Precision::Fast };

@@ -102,10 +102,11 @@ impl GenOptions {
         }
     }
 
-    /// Beam search options when more than one beam was asked for.
+    /// Beam search options when other than one beam was asked for (0 goes to the search, which
+    /// refuses it with a message, rather than quietly meaning 1).
     pub fn beam_options(&self) -> Option<BeamOptions> {
         let beams = self.beams.unwrap_or(1);
-        (beams > 1).then(|| BeamOptions {
+        (beams != 1).then(|| BeamOptions {
             beams,
             max_tokens: self.generate_options().max_tokens,
             length_normalise: self.length_normalise,

@@ -227,15 +227,15 @@ impl<M: Backend> Stepper<M> {
                     return Ok(None);
                 };
                 if tokens.is_empty() {
-                    return Ok(Some(generation.step_output(Vec::new())));
+                    return generation.step_output(Vec::new()).map(Some);
                 }
                 // Greedy or top-k on WebGPU: the GPU ranks, only the picks come back.
                 if let Some(k) = model.top_on_device().and_then(|l| generation.top_needed(l)) {
                     let top = model.forward_top_awaited(generation.state_mut(), &tokens, k).await?;
-                    return Ok(Some(generation.step_output_top(top)));
+                    return generation.step_output_top(top).map(Some);
                 }
                 let logits = model.forward_awaited(generation.state_mut(), &tokens, false).await?;
-                Ok(Some(generation.step_output(logits)))
+                generation.step_output(logits).map(Some)
             }
             Stepper::Beam(run) => {
                 if run.aborted {
@@ -288,7 +288,7 @@ impl<M: Backend> BeamRun<M> {
         while let Some(tokens) = search.step_input() {
             let k = search.top_k();
             let top = self.model.forward_top_awaited(search.state_mut(), &tokens, k).await?;
-            search.step_output(top);
+            search.step_output(top)?;
         }
         let beams = self.search.take().expect("checked above").finish();
         let best = beams.first().ok_or_else(|| Error::Input("beam search found nothing".into()))?;

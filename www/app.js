@@ -159,6 +159,9 @@ async function loadModel(spec) {
     $("mode-chat").parentElement.title = info.chatTemplate ? "" : "this model has no chat template (tokenizer.chat_template)";
     conversation = [];
     tokens = [];
+    branches = [];
+    compared = [];
+    renderBranches();
     renderConversation();
     $("output-tokens").replaceChildren();
     $("output-prompt").textContent = "";
@@ -245,6 +248,9 @@ async function runGenerate() {
   $("output-prompt").textContent = prompt;
   $("score-out").hidden = true;
   tokens = [];
+  branches = [];
+  compared = [];
+  renderBranches();
   setState("generating");
   $("generate").disabled = true;
   $("stop-btn").disabled = false;
@@ -257,6 +263,10 @@ async function runGenerate() {
       liveStats(t, tokens.length, t0, first);
     }
     summaryStats(nt.lastSummary);
+    // The generation is the root of a new branch tree.
+    branches = nt.lastSummary ? [{ parent: null, at: 0, prompt, promptIds: nt.lastSummary.promptIds, tokens, label: "the generation" }] : [];
+    shownBranch = 0;
+    renderBranches();
     setState("ready");
   } catch (e) {
     showError(e.message, false);
@@ -339,12 +349,129 @@ function inspect(i) {
   for (const alt of t.top) {
     const bar = el("span", { className: "bar" });
     bar.style.width = `${(100 * alt.prob).toFixed(1)}%`;
-    const li = el("li", {}, el("code", { textContent: JSON.stringify(alt.token) }), el("span", { className: "p", textContent: alt.prob.toFixed(4) }), bar);
+    const li = el("li", {}, el("code", { textContent: JSON.stringify(alt.token) }), el("span", { className: "p", textContent: alt.prob.toFixed(4) }));
     if (alt.id === t.id) li.classList.add("chosen");
+    else if (canBranch()) {
+      const go = el("button", { type: "button", className: "branch", textContent: "continue with this" });
+      go.setAttribute("aria-label", `continue the text from here with ${JSON.stringify(alt.piece ?? alt.token)} instead`);
+      go.addEventListener("click", () => branchFrom(i, alt));
+      li.append(go);
+    }
+    li.append(bar);
     list.append(li);
   }
   box.replaceChildren(dl, el("h3", { textContent: "Most likely at this step" }), list);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Branches: continue the text from any position with another token. The prefix stays in the
+// KV cache (the engine keeps the longest prefix the new prompt shares with the last one), so
+// only the new suffix is computed. Branches form a tree; any two can be compared.
+
+let branches = []; // [{parent, at, prompt, promptIds, tokens, label, summary}]
+let shownBranch = 0;
+
+const canBranch = () => !chatMode() && branches.length > 0 && document.body.dataset.state === "ready";
+
+/** `tokens` with the running log P and perplexity recomputed from the first. */
+function withRunningSums(list) {
+  let sum = 0;
+  return list.map((t, k) => {
+    sum += t.logprob;
+    return { ...t, logprobSum: sum, perplexity: Math.exp(-sum / (k + 1)) };
+  });
+}
+
+async function branchFrom(i, alt) {
+  if (document.body.dataset.state !== "ready") return;
+  const base = branches[shownBranch];
+  const ids = [...base.promptIds, ...base.tokens.slice(0, i).map((t) => t.id)];
+  const branch = { parent: shownBranch, at: i, prompt: base.prompt, promptIds: base.promptIds, tokens: base.tokens.slice(0, i), label: `${JSON.stringify(alt.piece ?? alt.token)} at token ${i + 1}` };
+  branches.push(branch);
+  shownBranch = branches.length - 1;
+  showBranch(shownBranch);
+  hideError();
+  setState("generating");
+  $("generate").disabled = true;
+  $("stop-btn").disabled = false;
+  const out = $("output-tokens");
+  const t0 = performance.now();
+  let first = null;
+  try {
+    let sum = branch.tokens.at(-1)?.logprobSum ?? 0;
+    for await (const t of nt.generate({ ids }, { ...options(), forceTokens: [alt.id] })) {
+      first ??= performance.now() - t0;
+      sum += t.logprob;
+      const n = branch.tokens.length + 1;
+      const token = { ...t, logprobSum: sum, perplexity: Math.exp(-sum / n) };
+      branch.tokens.push(token);
+      out.append(tokenSpanAt(token, n - 1));
+      liveStats(token, n, t0, first);
+    }
+    branch.summary = nt.lastSummary;
+    summaryStats(nt.lastSummary);
+    if (nt.lastSummary) {
+      const s = nt.lastSummary;
+      stats.branch = `from token ${i + 1}: ${s.reusedTokens} positions reused from the KV cache, ${s.promptTokens - s.reusedTokens} recomputed, then ${s.generatedTokens} new tokens`;
+      renderStats();
+    }
+  } catch (e) {
+    showError(e.message, false);
+  } finally {
+    setState("ready");
+    $("generate").disabled = false;
+    $("stop-btn").disabled = true;
+    renderBranches();
+  }
+}
+
+/** Show branch `k` in the output (its tokens become the ones the inspector reads). */
+function showBranch(k) {
+  shownBranch = k;
+  const b = branches[k];
+  tokens = b.tokens = withRunningSums(b.tokens);
+  $("output-prompt").textContent = b.prompt;
+  $("output-tokens").replaceChildren(...tokens.map((t, j) => tokenSpanAt(t, j)));
+  for (const [j, span] of [...$("output-tokens").children].entries()) if (j < b.at && b.parent !== null) span.classList.add("shared");
+  renderBranches();
+}
+
+function branchSummary(b) {
+  const last = b.tokens.at(-1);
+  return last ? `log P ${last.logprobSum.toFixed(3)}, perplexity ${last.perplexity.toFixed(3)}, ${b.tokens.length} tokens` : "no tokens";
+}
+
+function renderBranches() {
+  const box = $("branches");
+  box.hidden = branches.length < 2;
+  if (box.hidden) return;
+  const list = el("ul", { className: "branch-tree" });
+  const items = branches.map((b, k) => {
+    const show = el("button", { type: "button", className: "show", textContent: k === 0 ? "the generation" : `branch ${k}: ${b.label}` });
+    show.setAttribute("aria-pressed", String(k === shownBranch));
+    show.addEventListener("click", () => showBranch(k));
+    const pick = el("input", { type: "checkbox", className: "compare-pick", checked: compared.includes(k) });
+    pick.setAttribute("aria-label", `compare ${k === 0 ? "the generation" : `branch ${k}`}`);
+    pick.addEventListener("change", () => {
+      compared = pick.checked ? [...compared, k].slice(-2) : compared.filter((x) => x !== k);
+      renderBranches();
+    });
+    return el("li", { className: k === shownBranch ? "current" : "" }, pick, show, el("span", { className: "note", textContent: ` ${branchSummary(b)}` }), el("ul"));
+  });
+  // A tree: each branch under the one it left.
+  branches.forEach((b, k) => (b.parent === null ? list : items[b.parent].lastElementChild).append(items[k]));
+  const compare = el("div", { className: "compare" });
+  if (compared.length === 2) {
+    for (const k of compared) {
+      const b = branches[k];
+      const text = b.prompt + b.tokens.map((t) => t.text).join("");
+      compare.append(el("div", {}, el("h3", { textContent: k === 0 ? "the generation" : `branch ${k}` }), el("p", { className: "output", textContent: text }), el("p", { className: "note", textContent: branchSummary(b) })));
+    }
+  }
+  box.replaceChildren(el("h3", { textContent: "Branches (tick two to compare)" }), list, compare);
+}
+
+let compared = [];
 
 async function runScore() {
   hideError();
@@ -592,4 +719,4 @@ if ("serviceWorker" in navigator && !params.has("nosw")) {
 setState("idle");
 initPicker();
 refreshCacheList();
-window.nexttokenApp = { nt, get tokens() { return tokens; }, get stats() { return stats; }, get conversation() { return conversation; } };
+window.nexttokenApp = { nt, get tokens() { return tokens; }, get stats() { return stats; }, get conversation() { return conversation; }, get branches() { return branches; } };

@@ -40,6 +40,7 @@ const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
+const { exploreTests } = await import("./explore.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -812,6 +813,8 @@ async function runConfig(mode) {
         assertEq(r.gpu.summary.text, r.cpu.summary.text, "beam text");
       });
     }
+
+    await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel });
 
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
 

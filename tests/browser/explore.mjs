@@ -1,0 +1,70 @@
+// Browser tests for the explorer: branch from any token (the KV cache of the shared prefix is
+// reused; the branch equals a fresh generation from the branched prefix), the branch tree and the
+// side-by-side comparison.
+
+export async function exploreTests(t) {
+  const { test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel } = t;
+  if (!haveDefaultModel) return;
+
+  await test(`[${mode}] branch from a token: only the suffix runs, the branch equals a fresh generation from the branched prefix; branches form a tree and compare side by side`, async () => {
+    const N = 16;
+    const at = 5; // branch at the 6th generated token
+    await page.goto(`${base}/?nosw&model=default&prompt=${encodeURIComponent("In the beginning")}`);
+    await waitLoaded(page);
+    await page.fill("#temperature", "0");
+    await page.fill("#max-tokens", String(N));
+    await page.fill("#beams", "1");
+    await page.click("#generate");
+    await waitState(page, "ready", 120_000);
+    const main = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => ({ id: t.id, top: t.top.map((a) => a.id), logprob: t.logprob })));
+    const promptIds = await page.evaluate(() => window.nexttokenApp.branches[0].promptIds);
+    // The inspector of token `at`: continue with its second most likely token.
+    await page.click(`#output-tokens .tok[data-i="${at}"]`);
+    const alt = main[at].top.find((id) => id !== main[at].id);
+    const buttons = page.locator("#inspect .alternatives li:not(.chosen) button.branch");
+    assert((await buttons.count()) >= 1, "no branch buttons in the inspector");
+    const altIndex = main[at].top.filter((id) => id !== main[at].id).indexOf(alt);
+    await buttons.nth(altIndex).click();
+    await waitState(page, "ready", 120_000);
+    const err = await errorText(page);
+    assert(!err, `branch failed: ${err}`);
+    const branch = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => ({ id: t.id, logprob: t.logprob, logprobSum: t.logprobSum })));
+    assertEq(JSON.stringify(branch.slice(0, at).map((x) => x.id)), JSON.stringify(main.slice(0, at).map((x) => x.id)), "the shared prefix");
+    assertEq(branch[at].id, alt, "the chosen token");
+    // KV reuse: all of the branched prompt but its last position came from the cache.
+    const stats = await statsOf(page);
+    const reused = /reused (\d+) of (\d+)/.exec(stats["KV cache"]).slice(1).map(Number);
+    assertEq(reused[1], promptIds.length + at, "the branch's prompt (prompt + shared tokens)");
+    assertEq(reused[0], promptIds.length + at - 1, "positions reused from the KV cache");
+    // A fresh engine, from the branched prefix with the chosen token in it.
+    const fresh = await page.evaluate(
+      async ({ ids, n }) => {
+        const { NextToken } = await import("/nexttoken.js");
+        const nt = new NextToken();
+        try {
+          await nt.load("default");
+          const out = [];
+          for await (const t of nt.generate({ ids }, { temperature: 0, maxTokens: n })) out.push(t.id);
+          return out;
+        } finally {
+          nt.terminate();
+        }
+      },
+      { ids: [...promptIds, ...main.slice(0, at).map((x) => x.id), alt], n: N - 1 },
+    );
+    assertEq(JSON.stringify(branch.slice(at + 1).map((x) => x.id)), JSON.stringify(fresh), "the branch after the chosen token vs a fresh generation");
+    // The chain rule over the branch: log P is the sum of its tokens' log-probabilities.
+    const sum = branch.reduce((a, x) => a + x.logprob, 0);
+    assert(Math.abs(branch.at(-1).logprobSum - sum) < 1e-6, `log P ${branch.at(-1).logprobSum} vs ${sum}`);
+    // The tree: two entries; back to the generation and forth; compare both.
+    assertEq(await page.locator("#branches button.show").count(), 2, "branches listed");
+    await page.locator("#branches button.show").nth(0).click();
+    assertEq(await page.evaluate(() => window.nexttokenApp.tokens.length), main.length, "the generation shown again");
+    await page.locator("#branches input.compare-pick").nth(0).check();
+    await page.locator("#branches input.compare-pick").nth(1).check();
+    const columns = await page.locator("#branches .compare > div").count();
+    assertEq(columns, 2, "compared side by side");
+    const notes = await page.locator("#branches .compare .note").allTextContents();
+    assert(notes.every((n) => /log P -?\d+\.\d{3}, perplexity \d/.test(n)), `comparison: ${notes}`);
+  });
+}

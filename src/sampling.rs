@@ -303,10 +303,35 @@ impl Sampler {
         let Some(max) = max_finite(logits) else {
             return argmax(logits);
         };
-        let inv_temperature = 1.0 / self.cfg.temperature;
+        self.temperature_softmax(logits, max);
+        self.filter_and_draw()
+    }
 
-        // Temperature and softmax in one pass: exp((l - max) / T) is exp(l/T) scaled by a
-        // constant, and at most 1, so it cannot overflow. Impossible tokens are never candidates.
+    /// Which tokens this sampler draws from given `logits` and the tokens so far, with the
+    /// probabilities it draws them with (renormalised over the kept set), most probable first:
+    /// steps 1 to 7 of the module docs without the draw, for a view of what the settings do.
+    /// Greedy keeps the argmax alone. Draws nothing, so the random stream is untouched.
+    pub fn kept(&mut self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
+        let mut adjusted = logits.to_vec();
+        self.penalise_repeats(&mut adjusted, history);
+        let max = max_finite(&adjusted);
+        if self.cfg.is_greedy() || max.is_none() {
+            return vec![(argmax(&adjusted), 1.0)];
+        }
+        self.temperature_softmax(&adjusted, max.unwrap_or_default());
+        self.filter();
+        let mass: f64 = self.candidates.iter().map(|&(_, p)| p as f64).sum();
+        let mut kept: Vec<(u32, f32)> =
+            self.candidates.iter().map(|&(id, p)| (id, (p as f64 / mass) as f32)).collect();
+        kept.sort_unstable_by(most_probable_first);
+        kept
+    }
+
+    /// Steps 3 and 4: the candidates (id, probability) at this temperature; impossible tokens
+    /// are never candidates.
+    fn temperature_softmax(&mut self, logits: &[f32], max: f32) {
+        let inv_temperature = 1.0 / self.cfg.temperature;
+        // exp((l - max) / T) is exp(l/T) scaled by a constant, and at most 1: it cannot overflow.
         let c = &mut self.candidates;
         c.clear();
         let mut sum = 0.0f64;
@@ -320,11 +345,27 @@ impl Sampler {
         for (_, p) in c.iter_mut() {
             *p = (*p as f64 / sum) as f32;
         }
-        self.filter_and_draw()
     }
 
     /// Steps 5 to 8 on the candidates (id, probability): top-k, min-p, top-p, then the draw.
     fn filter_and_draw(&mut self) -> u32 {
+        self.filter();
+        // Renormalise implicitly: draw a point in [0, kept mass) and find whose slice holds it.
+        let c = &self.candidates;
+        let mass: f64 = c.iter().map(|&(_, p)| p as f64).sum();
+        let r = self.rng.next_f32() as f64 * mass;
+        let mut cumulative = 0.0f64;
+        for &(id, p) in c.iter() {
+            cumulative += p as f64;
+            if r < cumulative {
+                return id;
+            }
+        }
+        c.last().map_or(0, |&(id, _)| id) // r landed past the end by rounding
+    }
+
+    /// Steps 5 to 7 on the candidates: top-k, min-p, top-p.
+    fn filter(&mut self) {
         let c = &mut self.candidates;
         let top_k = self.cfg.top_k;
         if top_k > 0 && top_k < c.len() {
@@ -344,18 +385,6 @@ impl Sampler {
         if self.cfg.top_p < 1.0 {
             keep_nucleus(c, self.cfg.top_p);
         }
-
-        // Renormalise implicitly: draw a point in [0, kept mass) and find whose slice holds it.
-        let mass: f64 = c.iter().map(|&(_, p)| p as f64).sum();
-        let r = self.rng.next_f32() as f64 * mass;
-        let mut cumulative = 0.0f64;
-        for &(id, p) in c.iter() {
-            cumulative += p as f64;
-            if r < cumulative {
-                return id;
-            }
-        }
-        c.last().map_or(0, |&(id, _)| id) // r landed past the end by rounding
     }
 }
 

@@ -448,3 +448,51 @@ fn sampling_from_the_top_tokens_alone_matches_the_whole_row() {
     assert_eq!(Sampler::new(penalised).top_needed(64), None);
     assert_eq!(Sampler::new(config(|c| c.temperature = 0.0)).top_needed(64), Some(5));
 }
+
+/// `Sampler::kept`, the view of what the settings keep, against hand computations and against
+/// what the same sampler actually draws.
+#[test]
+fn kept_is_what_the_sampler_draws_from() {
+    // P = 0.6 / 0.4 (the lesson's "cat" / "dog" after "the").
+    let logits = logits_of(&[0.6, 0.4]);
+    let kept = |f: &dyn Fn(&mut SamplerConfig)| Sampler::new(config(f)).kept(&logits, &[]);
+    let close = |got: Vec<(u32, f32)>, want: &[(u32, f64)]| {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for ((id, p), (wid, wp)) in got.iter().zip(want) {
+            assert_eq!(id, wid);
+            assert!((*p as f64 - wp).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+    };
+    close(kept(&|_| {}), &[(0, 0.6), (1, 0.4)]);
+    // T = 0.5: 0.36 : 0.16.
+    close(kept(&|c| c.temperature = 0.5), &[(0, 0.36 / 0.52), (1, 0.16 / 0.52)]);
+    close(kept(&|c| c.top_k = 1), &[(0, 1.0)]);
+    close(kept(&|c| c.top_p = 0.5), &[(0, 1.0)]);
+    close(kept(&|c| c.min_p = 0.7), &[(0, 1.0)]); // 0.4 < 0.7 x 0.6
+    close(kept(&|c| c.min_p = 0.6), &[(0, 0.6), (1, 0.4)]); // 0.4 >= 0.36
+    close(kept(&|c| c.temperature = 0.0), &[(0, 1.0)]);
+    // Repetition penalty 2 on "cat" (logit ln 0.6 < 0 becomes 2 ln 0.6): 0.36 : 0.4.
+    let penalised = Sampler::new(config(|c| c.repeat_penalty = 2.0)).kept(&logits, &[0]);
+    close(penalised, &[(1, 0.4 / 0.76), (0, 0.36 / 0.76)]);
+
+    // On a wider distribution, the kept probabilities are the draw frequencies.
+    let probs = [0.3, 0.2, 0.15, 0.1, 0.08, 0.07, 0.05, 0.03, 0.02];
+    let logits = logits_of(&probs);
+    let cfg = config(|c| {
+        c.temperature = 0.8;
+        c.top_k = 6;
+        c.top_p = 0.85;
+        c.min_p = 0.1;
+    });
+    let kept = Sampler::new(cfg.clone()).kept(&logits, &[]);
+    let freq = frequencies(cfg, &logits, 200_000);
+    for (id, p) in &kept {
+        assert!(
+            (freq[*id as usize] - *p as f64).abs() < 0.006,
+            "id {id}: kept {p}, drawn {}",
+            freq[*id as usize]
+        );
+    }
+    let kept_mass: f64 = kept.iter().map(|&(id, _)| freq[id as usize]).sum();
+    assert!((kept_mass - 1.0).abs() < 1e-9, "drew tokens outside the kept set");
+}

@@ -230,6 +230,8 @@ function options() {
       .value.split(",")
       .map((s) => s.trim())
       .filter(Boolean),
+    // Each step's 64 most likely tokens, for the inspector's sampler view.
+    keepCandidates: 64,
   };
 }
 
@@ -361,6 +363,70 @@ function inspect(i) {
     list.append(li);
   }
   box.replaceChildren(dl, el("h3", { textContent: "Most likely at this step" }), list);
+  if (t.candidates) box.append(samplerPanel(i, t));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sampler view: for the selected step, what each setting keeps, from the step's stored
+// logits (its 64 most likely tokens) and the library's own sampler in the worker; nothing runs
+// the model again.
+
+const SAMPLER_SLIDERS = [
+  ["temperature", "temperature", 0, 2, 0.05],
+  ["topK", "top-k", 0, 64, 1],
+  ["topP", "top-p", 0, 1, 0.01],
+  ["minP", "min-p", 0, 1, 0.01],
+  ["repeatPenalty", "repeat penalty", 1, 2, 0.05],
+];
+
+function samplerPanel(i, t) {
+  const panel = el("div", { className: "sampler-view" }, el("h3", { textContent: "What the sampler keeps here" }));
+  const current = options();
+  const values = {};
+  const sliders = el("div", { className: "sliders" });
+  for (const [key, label, min, max, step] of SAMPLER_SLIDERS) {
+    values[key] = Math.min(max, Math.max(min, current[key]));
+    const out = el("output", { textContent: String(values[key]) });
+    const input = el("input", { type: "range", min, max, step, value: values[key] });
+    input.dataset.key = key;
+    input.setAttribute("aria-label", label);
+    input.addEventListener("input", () => {
+      values[key] = Number(input.value);
+      out.textContent = input.value;
+      update();
+    });
+    sliders.append(el("label", {}, el("span", { textContent: label }), input, out));
+  }
+  const chart = el("ol", { className: "sampler-bars" });
+  panel.append(sliders, chart, el("p", { className: "note", textContent: "Grey: the model's probability. Blue: the probability the draw uses after these settings (0 = removed). Over this step's 64 most likely tokens." }));
+  const branch = branches[shownBranch];
+  const history = [...(branch?.promptIds ?? []), ...tokens.slice(0, i).map((x) => x.id)];
+  // The model's own probabilities of the candidates: P = exp(logit - logsumexp), the
+  // logsumexp recovered from the most likely token's reported probability.
+  const lse = t.candidates.logits[0] - Math.log(t.top[0].prob);
+  let pending = 0;
+  async function update() {
+    const ticket = ++pending;
+    const kept = await nt.samplerView(t.candidates, { ...values, repeatWindow: current.repeatWindow }, history);
+    if (ticket !== pending) return; // a newer slider position is on its way
+    const keptProb = new Map(kept.map((k) => [k.id, k.prob]));
+    chart.replaceChildren();
+    t.candidates.ids.slice(0, 20).forEach((id, j) => {
+      const p = Math.exp(t.candidates.logits[j] - lse);
+      const q = keptProb.get(id) ?? 0;
+      const plain = el("span", { className: "bar plain" });
+      plain.style.width = `${(100 * p).toFixed(1)}%`;
+      const drawn = el("span", { className: "bar drawn" });
+      drawn.style.width = `${(100 * q).toFixed(1)}%`;
+      const li = el("li", { className: q > 0 ? "kept" : "removed" }, el("code", { textContent: JSON.stringify(t.candidates.pieces[j]) }), el("span", { className: "p", textContent: `${p.toFixed(3)} → ${q.toFixed(3)}` }), plain, drawn);
+      li.dataset.id = id;
+      li.dataset.kept = q.toFixed(6);
+      chart.append(li);
+    });
+    panel.dataset.keptIds = kept.map((k) => k.id).join(",");
+  }
+  update();
+  return panel;
 }
 
 // ---------------------------------------------------------------------------------------------

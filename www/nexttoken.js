@@ -224,6 +224,16 @@ export class NextToken {
     return this.#stream({ type: "chat", messages, options });
   }
 
+  /**
+   * What the sampler keeps at one step, from that step's stored `candidates` (generate with
+   * `keepCandidates: K`): `[{id, prob}]` for `options` (temperature, topK, topP, minP,
+   * repeatPenalty, repeatWindow), most probable first, with the probabilities the draw would use.
+   * `history`: the token ids before that step. Computed by the library's sampler, not re-done in JS.
+   */
+  samplerView(candidates, options, history = []) {
+    return this.#request({ type: "sampler-view", ids: Array.from(candidates.ids), logits: Array.from(candidates.logits), options, history: Array.from(history) });
+  }
+
   /** The prompt text the chat template makes of `messages`: what the model reads. */
   renderChat(messages, { addGenerationPrompt = true } = {}) {
     return this.#request({ type: "render-chat", messages, addGenerationPrompt });

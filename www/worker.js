@@ -4,6 +4,7 @@
 //
 // Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt | ids, options}
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
+//               {type:"sampler-view", id, ids, logits, options, history}
 //               {type:"abort", id} | {type:"score", id, text} | {type:"cancel-load", id}
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
@@ -258,6 +259,15 @@ self.onmessage = (event) => {
       break;
     case "score":
       score(msg);
+      break;
+    case "sampler-view":
+      try {
+        if (!wasm) throw new Error("the engine is not loaded yet");
+        const { ids, logits, options, history } = msg;
+        post({ type: "result", id: msg.id, value: wasm.samplerView(Uint32Array.from(ids), Float32Array.from(logits), options, Uint32Array.from(history)) });
+      } catch (e) {
+        post({ type: "error", id: msg.id, message: errorMessage(e) });
+      }
       break;
     case "render-chat":
       try {

@@ -361,6 +361,7 @@ pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay 
         shown.truncate(new_from);
         shown.push_str(&text);
         events.push(TokenEvent {
+            candidates: Vec::new(),
             id: token.id,
             text,
             prob: token.logprob.exp() as f32,

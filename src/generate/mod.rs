@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, TopK, Vocab};
-use crate::sampling::{bad_logits, Pick, Sampler, SamplerConfig};
+use crate::sampling::{bad_logits, top_n, Pick, Sampler, SamplerConfig};
 
 pub mod beam;
 pub mod score;
@@ -38,6 +38,9 @@ pub struct GenerateOptions {
     /// it (a branch: the alternative the reader chose at a position). The sampler draws nothing
     /// for them.
     pub forced: Vec<u32>,
+    /// How many of each step's most likely tokens (with their logits) the token events carry
+    /// (`TokenEvent::candidates`); 0 for none.
+    pub keep_candidates: usize,
 }
 
 impl Default for GenerateOptions {
@@ -49,6 +52,7 @@ impl Default for GenerateOptions {
             stop_at_eos: true,
             stop_tokens: Vec::new(),
             forced: Vec::new(),
+            keep_candidates: 0,
         }
     }
 }
@@ -68,6 +72,9 @@ pub struct TokenEvent {
     pub top: Vec<(u32, f32)>,
     /// Index of this token in the whole sequence (the prompt takes 0..prompt length).
     pub position: usize,
+    /// The step's most likely tokens with their raw logits, best first, when
+    /// `GenerateOptions::keep_candidates` asks for them: what a view of the sampler replays.
+    pub candidates: Vec<(u32, f32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -349,10 +356,16 @@ where
         if !logits.is_empty() {
             self.logits = logits;
         }
-        self.finish_step(|g| match g.next_forced() {
+        let mut event = self.finish_step(|g| match g.next_forced() {
             Some(id) => g.sampler.describe(&g.logits, id),
             None => g.sampler.sample(&g.logits, &g.tokens),
-        })
+        })?;
+        if self.opts.keep_candidates > 0 {
+            // Impossible tokens (-inf) are no candidates (and JSON has no infinity).
+            event.candidates = top_n(&self.logits, self.opts.keep_candidates);
+            event.candidates.retain(|&(_, logit)| logit.is_finite());
+        }
+        Ok(event)
     }
 
     /// The forced token this step emits, if any is left (`GenerateOptions::forced`).
@@ -366,16 +379,21 @@ where
     /// with [`step_output_top`](Generation::step_output_top).
     pub fn top_needed(&self, limit: usize) -> Option<usize> {
         // A forced token may be anywhere in the distribution: its step needs the whole row.
-        if self.next_forced().is_some() {
+        if self.next_forced().is_some() || self.opts.keep_candidates > limit {
             return None;
         }
-        self.sampler.top_needed(limit)
+        let k = self.sampler.top_needed(limit)?;
+        Some(k.max(self.opts.keep_candidates))
     }
 
     /// [`step_output`](Generation::step_output) from the forward pass's `k` most likely tokens
     /// and log-sum-exp (`k` from [`top_needed`](Generation::top_needed)).
     pub fn step_output_top(&mut self, top: TopK) -> Result<TokenEvent> {
-        self.finish_step(|g| g.sampler.sample_top(&top))
+        let mut event = self.finish_step(|g| g.sampler.sample_top(&top))?;
+        let keep = self.opts.keep_candidates.min(top.ids.len());
+        let ranked = top.ids[..keep].iter().copied().zip(top.logits[..keep].iter().copied());
+        event.candidates = ranked.filter(|&(_, logit)| logit.is_finite()).collect();
+        Ok(event)
     }
 
     fn finish_step(&mut self, pick: impl FnOnce(&mut Self) -> Pick) -> Result<TokenEvent> {
@@ -436,6 +454,7 @@ where
         self.text.push_str(&text);
 
         TokenEvent {
+            candidates: Vec::new(),
             id: pick.id,
             text,
             prob: pick.prob,

@@ -73,6 +73,10 @@ pub(super) struct GenOptions {
     /// Token ids emitted first whatever the sampler would pick (a branch's chosen token).
     #[serde(alias = "force_tokens")]
     force_tokens: Vec<u32>,
+    /// Each token event carries the step's this-many most likely tokens with their logits (for
+    /// the sampler view), at most 64.
+    #[serde(alias = "keep_candidates")]
+    keep_candidates: usize,
 }
 
 impl GenOptions {
@@ -98,6 +102,7 @@ impl GenOptions {
             },
             stop_strings: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             forced: self.force_tokens.clone(),
+            keep_candidates: self.keep_candidates.min(MAX_CANDIDATES),
             ..d
         }
     }
@@ -113,6 +118,9 @@ impl GenOptions {
         })
     }
 }
+
+/// The most candidates a token event carries (the GPU ranks at most 64 per step).
+const MAX_CANDIDATES: usize = 64;
 
 /// `startChat`'s options beyond the generation options.
 #[derive(Deserialize, Default)]
@@ -164,6 +172,17 @@ pub(super) struct TokenOut {
     logprob: f32,
     top: Vec<TopOut>,
     position: usize,
+    /// The step's most likely tokens and their logits, when `keepCandidates` asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidates: Option<CandidatesOut>,
+}
+
+#[derive(Serialize)]
+struct CandidatesOut {
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+    /// Each candidate alone as text.
+    pieces: Vec<String>,
 }
 
 /// `id` decoded alone; special tokens (which decode to nothing) as spelled.
@@ -199,6 +218,11 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
             })
             .collect(),
         position: ev.position,
+        candidates: (!ev.candidates.is_empty()).then(|| CandidatesOut {
+            ids: ev.candidates.iter().map(|&(id, _)| id).collect(),
+            logits: ev.candidates.iter().map(|&(_, logit)| logit).collect(),
+            pieces: ev.candidates.iter().map(|&(id, _)| piece(vocab, id)).collect(),
+        }),
     }
 }
 

@@ -91,6 +91,39 @@ pub fn tokenize_each_with_gguf(gguf: &[u8], texts: Vec<String>) -> Result<js_sys
         .collect()
 }
 
+/// What the sampler does with one step's stored candidates (`keepCandidates` in the generation
+/// options gives each token event `candidates: {ids, logits}`): the tokens `options` (as
+/// `Engine.start` takes them: temperature, topK, topP, minP, repeatPenalty, repeatWindow) keep,
+/// with the probabilities the draw would use, `[{id, prob}]`, most probable first. `history`:
+/// the ids before that step (prompt included), which only the repetition penalty reads. The
+/// library's sampler itself (`Sampler::kept`), so the page shows what generation does.
+#[wasm_bindgen(js_name = samplerView)]
+pub fn sampler_view(
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+    options: JsValue,
+    history: Vec<u32>,
+) -> Result<JsValue, JsError> {
+    if ids.len() != logits.len() || ids.is_empty() {
+        return Err(JsError::new("samplerView: ids and logits must be non-empty and as long"));
+    }
+    let config = js::GenOptions::parse(options)?.generate_options().sampler;
+    config.validate().map_err(js_err)?;
+    // The stored candidates as a row (every other token impossible), ids as they are.
+    let len = ids.iter().max().map_or(0, |&m| m as usize + 1);
+    let mut row = vec![f32::NEG_INFINITY; len];
+    for (&id, &logit) in ids.iter().zip(&logits) {
+        row[id as usize] = logit;
+    }
+    let kept = crate::sampling::Sampler::new(config).kept(&row, &history);
+    #[derive(serde::Serialize)]
+    struct Kept {
+        id: u32,
+        prob: f32,
+    }
+    js::to_js(&kept.into_iter().map(|(id, prob)| Kept { id, prob }).collect::<Vec<_>>())
+}
+
 /// Whether this is the threads build (nightly, +atomics: its memory is a SharedArrayBuffer, so
 /// it only loads on a cross-origin isolated page), which can run the CPU path on several cores.
 #[wasm_bindgen(js_name = threadsBuild)]

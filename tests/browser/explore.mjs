@@ -68,3 +68,45 @@ export async function exploreTests(t) {
     assert(notes.every((n) => /log P -?\d+\.\d{3}, perplexity \d/.test(n)), `comparison: ${notes}`);
   });
 }
+
+/** The sampler view on the lesson table, against hand computations (P(cat | the) = 0.6, P(dog | the) = 0.4). */
+export async function samplerViewTests(t) {
+  const { test, assert, assertEq, page, base, mode, waitLoaded, waitState } = t;
+  await test(`[${mode}] sampler view: sliders re-render what the sampler keeps from the stored logits, as computed by hand`, async () => {
+    await page.goto(`${base}/?nosw&model=lesson-toy&prompt=`);
+    await waitLoaded(page);
+    await page.fill("#temperature", "0");
+    await page.fill("#max-tokens", "8");
+    await page.fill("#beams", "1");
+    await page.click("#generate");
+    await waitState(page, "ready");
+    await page.click('#output-tokens .tok[data-i="1"]'); // "cat", after "the"
+    const view = page.locator(".sampler-view");
+    await view.waitFor({ state: "visible" });
+    const requests = [];
+    page.on("request", (r) => requests.push(r.url()));
+    const kept = async () => {
+      await page.waitForTimeout(150);
+      return page.evaluate(() => Object.fromEntries([...document.querySelectorAll(".sampler-bars li")].map((li) => [li.querySelector("code").textContent, Number(li.dataset.kept)])));
+    };
+    const set = async (values) => {
+      for (const [key, value] of Object.entries(values)) await view.locator(`input[data-key="${key}"]`).fill(String(value));
+    };
+    const close = (got, want, what) => {
+      for (const [k, v] of Object.entries(want)) assert(Math.abs((got[k] ?? -1) - v) < 1e-4, `${what}: ${JSON.stringify(got)} vs ${JSON.stringify(want)}`);
+    };
+    await set({ temperature: 1, topK: 0, topP: 1, minP: 0, repeatPenalty: 1 });
+    close(await kept(), { '"cat"': 0.6, '"dog"': 0.4 }, "temperature 1");
+    await set({ temperature: 0.5 });
+    close(await kept(), { '"cat"': 0.36 / 0.52, '"dog"': 0.16 / 0.52 }, "temperature 0.5");
+    await set({ temperature: 1, topK: 1 });
+    close(await kept(), { '"cat"': 1, '"dog"': 0 }, "top-k 1");
+    await set({ topK: 0, topP: 0.5 });
+    close(await kept(), { '"cat"': 1, '"dog"': 0 }, "top-p 0.5");
+    await set({ topP: 1, minP: 0.7 });
+    close(await kept(), { '"cat"': 1, '"dog"': 0 }, "min-p 0.7 (0.4 < 0.42)");
+    await set({ minP: 0, temperature: 0 });
+    close(await kept(), { '"cat"': 1, '"dog"': 0 }, "temperature 0 (greedy)");
+    assertEq(JSON.stringify(requests.filter((u) => /\.json|\.gguf/.test(u))), "[]", "the model was fetched or run again");
+  });
+}

@@ -40,7 +40,7 @@ const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
-const { exploreTests } = await import("./explore.mjs");
+const { exploreTests, samplerViewTests } = await import("./explore.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -814,6 +814,7 @@ async function runConfig(mode) {
       });
     }
 
+    await samplerViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState });
     await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel });
 
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });

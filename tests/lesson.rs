@@ -436,3 +436,22 @@ fn a_forced_token_branches_with_the_models_probability() {
     let bad = GenerateOptions { forced: vec![999], ..greedy(8) };
     assert!(Generation::new(&model, &model, prefix, bad).is_err());
 }
+
+/// The perplexity lesson's table (`www/models/lesson-perplexity.json`) gives the seed's numbers
+/// by the chain rule: each sentence is scored through its end token.
+#[test]
+fn the_perplexity_lesson_reproduces_the_seeds_numbers() {
+    let table = load("lesson-perplexity");
+    let confident = score(&table, &sentence(&table, "the sun is warm")).unwrap();
+    assert_eq!(round(confident.perplexity, 2), 1.28);
+    let confused = score(&table, &sentence(&table, "the moon ate seven")).unwrap();
+    assert_eq!(round(confused.perplexity, 2), 3.79);
+    // 400 digits after "digits": each P = 0.1.
+    let mut ids = vec![table.bos_token().unwrap()];
+    ids.extend(table.encode(&format!("digits {}", "7 ".repeat(400))).unwrap());
+    let all = score(&table, &ids).unwrap();
+    let digits = Score::from_logprobs(all.token_logprobs[1..].to_vec());
+    assert_eq!(digits.token_logprobs.len(), 400);
+    assert_eq!(round(digits.total_logprob, 1), -921.0);
+    assert_eq!(round(digits.perplexity, 1), 10.0);
+}

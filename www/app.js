@@ -539,24 +539,65 @@ function renderBranches() {
 
 let compared = [];
 
+// ---------------------------------------------------------------------------------------------
+// Scoring: the chain rule on a text, or on candidate continuations of the prompt, token by token:
+// a heat map of surprisal (-log2 P, in bits), log P, average NLL and perplexity, and which
+// candidate is more likely, with and without length normalisation.
+
 async function runScore() {
   hideError();
+  const prompt = $("prompt").value;
+  const candidates = $("candidates").value.split("\n").filter((line) => line.trim());
+  const box = $("score-out");
   try {
-    const r = await nt.score($("prompt").value);
-    const box = $("score-out");
-    box.hidden = false;
-    const table = el("table", { className: "score" });
-    table.append(el("tr", {}, el("th", { textContent: "token" }), el("th", { textContent: "P(token | before)" }), el("th", { textContent: "log P" })));
-    for (const t of r.tokens) {
-      table.append(el("tr", {}, el("td", {}, el("code", { textContent: JSON.stringify(t.token) })), el("td", { textContent: t.prob.toPrecision(4) }), el("td", { textContent: t.logprob.toFixed(4) })));
+    if (!candidates.length) {
+      const r = await nt.score(prompt);
+      box.replaceChildren(scoredText("the prompt", r), scoreTable(r));
+    } else {
+      const scored = [];
+      for (const text of candidates) scored.push({ text, r: await nt.score(text, { after: prompt }) });
+      const best = (key) => scored.reduce((a, b) => (key(b.r) > key(a.r) ? b : a));
+      const byTotal = best((r) => r.logprob);
+      const byAverage = best((r) => -r.avgNll);
+      const verdict = el("p", { className: "verdict" });
+      verdict.append(`Most likely: ${JSON.stringify(byTotal.text)} (log P ${byTotal.r.logprob.toFixed(2)}). Length-normalised (average log P per token): ${JSON.stringify(byAverage.text)} (${(-byAverage.r.avgNll).toFixed(3)}).`);
+      box.replaceChildren(el("p", { className: "note", textContent: `P(continuation | ${JSON.stringify(prompt)}), each token given everything before it.` }), ...scored.map(({ text, r }) => scoredText(text, r)), verdict);
     }
-    box.replaceChildren(
-      el("p", { textContent: `P(text) = ${r.probability.toPrecision(4)}, log P = ${r.logprob.toFixed(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}` }),
-      table,
-    );
+    box.hidden = false;
   } catch (e) {
     showError(e.message, false);
   }
+}
+
+/** Heat colour for a surprisal in bits: 0 bits green, 10 bits and more red. */
+function surprisalColor(bits) {
+  const hue = Math.round(120 * Math.max(0, 1 - Math.min(bits, 10) / 10));
+  return `hsl(${hue} 80% 85%)`;
+}
+
+/** One scored text: its tokens as a surprisal heat map and its totals. */
+function scoredText(label, r) {
+  const heat = el("p", { className: "output heat" });
+  for (const t of r.tokens) {
+    const bits = -t.logprob / Math.LN2;
+    const span = el("span", { className: "tok", textContent: t.token.replace(/^▁|^Ġ/, " ") });
+    span.style.backgroundColor = surprisalColor(bits);
+    span.title = `${JSON.stringify(t.token)}: P = ${t.prob.toPrecision(4)}, surprisal ${bits.toFixed(2)} bits`;
+    heat.append(span);
+  }
+  const totals = el("p", { className: "note", textContent: `log P = ${r.logprob.toFixed(2)}, P = ${r.probability.toPrecision(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}, ${r.tokens.length} tokens` });
+  const item = el("div", { className: "scored" }, el("h3", { textContent: label }), heat, totals);
+  Object.assign(item.dataset, { logprob: r.logprob, perplexity: r.perplexity, avgNll: r.avgNll });
+  return item;
+}
+
+function scoreTable(r) {
+  const table = el("table", { className: "score" });
+  table.append(el("tr", {}, el("th", { textContent: "token" }), el("th", { textContent: "P(token | before)" }), el("th", { textContent: "log P" }), el("th", { textContent: "surprisal (bits)" })));
+  for (const t of r.tokens) {
+    table.append(el("tr", {}, el("td", {}, el("code", { textContent: JSON.stringify(t.token) })), el("td", { textContent: t.prob.toPrecision(4) }), el("td", { textContent: t.logprob.toFixed(4) }), el("td", { textContent: (-t.logprob / Math.LN2).toFixed(2) })));
+  }
+  return table;
 }
 
 // ---------------------------------------------------------------------------------------------

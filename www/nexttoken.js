@@ -39,6 +39,14 @@ export const CATALOG = [
     note: "a bigram table you can check by hand: P(the cat sat) = 0.6 × 0.7 = 0.42",
   },
   {
+    id: "lesson-perplexity",
+    name: "Lesson: log P and perplexity (table model)",
+    kind: "table",
+    url: "models/lesson-perplexity.json",
+    prompt: "",
+    note: "score “the sun is warm </s>” (perplexity 1.28) against “the moon ate seven </s>” (3.79); after “digits”, 400 digits at P = 0.1 give log P = -921.0",
+  },
+  {
     id: "lesson-beam",
     name: "Lesson: greedy vs beam search (table model)",
     kind: "table",
@@ -310,9 +318,13 @@ export class NextToken {
     this.worker.postMessage({ type: "abort", id });
   }
 
-  /** Score `text` with the chain rule: per-token probabilities, probability, avgNll, perplexity. */
-  score(text) {
-    return this.#request({ type: "score", text });
+  /**
+   * Score `text` with the chain rule: per-token probabilities, logprob, probability, avgNll,
+   * perplexity. With `{after: prefix}`, `text` is scored as the continuation of `prefix`
+   * (P(text | prefix), only its tokens): candidates after one prefix compare directly.
+   */
+  score(text, { after } = {}) {
+    return this.#request({ type: "score", text, after: after ?? null });
   }
 
   terminate() {
@@ -325,7 +337,7 @@ const instance = () => (shared ??= new NextToken());
 export const load = (model, opts) => instance().load(model, opts);
 export const generate = (prompt, opts) => instance().generate(prompt, opts);
 export const abort = () => instance().abort();
-export const score = (text) => instance().score(text);
+export const score = (text, opts) => instance().score(text, opts);
 export const reply = (messages, opts) => instance().reply(messages, opts);
 /** OpenAI's `chat.completions.create` and `completions.create` on the shared instance. */
 export const chat = { completions: { create: (params, opts) => instance().chat.completions.create(params, opts) } };

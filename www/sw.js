@@ -23,6 +23,7 @@ const SHELL = [
   "pkg/build-id.js",
   "models/lesson-toy.json",
   "models/lesson-beam.json",
+  "models/lesson-perplexity.json",
 ];
 
 // The wasm threads build (only used by cross-origin isolated pages; absent with NO_THREADS=1):

@@ -5,7 +5,7 @@
 // Messages in:  {type:"load", id, spec, options} | {type:"generate", id, prompt | ids, options}
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"sampler-view", id, ids, logits, options, history}
-//               {type:"abort", id} | {type:"score", id, text} | {type:"cancel-load", id}
+//               {type:"abort", id} | {type:"score", id, text, after} | {type:"cancel-load", id}
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
 //               {type:"done", id, summary, messages, promptIds} | {type:"result", id, value}
@@ -232,10 +232,10 @@ async function run({ id, type, prompt, ids, messages, options = {} }) {
   }
 }
 
-async function score({ id, text }) {
+async function score({ id, text, after }) {
   try {
     if (!engine) throw new Error("no model is loaded");
-    post({ type: "result", id, value: await engine.score(text) });
+    post({ type: "result", id, value: await engine.score(text, after ?? undefined) });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   }

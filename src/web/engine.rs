@@ -11,7 +11,7 @@ use super::js_err;
 use super::session::{self, start_after, Backend, Session, Slot};
 use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
-use crate::generate::prompt_ids;
+use crate::generate::{prompt_ids, Score};
 use crate::gguf::Gguf;
 use crate::gpu::{GpuContext, GpuModel};
 use crate::model::Model;
@@ -135,12 +135,30 @@ async fn webgpu() -> Result<std::sync::Arc<GpuContext>, String> {
 }
 
 /// The promise `Engine::score` returns, for one backend.
-fn score_promise<M: Backend>(model: Rc<M>, vocab: Rc<dyn Vocab>, text: String) -> js_sys::Promise {
+/// The promise `Engine::score` returns, for one backend: the chain rule on `text`, or with
+/// `after`, on `text` as the continuation of the prefix `after` (only its tokens are scored).
+fn score_promise<M: Backend>(
+    model: Rc<M>,
+    vocab: Rc<dyn Vocab>,
+    text: String,
+    after: Option<String>,
+) -> js_sys::Promise {
     wasm_bindgen_futures::future_to_promise(async move {
         let scored = async {
-            let ids = prompt_ids(model.bos_token(), &*vocab, &text)?;
+            let (ids, context) = match &after {
+                None => (prompt_ids(model.bos_token(), &*vocab, &text)?, 1),
+                Some(prefix) => {
+                    let mut ids = prompt_ids(model.bos_token(), &*vocab, prefix)?;
+                    let context = ids.len();
+                    ids.extend(vocab.encode(&text)?);
+                    (ids, context)
+                }
+            };
             let score = session::score(&*model, &ids).await?;
-            Ok::<_, crate::Error>(js::score_out(&*vocab, &ids, &score, M::NAME))
+            // Token i + 1 is scored by token_logprobs[i]: keep those of the continuation, with
+            // the last token of the context before them (unscored), as `score_out` expects.
+            let mine = Score::from_logprobs(score.token_logprobs[context - 1..].to_vec());
+            Ok::<_, crate::Error>(js::score_out(&*vocab, &ids[context - 1..], &mine, M::NAME))
         };
         let out = scored.await.map_err(js_err)?;
         Ok(js::to_js(&out)?)
@@ -373,14 +391,16 @@ impl Engine {
     /// The chain rule on `text`: each token's probability given the tokens before it, the
     /// total log P, average negative log-likelihood and perplexity, and the `backend` that
     /// computed them. The first token (BOS, or the first word when there is none) is the
-    /// context and is not scored. Returns a Promise (the WebGPU forward pass is asynchronous).
-    pub fn score(&self, text: &str) -> js_sys::Promise {
+    /// context and is not scored. With `after` (a prefix), `text` is scored as its
+    /// continuation: P(text | after), only the continuation's tokens (candidates compared after
+    /// one prefix). Returns a Promise (the WebGPU forward pass is asynchronous).
+    pub fn score(&self, text: &str, after: Option<String>) -> js_sys::Promise {
         let vocab = self.vocab();
         let text = text.to_string();
         match &self.loaded {
-            Loaded::Table(m) => score_promise(m.clone(), vocab, text),
-            Loaded::Cpu(m, _) => score_promise(m.clone(), vocab, text),
-            Loaded::Gpu(m, _) => score_promise(m.clone(), vocab, text),
+            Loaded::Table(m) => score_promise(m.clone(), vocab, text, after),
+            Loaded::Cpu(m, _) => score_promise(m.clone(), vocab, text, after),
+            Loaded::Gpu(m, _) => score_promise(m.clone(), vocab, text, after),
         }
     }
 }

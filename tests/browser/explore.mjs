@@ -110,3 +110,31 @@ export async function samplerViewTests(t) {
     assertEq(JSON.stringify(requests.filter((u) => /\.json|\.gguf/.test(u))), "[]", "the model was fetched or run again");
   });
 }
+
+/** The score view on the perplexity lesson: the seed's numbers, candidates compared. */
+export async function scoreViewTests(t) {
+  const { test, assert, assertEq, page, base, mode, waitLoaded } = t;
+  await test(`[${mode}] score view: candidates after a prompt, surprisal heat map, the seed's perplexities 1.28 / 3.79 and 400 tokens at P = 0.1 → log P -921.0`, async () => {
+    await page.goto(`${base}/?nosw&model=lesson-perplexity&prompt=`);
+    await waitLoaded(page);
+    await page.locator("#candidates-box summary").click();
+    await page.fill("#candidates", "the sun is warm </s>\nthe moon ate seven </s>");
+    await page.click("#score-btn");
+    await page.locator("#score-out .verdict").waitFor({ state: "visible" });
+    const scored = await page.evaluate(() => [...document.querySelectorAll("#score-out .scored")].map((d) => ({ ...d.dataset, heat: d.querySelectorAll(".heat .tok").length })));
+    assertEq(scored.length, 2, "candidates scored");
+    assertEq(Number(scored[0].perplexity).toFixed(2), "1.28", "perplexity of the confident sentence");
+    assertEq(Number(scored[1].perplexity).toFixed(2), "3.79", "perplexity of the confused sentence");
+    assertEq(scored[0].heat, 5, "heat map tokens");
+    const verdict = await page.textContent("#score-out .verdict");
+    assert(/Most likely: "the sun is warm <\/s>"/.test(verdict), `verdict: ${verdict}`);
+    // 400 digits after "digits": log P = 400 ln 0.1, with no underflow.
+    await page.fill("#prompt", "digits");
+    await page.fill("#candidates", "7 ".repeat(400).trim());
+    await page.click("#score-btn");
+    await page.waitForFunction(() => document.querySelectorAll("#score-out .scored").length === 1);
+    const long = await page.evaluate(() => ({ ...document.querySelector("#score-out .scored").dataset }));
+    assertEq(Number(long.logprob).toFixed(1), "-921.0", "log P of 400 tokens at P = 0.1");
+    assertEq(Number(long.perplexity).toFixed(1), "10.0", "their perplexity");
+  });
+}

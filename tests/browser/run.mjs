@@ -40,7 +40,7 @@ const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
-const { exploreTests, samplerViewTests } = await import("./explore.mjs");
+const { exploreTests, samplerViewTests, scoreViewTests } = await import("./explore.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -814,6 +814,7 @@ async function runConfig(mode) {
       });
     }
 
+    await scoreViewTests({ test, assert, assertEq, page, base, mode, waitLoaded });
     await samplerViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState });
     await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel });
 
@@ -843,7 +844,7 @@ async function runConfig(mode) {
       await page.click("#score-btn");
       await page.locator("#score-out").waitFor({ state: "visible" });
       const txt = await page.textContent("#score-out");
-      assert(/P\(text\) = 0\.4200/.test(txt) && /perplexity = 1\.335/.test(txt), `score output: ${txt}`);
+      assert(/\bP = 0\.4200/.test(txt) && /perplexity = 1\.335/.test(txt), `score output: ${txt}`);
     });
 
     await test(`[${mode}] embed page: <next-token> shows P(the cat sat) = 0.42; greedy vs beam lesson`, async () => {

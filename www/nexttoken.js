@@ -175,7 +175,7 @@ class WorkerLink {
       return;
     }
     this.worker.onmessage = (e) => this.pending.get(e.data.id)?.(e.data);
-    this.worker.onerror = (e) => fail(e.message || `could not start ${url} (is www/pkg built? a script from another origin needs CORS headers on its host)`);
+    this.worker.onerror = (e) => fail(e.message || `could not start ${url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`);
   }
 }
 

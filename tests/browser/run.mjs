@@ -40,6 +40,7 @@ const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
+const { embedTests } = await import("./embed.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -814,6 +815,8 @@ async function runConfig(mode) {
     }
 
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
+
+    await embedTests({ test, assert, assertEq, browser, mode, www });
 
     await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText });
 

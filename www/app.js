@@ -821,7 +821,8 @@ for (const box of [$("output-tokens"), $("conversation")]) {
 }
 
 if ("serviceWorker" in navigator && !params.has("nosw")) {
-  navigator.serviceWorker.register("sw.js").catch((e) => console.warn("service worker not registered:", e));
+  // Beside this script, wherever the site lives (a sub-path): its scope is the app's folder.
+  navigator.serviceWorker.register(new URL("sw.js", import.meta.url)).catch((e) => console.warn("service worker not registered:", e));
 }
 setState("idle");
 initPicker();

@@ -8,8 +8,13 @@
 // 0 = greedy), seed (only for reproducible runs: without it each run draws anew), top-k, top-p, beams, show-probabilities (each token's P, and the product),
 // autorun (generate once loaded), backend (auto | gpu | cpu), editable (let the reader edit the prompt).
 // Events: "nexttoken-token" (detail: the token), "nexttoken-done" (detail: summary + probability).
+//
+// All the elements of a page share one worker (one wasm instance), and elements naming the same
+// model share one loaded copy of it: each model is downloaded once, and its elements generate in
+// turn. Relative model URLs are relative to the page; the default files (pkg/, the catalog's
+// models) are found beside this script, which may come from another origin (a CDN with CORS).
 
-import { NextToken } from "./nexttoken.js";
+import { NextToken, resolveSpec } from "./nexttoken.js";
 
 const STYLE = `
 [hidden] { display: none !important; }
@@ -30,6 +35,34 @@ button:disabled { opacity: .45; cursor: default; }
 .error { color: #8a1010; font-size: .85rem; }
 `;
 
+// Constructed, not a <style> element: a page whose CSP has no 'unsafe-inline' in style-src
+// blocks <style> elements, in a shadow root too.
+let sheet = null;
+function styleSheet() {
+  if (!sheet) {
+    sheet = new CSSStyleSheet();
+    sheet.replaceSync(STYLE);
+  }
+  return sheet;
+}
+
+/** Loaded models, shared by the elements that name them: key -> {nt, loading, listeners, turn}. */
+const models = new Map();
+
+function sharedModel(model, tokenizer, backend) {
+  const spec = resolveSpec(model, tokenizer);
+  const key = JSON.stringify([spec.url, spec.tokenizer, backend]);
+  let m = models.get(key);
+  if (!m) {
+    m = { nt: new NextToken({ shareWorker: true }), listeners: new Set(), turn: Promise.resolve() };
+    m.loading = m.nt.load(spec, { backend, onProgress: (p) => m.listeners.forEach((f) => f(p)) });
+    // A failed load is not kept: the next element (or a retry) tries again.
+    m.loading.catch(() => models.get(key) === m && models.delete(key));
+    models.set(key, m);
+  }
+  return m;
+}
+
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
     return ["model", "tokenizer", "backend"];
@@ -38,16 +71,17 @@ class NextTokenElement extends HTMLElement {
   constructor() {
     super();
     this.attachShadow({ mode: "open" });
-    this.client = null;
+    this.model = null; // the shared model (see sharedModel)
     this.loading = null;
+    this.generating = false;
     this.tokens = [];
   }
 
   connectedCallback() {
     if (this.shadowRoot.childElementCount) return;
     const root = this.shadowRoot;
-    root.innerHTML = `<style>${STYLE}</style>
-      <div class="bar"><input part="prompt" aria-label="prompt" spellcheck="false"><button part="run" class="run">Generate</button><button class="stop secondary" disabled>Stop</button></div>
+    root.adoptedStyleSheets = [styleSheet()];
+    root.innerHTML = `<div class="bar"><input part="prompt" aria-label="prompt" spellcheck="false"><button part="run" class="run">Generate</button><button class="stop secondary" disabled>Stop</button></div>
       <div class="out" part="output"><span class="prompt"></span><span class="gen"></span></div>
       <p class="product" part="product" hidden></p>
       <p class="status" part="status" role="status"></p>
@@ -58,19 +92,23 @@ class NextTokenElement extends HTMLElement {
     input.hidden = !this.hasAttribute("editable");
     input.placeholder = "(empty prompt: start of text)";
     this.$(".run").addEventListener("click", () => this.run());
-    this.$(".stop").addEventListener("click", () => this.client?.abort());
+    this.$(".stop").addEventListener("click", () => this.stop());
     input.addEventListener("keydown", (e) => e.key === "Enter" && this.run());
     this.load().then(() => this.hasAttribute("autorun") && this.run(), () => {});
   }
 
   disconnectedCallback() {
-    this.client?.terminate();
-    this.client = null;
+    // The model stays loaded for the page's other elements.
+    this.stop();
     this.loading = null;
   }
 
+  stop() {
+    if (this.generating) this.model?.nt.abort();
+  }
+
   attributeChangedCallback(name, oldValue, newValue) {
-    if (oldValue !== null && oldValue !== newValue && this.client) {
+    if (oldValue !== null && oldValue !== newValue && this.model) {
       this.loading = null;
       this.load().catch(() => {});
     }
@@ -80,17 +118,21 @@ class NextTokenElement extends HTMLElement {
     if (this.loading) return this.loading;
     const model = this.getAttribute("model");
     if (!model) return Promise.reject(this.fail("set the model attribute (a table .json or a .gguf URL)"));
-    this.client ??= new NextToken();
     this.$(".run").disabled = true;
     this.$(".status").textContent = "loading the model…";
-    this.loading = this.client
-      .load(model, {
-        tokenizer: this.getAttribute("tokenizer") || undefined,
-        backend: this.getAttribute("backend") || "auto",
-        onProgress: ({ file, loaded, total }) => {
-          this.$(".status").textContent = `loading ${file}: ${(loaded / 1e6).toFixed(1)}${total ? " / " + (total / 1e6).toFixed(1) : ""} MB`;
-        },
-      })
+    const onProgress = ({ file, loaded, total }) => {
+      this.$(".status").textContent = `loading ${file}: ${(loaded / 1e6).toFixed(1)}${total ? " / " + (total / 1e6).toFixed(1) : ""} MB`;
+    };
+    let m;
+    try {
+      m = sharedModel(model, this.getAttribute("tokenizer") || undefined, this.getAttribute("backend") || "auto");
+    } catch (e) {
+      return Promise.reject(this.fail(e.message)); // e.g. a malformed Hugging Face reference
+    }
+    this.model = m;
+    m.listeners.add(onProgress);
+    this.loading = m.loading
+      .finally(() => m.listeners.delete(onProgress))
       .then(
         (info) => {
           this.info = info;
@@ -119,8 +161,18 @@ class NextTokenElement extends HTMLElement {
     return v === null || v === "" || Number.isNaN(Number(v)) ? fallback : Number(v);
   }
 
+  /** Generate once; the elements sharing this model take turns. */
   async run() {
+    if (this.generating) return;
     await this.load();
+    const m = this.model;
+    this.$(".run").disabled = true;
+    const mine = m.turn.then(() => this.generate(m));
+    m.turn = mine.catch(() => {});
+    return mine;
+  }
+
+  async generate(m) {
     const prompt = this.$("input").value;
     const show = this.hasAttribute("show-probabilities");
     const gen = this.$(".gen");
@@ -131,6 +183,7 @@ class NextTokenElement extends HTMLElement {
     this.$(".run").disabled = true;
     this.$(".stop").disabled = false;
     this.tokens = [];
+    this.generating = true;
     try {
       const opts = {
         maxTokens: this.num("max-tokens", 64),
@@ -141,7 +194,7 @@ class NextTokenElement extends HTMLElement {
         topP: this.num("top-p", 1),
         beams: this.num("beams", 1),
       };
-      for await (const t of this.client.generate(prompt, opts)) {
+      for await (const t of m.nt.generate(prompt, opts)) {
         this.tokens.push(t);
         const span = document.createElement("span");
         span.className = "tok";
@@ -161,10 +214,11 @@ class NextTokenElement extends HTMLElement {
         product.dataset.probability = String(probability);
         product.hidden = false;
       }
-      this.dispatchEvent(new CustomEvent("nexttoken-done", { detail: { ...this.client.lastSummary, probability } }));
+      this.dispatchEvent(new CustomEvent("nexttoken-done", { detail: { ...m.nt.lastSummary, probability } }));
     } catch (e) {
       this.fail(e.message);
     } finally {
+      this.generating = false;
       this.$(".run").disabled = false;
       this.$(".stop").disabled = true;
     }

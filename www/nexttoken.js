@@ -116,20 +116,29 @@ export function resolveModelUrl(ref) {
   return `${HUB}/${owner}/${repo}/resolve/${encodeURIComponent(revision)}/${path}`;
 }
 
-/** A model spec from a catalog entry, a URL or Hugging Face reference (".json" = table model) or a spec object. */
+/** Relative model URLs of a page (or an attribute) are relative to the page. */
+const pageBase = () => globalThis.document?.baseURI ?? self.location.href;
+const absolute = (url, base) => (url ? new URL(url, base).href : url);
+
+/**
+ * A model spec from a catalog entry, a URL or Hugging Face reference (".json" = table model) or a
+ * spec object. Its URLs come out absolute: a catalog entry's relative to this script (its files
+ * ship beside it, wherever it is hosted), others relative to the page; the worker may run from
+ * another origin's script, where a relative URL would mean something else.
+ */
 export function resolveSpec(model, tokenizer) {
   if (typeof model === "string") {
     const entry = CATALOG.find((m) => m.id === model);
-    if (entry) return { ...entry, url: resolveModelUrl(entry.url) };
-    const url = resolveModelUrl(model);
+    if (entry) return { ...entry, url: absolute(resolveModelUrl(entry.url), import.meta.url), tokenizer: absolute(entry.tokenizer, import.meta.url) };
+    const url = absolute(resolveModelUrl(model), pageBase());
     const isTable = /\.json(\?|#|$)/i.test(url);
     const spec = { id: model, name: model.split("/").pop(), kind: isTable ? "table" : "gguf", url };
     // A GGUF without a tokenizer URL uses the tokenizer its own metadata describes.
-    if (!isTable && tokenizer) spec.tokenizer = tokenizer;
+    if (!isTable && tokenizer) spec.tokenizer = absolute(tokenizer, pageBase());
     return spec;
   }
-  const url = resolveModelUrl(model.url);
-  return { kind: /\.json(\?|#|$)/i.test(url) ? "table" : "gguf", ...model, url };
+  const url = absolute(resolveModelUrl(model.url), pageBase());
+  return { kind: /\.json(\?|#|$)/i.test(url) ? "table" : "gguf", ...model, url, tokenizer: absolute(model.tokenizer, pageBase()) };
 }
 
 let persistAsked = false;
@@ -144,24 +153,70 @@ export async function requestPersistentStorage() {
   }
 }
 
+/**
+ * A module worker for `url`. The Worker constructor refuses a script of another origin (a page
+ * that loads nexttoken from a CDN): then a same-origin blob: module worker imports it instead, so
+ * the host needs only CORS. (The blob URL stays alive: the worker fetches it after this returns.)
+ */
+function startWorker(url) {
+  url = new URL(url, pageBase());
+  if (url.origin === new URL(pageBase()).origin) return new Worker(url, { type: "module" });
+  const trampoline = new Blob([`import ${JSON.stringify(url.href)};`], { type: "text/javascript" });
+  return new Worker(URL.createObjectURL(trampoline), { type: "module" });
+}
+
+/** One worker and its message routing; several NextToken instances may share one. */
+class WorkerLink {
+  constructor(workerUrl) {
+    const url = workerUrl || new URL("./worker.js", import.meta.url);
+    this.nextId = 1;
+    this.pending = new Map(); // id -> handler(message)
+    const fail = (why) => {
+      const message = `the inference worker failed: ${why}`;
+      for (const handler of this.pending.values()) handler({ type: "error", message });
+    };
+    try {
+      this.worker = startWorker(url);
+    } catch (e) {
+      // Reported to every request, as a worker that fails later would be.
+      this.worker = { postMessage: () => queueMicrotask(() => fail(e.message)), terminate() {} };
+      return;
+    }
+    this.worker.onmessage = (e) => this.pending.get(e.data.id)?.(e.data);
+    this.worker.onerror = (e) => fail(e.message || `could not start ${url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`);
+  }
+}
+
+let sharedLink = null;
+let nextSlot = 1;
+
 export class NextToken {
-  constructor({ workerUrl } = {}) {
+  /**
+   * `workerUrl`: the worker script (default: worker.js beside this module). `shareWorker`: use the
+   * page's one shared worker (and its one wasm instance) instead of a worker of its own; each
+   * instance still holds its own model there, and the worker runs one generation at a time.
+   */
+  constructor({ workerUrl, shareWorker = false } = {}) {
     // OpenAI's API shape: nt.chat.completions.create(...), nt.completions.create(...).
     const api = openAI(this);
     this.chat = api.chat;
     this.completions = api.completions;
-    this.worker = new Worker(workerUrl || new URL("./worker.js", import.meta.url), { type: "module" });
-    this.nextId = 1;
-    this.pending = new Map(); // id -> handler(message)
+    this.link = shareWorker ? (sharedLink ??= new WorkerLink(workerUrl)) : new WorkerLink(workerUrl);
+    this.shared = shareWorker;
+    this.slot = nextSlot++; // this instance's model in the worker
+    this.pending = this.link.pending;
     this.current = null; // id of the generation in progress
     this.stopped = new Set(); // ids of generations aborted by the caller
     this.info = null;
     this.lastSummary = null;
-    this.worker.onmessage = (e) => this.pending.get(e.data.id)?.(e.data);
-    this.worker.onerror = (e) => {
-      const message = `the inference worker failed: ${e.message || "could not start (is www/pkg built? run ./build.sh)"}`;
-      for (const handler of this.pending.values()) handler({ type: "error", message });
-    };
+  }
+
+  get worker() {
+    return this.link.worker;
+  }
+
+  #post(message) {
+    this.link.worker.postMessage({ ...message, slot: this.slot });
   }
 
   /**
@@ -179,10 +234,10 @@ export class NextToken {
   load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, exact = false, threads, tokenizer, signal } = {}) {
     const spec = resolveSpec(model, tokenizer);
     if (spec.kind === "gguf") requestPersistentStorage();
-    const id = this.nextId++;
+    const id = this.link.nextId++;
     this.info = null;
     return new Promise((resolve, reject) => {
-      const onAbort = () => this.worker.postMessage({ type: "cancel-load", id });
+      const onAbort = () => this.#post({ type: "cancel-load", id });
       signal?.addEventListener("abort", onAbort, { once: true });
       this.pending.set(id, (msg) => {
         if (msg.type === "progress") onProgress?.(msg);
@@ -200,7 +255,7 @@ export class NextToken {
           }
         }
       });
-      this.worker.postMessage({ type: "load", id, spec, options: { backend, maxSeq, exact, threads } });
+      this.#post({ type: "load", id, spec, options: { backend, maxSeq, exact, threads } });
     });
   }
 
@@ -249,7 +304,7 @@ export class NextToken {
 
   #stream(message) {
     if (this.current !== null) this.abort();
-    const id = this.nextId++;
+    const id = this.link.nextId++;
     this.current = id;
     this.lastSummary = null;
     const queue = [];
@@ -273,7 +328,7 @@ export class NextToken {
       }
       wake?.();
     });
-    this.worker.postMessage({ ...message, id });
+    this.#post({ ...message, id });
     const self = this;
     return {
       [Symbol.asyncIterator]() {
@@ -299,13 +354,13 @@ export class NextToken {
 
   /** One request to the worker, answered by one "result" (or "error") message. */
   #request(message) {
-    const id = this.nextId++;
+    const id = this.link.nextId++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, (msg) => {
         this.pending.delete(id);
         msg.type === "result" ? resolve(msg.value) : reject(new Error(msg.message));
       });
-      this.worker.postMessage({ ...message, id });
+      this.#post({ ...message, id });
     });
   }
 
@@ -315,7 +370,7 @@ export class NextToken {
     const id = this.current;
     this.current = null;
     this.stopped.add(id);
-    this.worker.postMessage({ type: "abort", id });
+    this.#post({ type: "abort", id });
   }
 
   /**
@@ -327,8 +382,11 @@ export class NextToken {
     return this.#request({ type: "score", text, after: after ?? null });
   }
 
+  /** Stop the worker; on the shared worker, stop this instance's generation and free its model. */
   terminate() {
-    this.worker.terminate();
+    if (!this.shared) return this.link.worker.terminate();
+    this.abort();
+    this.#post({ type: "unload" });
   }
 }
 

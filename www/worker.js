@@ -6,6 +6,9 @@
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"sampler-view", id, ids, logits, options, history}
 //               {type:"abort", id} | {type:"score", id, text, after} | {type:"cancel-load", id}
+//               {type:"unload"}
+//               Each message names its `slot`: one page may share this worker among several
+//               NextToken instances (several <next-token> elements), each with its own model.
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
 //               {type:"done", id, summary, messages, promptIds} | {type:"result", id, value}
@@ -15,8 +18,9 @@ import { loadWasm } from "./wasm.js";
 import { fetchModelFile, dropOldCaches, deleteCached, splitPartUrls } from "./model-cache.js";
 
 let ready = null;
-let engine = null;
+const engines = new Map(); // slot -> the model's engine
 let sessionId = null;
+let sessionSlot = null;
 const aborted = new Set();
 const loadAborts = new Map();
 
@@ -60,20 +64,20 @@ async function fetchText(url, id, file, signal, cache = true) {
   return all;
 }
 
-async function load({ id, spec, options = {} }) {
+async function load({ id, slot, spec, options = {} }) {
   const controller = new AbortController();
   loadAborts.set(id, controller);
   const signal = controller.signal;
   const t0 = performance.now();
   try {
     await wasmReady();
-    // A generation on the old model stops first.
-    if (sessionId !== null) aborted.add(sessionId);
+    // A generation on the old model stops first (another slot's runs on).
+    if (sessionId !== null && sessionSlot === slot) aborted.add(sessionId);
     await running;
     // Free the previous model before allocating the next: wasm memory never shrinks, but freed
     // space is reused.
-    engine?.free?.();
-    engine = null;
+    unload({ slot });
+    let engine;
     let timings = {};
     if (spec.kind === "table") {
       // Table models are a few hundred bytes: always fetched fresh (the service worker keeps the
@@ -104,9 +108,9 @@ async function load({ id, spec, options = {} }) {
       }
       timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache };
     }
+    engines.set(slot, engine);
     post({ type: "loaded", id, info: { ...engine.info(), version: wasm.version(), threads: wasm.threads }, timings });
   } catch (e) {
-    engine = null;
     const cancelled = signal.aborted;
     const retryable = cancelled || (e?.name === "DownloadError" ? e.retryable : false);
     post({ type: "error", id, message: cancelled ? "loading was cancelled" : errorMessage(e), retryable });
@@ -183,30 +187,37 @@ async function preflight(url, size, id) {
 
 const deleteAll = (urls) => Promise.all(urls.map((u) => deleteCached(u).catch(() => {})));
 
-// One generation at a time: a new one first stops the one running and waits for its loop to
-// end, so an old loop can never touch the new session (and the new one can take over the KV
-// cache the old one leaves).
+function unload({ slot }) {
+  engines.get(slot)?.free?.();
+  engines.delete(slot);
+}
+
+// One generation at a time: a new one first stops the one running on its slot and waits for its
+// loop to end, so an old loop can never touch the new session (and the new one can take over the
+// KV cache the old one leaves). Another slot's generation waits its turn instead.
 let running = Promise.resolve();
 
 function generate(msg) {
-  if (sessionId !== null) aborted.add(sessionId);
+  if (sessionId !== null && sessionSlot === msg.slot) aborted.add(sessionId);
   const previous = running;
   running = previous.then(() => run(msg));
 }
 
-async function run({ id, type, prompt, ids, messages, options = {} }) {
+async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
   if (aborted.has(id)) {
     // Aborted while it waited for the previous one.
     aborted.delete(id);
     post({ type: "done", id, summary: null });
     return;
   }
+  const engine = engines.get(slot);
   if (!engine) {
     post({ type: "error", id, message: "no model is loaded" });
     return;
   }
   let session = null;
   sessionId = id;
+  sessionSlot = slot;
   try {
     if (type === "chat") session = engine.startChat(messages, options);
     else if (ids) session = engine.startIds(Uint32Array.from(ids), options);
@@ -229,10 +240,12 @@ async function run({ id, type, prompt, ids, messages, options = {} }) {
     session?.free();
     aborted.delete(id);
     sessionId = null;
+    sessionSlot = null;
   }
 }
 
-async function score({ id, text, after }) {
+async function score({ id, slot, text, after }) {
+  const engine = engines.get(slot);
   try {
     if (!engine) throw new Error("no model is loaded");
     post({ type: "result", id, value: await engine.score(text, after ?? undefined) });
@@ -269,7 +282,11 @@ self.onmessage = (event) => {
         post({ type: "error", id: msg.id, message: errorMessage(e) });
       }
       break;
-    case "render-chat":
+    case "unload":
+      unload(msg);
+      break;
+    case "render-chat": {
+      const engine = engines.get(msg.slot);
       try {
         if (!engine) throw new Error("no model is loaded");
         post({ type: "result", id: msg.id, value: engine.renderChat(msg.messages, msg.addGenerationPrompt !== false) });
@@ -277,8 +294,9 @@ self.onmessage = (event) => {
         post({ type: "error", id: msg.id, message: errorMessage(e) });
       }
       break;
+    }
     case "info":
-      post({ type: "result", id: msg.id, value: engine ? engine.info() : null });
+      post({ type: "result", id: msg.id, value: engines.get(msg.slot)?.info() ?? null });
       break;
   }
 };

@@ -41,6 +41,7 @@ const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests } = await import("./explore.mjs");
+const { embedTests } = await import("./embed.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -819,6 +820,8 @@ async function runConfig(mode) {
     await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel });
 
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
+
+    await embedTests({ test, assert, assertEq, browser, mode, www });
 
     await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText });
 

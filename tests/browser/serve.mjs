@@ -6,6 +6,8 @@
 // Pages are cross-origin isolated (COOP same-origin + COEP require-corp), so they may use
 // SharedArrayBuffer and load the wasm threads build; a page requested with `?isolate=0` is not
 // (how the tests check the one-thread fallback); `isolate: false` turns it off for everything.
+// Every answer allows CORS (a CDN's) and Cross-Origin-Resource-Policy: cross-origin (so an
+// isolated page of another origin may embed it) unless `cors: false`; `headers` adds more (a CSP).
 import http from "node:http";
 import fs from "node:fs";
 import path from "node:path";
@@ -28,7 +30,7 @@ const TYPES = {
 
 /** Start serving. `mounts` maps URL prefixes ("/shared/") to extra folders; `handler(req, res)`
  * may answer a request itself (returning true). Resolves to the server. */
-export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet = true, handler = null, isolate = true } = {}) {
+export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet = true, handler = null, isolate = true, cors = true, headers: extra = {} } = {}) {
   root = path.resolve(root);
   const server = http.createServer((req, res) => {
     if (handler && handler(req, res)) return;
@@ -72,7 +74,8 @@ export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet =
         "content-type": type,
         "content-length": st.size,
         "cache-control": "no-cache",
-        "access-control-allow-origin": "*",
+        ...(cors && { "access-control-allow-origin": "*", "cross-origin-resource-policy": "cross-origin" }),
+        ...extra,
       };
       if (isolate && url.searchParams.get("isolate") !== "0") {
         headers["cross-origin-opener-policy"] = "same-origin";

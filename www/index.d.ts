@@ -1,0 +1,256 @@
+// Types of nexttoken's JavaScript API (nexttoken.js, openai.js). The model runs in a Web Worker.
+
+/** A model: a catalog id ("default", "lesson-toy", ...), a URL (".json" = table model, else a
+ * GGUF; relative to the page), a Hugging Face reference ("hf:owner/repo/file.gguf") or a spec. */
+export type ModelRef = string | ModelSpec;
+
+export interface ModelSpec {
+  url: string;
+  kind?: "gguf" | "table";
+  /** A tokenizer.json URL; without it, the tokenizer the GGUF's metadata describes. */
+  tokenizer?: string;
+  /** The host's published sha256 (a list, one per part, for a split model). */
+  sha256?: string | string[];
+  size?: number;
+  id?: string;
+  name?: string;
+  prompt?: string;
+  note?: string;
+}
+
+export interface Progress {
+  file: "model" | "tokenizer";
+  loaded: number;
+  total: number;
+  fromCache?: boolean;
+  /** A model split by gguf-split: this part of `parts`; `doneBytes` the parts before. */
+  part?: number;
+  parts?: number;
+  doneBytes?: number;
+}
+
+export interface LoadOptions {
+  onProgress?: (p: Progress) => void;
+  onWarning?: (message: string) => void;
+  backend?: "auto" | "gpu" | "cpu";
+  maxSeq?: number;
+  /** CPU path: the exact reference kernels instead of the fast int8 ones. */
+  exact?: boolean;
+  threads?: number;
+  tokenizer?: string;
+  signal?: AbortSignal;
+}
+
+export interface ModelInfo {
+  kind: "table" | "gguf";
+  backend: "table" | "cpu" | "webgpu";
+  backendDetail: string;
+  name: string;
+  description: string;
+  arch: string;
+  nVocab: number;
+  nCtx: number;
+  nLayer: number;
+  nEmbd: number;
+  parameters: number;
+  bytes: number;
+  weightBytesPerToken: number;
+  words: string[];
+  chatTemplate?: string | null;
+  version: string;
+  threads: number;
+  spec: ModelSpec;
+  timings: { downloadMs: number; initMs: number; fromCache?: boolean };
+  [more: string]: unknown;
+}
+
+export interface GenerateOptions {
+  maxTokens?: number;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  repeatPenalty?: number;
+  repeatWindow?: number;
+  seed?: number;
+  stop?: string[];
+  /** Alternatives per token (default 5, at most 20). */
+  topLogprobs?: number;
+  beams?: number;
+  lengthNormalise?: boolean;
+  /** chat(): drop the oldest turns when the context is full instead of failing. */
+  dropOldest?: boolean;
+}
+
+export interface Alternative {
+  id: number;
+  token: string;
+  piece: string;
+  prob: number;
+  logprob: number;
+}
+
+/** One generated token ("token" events of the element carry the same). */
+export interface Token extends Alternative {
+  text: string;
+  top: Alternative[];
+  position: number;
+  /** Over the generated tokens so far. */
+  logprobSum: number;
+  perplexity: number;
+}
+
+export interface Summary {
+  promptTokens: number;
+  reusedTokens: number;
+  generatedTokens: number;
+  text: string;
+  stopReason: "Eos" | "MaxTokens" | "StopString" | "ContextFull" | "Aborted" | string;
+  prefillMs: number;
+  decodeMs: number;
+  ttftMs: number;
+  prefillTokS: number;
+  decodeTokS: number;
+  backend: "table" | "cpu" | "webgpu";
+  wallMs: number;
+  promptIds: number[];
+  messages?: ChatMessage[];
+}
+
+export interface Score {
+  tokens: { id: number; token: string; prob: number; logprob: number }[];
+  logprob: number;
+  probability: number;
+  avgNll: number;
+  perplexity: number;
+  backend: "table" | "cpu" | "webgpu";
+}
+
+export interface ChatMessage {
+  role: "system" | "user" | "assistant";
+  content: string;
+}
+
+// OpenAI's shapes (openai.js): the fields it reads and the objects it returns.
+
+export interface CompletionParams {
+  max_tokens?: number;
+  max_completion_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  repetition_penalty?: number;
+  seed?: number;
+  stop?: string | string[];
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  n?: 1;
+  response_format?: { type: "text" };
+  signal?: AbortSignal;
+}
+export interface ChatCompletionParams extends CompletionParams {
+  messages: { role: string; content: string | { type: "text"; text: string }[] }[];
+  logprobs?: boolean;
+  top_logprobs?: number;
+  drop_oldest?: boolean;
+}
+export interface LegacyCompletionParams extends CompletionParams {
+  prompt: string;
+  logprobs?: number;
+}
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+}
+export type FinishReason = "stop" | "length";
+export interface TokenLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[];
+  top_logprobs: { token: string; logprob: number; bytes: number[] }[];
+}
+interface Meta {
+  id: string;
+  created: number;
+  model: string;
+}
+export interface ChatCompletion extends Meta {
+  object: "chat.completion";
+  choices: { index: 0; message: { role: "assistant"; content: string; refusal: null }; logprobs: { content: TokenLogprob[]; refusal: null } | null; finish_reason: FinishReason }[];
+  usage: Usage;
+}
+export interface ChatCompletionChunk extends Meta {
+  object: "chat.completion.chunk";
+  choices: { index: 0; delta: { role?: "assistant"; content?: string }; logprobs: { content: TokenLogprob[]; refusal: null } | null; finish_reason: FinishReason | null }[];
+  usage?: Usage;
+}
+export interface LegacyLogprobs {
+  tokens: string[];
+  token_logprobs: number[];
+  top_logprobs: Record<string, number>[];
+  text_offset: number[];
+}
+export interface Completion extends Meta {
+  object: "text_completion";
+  choices: { index: 0; text: string; logprobs: LegacyLogprobs | null; finish_reason: FinishReason | null }[];
+  usage?: Usage;
+}
+export interface RequestOptions {
+  signal?: AbortSignal;
+}
+export interface Chat {
+  completions: {
+    create(params: ChatCompletionParams & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+    create(params: ChatCompletionParams & { stream?: false }, options?: RequestOptions): Promise<ChatCompletion>;
+  };
+}
+export interface Completions {
+  create(params: LegacyCompletionParams & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<Completion>>;
+  create(params: LegacyCompletionParams & { stream?: false }, options?: RequestOptions): Promise<Completion>;
+}
+
+export interface NextTokenOptions {
+  /** The worker script (default: worker.js beside nexttoken.js; from another origin it starts
+   * through a blob: trampoline, so its host needs CORS). */
+  workerUrl?: string | URL;
+  /** Use the page's one shared worker (one wasm instance); each instance keeps its own model. */
+  shareWorker?: boolean;
+}
+
+export class NextToken {
+  constructor(options?: NextTokenOptions);
+  readonly info: ModelInfo | null;
+  readonly lastSummary: Summary | null;
+  readonly chat: Chat;
+  readonly completions: Completions;
+  load(model: ModelRef, options?: LoadOptions): Promise<ModelInfo>;
+  /** `prompt`: text, or `{ids}`: token ids as they are (no BOS added). */
+  generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
+  reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
+  renderChat(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): Promise<string>;
+  score(text: string): Promise<Score>;
+  abort(): void;
+  terminate(): void;
+}
+
+export interface CatalogEntry extends ModelSpec {
+  id: string;
+  name: string;
+  kind: "gguf" | "table";
+}
+export const CATALOG: CatalogEntry[];
+export function resolveModelUrl(ref: string): string;
+export function resolveSpec(model: ModelRef, tokenizer?: string): ModelSpec & { kind: "gguf" | "table" };
+export function requestPersistentStorage(): Promise<boolean | null>;
+
+// One shared instance.
+export function load(model: ModelRef, options?: LoadOptions): Promise<ModelInfo>;
+export function generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
+export function reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
+export function score(text: string): Promise<Score>;
+export function abort(): void;
+export const chat: Chat;
+export const completions: Completions;

@@ -455,3 +455,55 @@ fn the_perplexity_lesson_reproduces_the_seeds_numbers() {
     assert_eq!(round(digits.total_logprob, 1), -921.0);
     assert_eq!(round(digits.perplexity, 1), 10.0);
 }
+
+/// The beam search's tree on the lesson: every extension it considered, with its total log P,
+/// pruned ones marked, the best beam's path ending at "a bird </s>" (0.36). By hand: step 0 keeps
+/// "the" (0.6) and "a" (0.4); step 1 considers the cat 0.33, the dog 0.27, a bird 0.36, a fish
+/// 0.04 and keeps "a bird" and "the cat".
+#[test]
+fn the_beam_tree_holds_every_extension_considered() {
+    use nexttoken::generate::{BeamNode, BeamSearch};
+    let model = load("lesson-beam");
+    let bos = [model.bos_token().unwrap()];
+    let opts = BeamOptions { beams: 2, max_tokens: 10, length_normalise: false };
+    let mut search = BeamSearch::new(&model, &bos, opts).unwrap();
+    while let Some(tokens) = search.step_input() {
+        let logits = model.forward(search.state_mut(), &tokens, false).unwrap();
+        let top = nexttoken::lm::TopK::from_logits(&logits, search.top_k());
+        search.step_output(top).unwrap();
+    }
+    let tree: Vec<BeamNode> = search.tree().to_vec();
+    let beams = search.finish();
+    let word = |n: &BeamNode| model.token_text(n.id);
+    let path = |mut at: usize| {
+        let mut words = vec![];
+        loop {
+            words.push(word(&tree[at]));
+            match tree[at].parent {
+                Some(p) => at = p,
+                None => break,
+            }
+        }
+        words.reverse();
+        words.join(" ")
+    };
+    assert_eq!(path(beams[0].node.unwrap()), "a bird </s>");
+    let step1: Vec<(String, f64, bool)> = tree
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.step == 1)
+        .map(|(i, n)| (path(i), round(n.logprob.exp(), 2), n.kept))
+        .collect();
+    let want = [
+        ("a bird".to_string(), 0.36, true),
+        ("the cat".to_string(), 0.33, true),
+        ("the dog".to_string(), 0.27, false),
+        ("a fish".to_string(), 0.04, false),
+    ];
+    assert_eq!(step1, want);
+    // Every node's log P is its parent's plus its own token's.
+    for n in &tree {
+        let parent = n.parent.map_or(0.0, |p| tree[p].logprob);
+        assert!(n.logprob <= parent + 1e-12);
+    }
+}

@@ -249,6 +249,7 @@ async function runGenerate() {
   out.replaceChildren();
   $("output-prompt").textContent = prompt;
   $("score-out").hidden = true;
+  $("beam-view").hidden = true;
   tokens = [];
   branches = [];
   compared = [];
@@ -266,9 +267,11 @@ async function runGenerate() {
     }
     summaryStats(nt.lastSummary);
     // The generation is the root of a new branch tree.
-    branches = nt.lastSummary ? [{ parent: null, at: 0, prompt, promptIds: nt.lastSummary.promptIds, tokens, label: "the generation" }] : [];
+    const done = nt.lastSummary;
+    branches = done ? [{ parent: null, at: 0, prompt, promptIds: done.promptIds, tokens, label: "the generation" }] : [];
     shownBranch = 0;
     renderBranches();
+    if (done?.beamTree) await showBeamTree(prompt, done.beamTree, done.text);
     setState("ready");
   } catch (e) {
     showError(e.message, false);
@@ -427,6 +430,44 @@ function samplerPanel(i, t) {
   }
   update();
   return panel;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The beam search view: every extension the search considered, as a tree with each
+// hypothesis's total probability; pruned ones greyed, the best beam's path marked; and greedy's
+// pick beside it.
+
+/** `bestText`: the best beam's text (what the output shows). */
+async function showBeamTree(prompt, { nodes, best }, bestText) {
+  const onBest = new Set();
+  for (let at = best; at !== null && at !== undefined; at = nodes[at].parent) onBest.add(at);
+  const lists = new Map([[null, el("ul", { className: "beam-tree" })]]);
+  nodes.forEach((n, k) => {
+    const label = `${JSON.stringify(n.piece)}  P = ${Math.exp(n.logprob).toFixed(2)}${n.finished ? " (ended)" : ""}`;
+    const li = el("li", { className: [n.kept ? "kept" : "pruned", onBest.has(k) ? "best" : ""].join(" ").trim(), textContent: label });
+    li.title = n.kept ? `kept at step ${n.step + 1}: log P = ${n.logprob.toFixed(3)}` : `pruned at step ${n.step + 1}: not among the best beams`;
+    const children = el("ul");
+    li.append(children);
+    lists.set(k, children);
+    lists.get(n.parent ?? null).append(li);
+  });
+  const view = $("beam-view");
+  const bestP = best !== null && best !== undefined ? Math.exp(nodes[best].logprob) : 0;
+  const line = el("p", { className: "beam-best", textContent: `Best beam: ${JSON.stringify(bestText.trim())}, P = ${bestP.toFixed(2)}.` });
+  view.replaceChildren(el("h3", { textContent: "Beam search, step by step (grey: pruned)" }), lists.get(null), line);
+  view.hidden = false;
+  // Greedy's path beside it: the most likely token at every step.
+  try {
+    let logprob = 0;
+    const out = [];
+    for await (const t of nt.generate(prompt, { ...options(), beams: 1, temperature: 0 })) {
+      logprob += t.logprob;
+      out.push(t.text);
+    }
+    view.append(el("p", { className: "beam-greedy", textContent: `Greedy (always the most likely token): ${JSON.stringify(out.join("").trim())}, P = ${Math.exp(logprob).toFixed(2)}.` }));
+  } catch (e) {
+    view.append(el("p", { className: "note", textContent: `greedy could not run: ${e.message}` }));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -268,7 +268,9 @@ export class NextToken {
    * The prefix this prompt shares with the previous generation's is not computed again
    * (`lastSummary.reusedTokens`). `prompt` may also be `{ids: [...]}`: token ids as they are
    * (no BOS added), e.g. `lastSummary.promptIds` plus the ids of the tokens before a position
-   * plus another token: a branch. When it ends, `lastSummary` holds the totals and `promptIds`.
+   * plus another token: a branch. When it ends, `lastSummary` holds the totals and `promptIds`
+   * (and, for a beam search, `beamTree`: every extension it considered, `{nodes: [{parent, step,
+   * id, piece, logprob, kept, finished}], best}`).
    */
   generate(prompt, options = {}) {
     if (typeof prompt === "object" && prompt !== null && "ids" in prompt) return this.#stream({ type: "generate", ids: Array.from(prompt.ids), options });
@@ -323,7 +325,7 @@ export class NextToken {
         this.pending.delete(id);
         if (this.current === id) this.current = null;
         finished = true;
-        if (msg.type === "done" && msg.summary) this.lastSummary = { ...msg.summary, messages: msg.messages, promptIds: msg.promptIds, wallMs: performance.now() - t0 };
+        if (msg.type === "done" && msg.summary) this.lastSummary = { ...msg.summary, messages: msg.messages, promptIds: msg.promptIds, beamTree: msg.beamTree, wallMs: performance.now() - t0 };
         else if (msg.type === "error") failure = new Error(msg.message);
       }
       wake?.();

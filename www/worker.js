@@ -11,7 +11,7 @@
 //               NextToken instances (several <next-token> elements), each with its own model.
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
-//               {type:"done", id, summary, messages, promptIds} | {type:"result", id, value}
+//               {type:"done", id, summary, messages, promptIds, beamTree} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
 import { loadWasm } from "./wasm.js";
@@ -232,7 +232,7 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
       post({ type: "token", id, token });
       await yieldToEvents();
     }
-    post({ type: "done", id, summary: session.summary(), messages: session.messages, promptIds: Array.from(session.promptIds) });
+    post({ type: "done", id, summary: session.summary(), messages: session.messages, promptIds: Array.from(session.promptIds), beamTree: session.beamTree });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   } finally {

@@ -43,6 +43,8 @@ pub struct Beam {
     /// Each token as it was chosen, the end token included when finished: what the model
     /// thought at that step (for showing the beam token by token, see [`replay`]).
     pub tokens: Vec<BeamToken>,
+    /// Its last token's node in [`BeamSearch::tree`] (`None` for a beam with no token).
+    pub node: Option<usize>,
 }
 
 impl Beam {
@@ -61,9 +63,25 @@ pub struct BeamToken {
     pub top: Vec<(u32, f32)>,
 }
 
+/// One extension the search considered, for drawing its tree: a hypothesis's token with the
+/// total log P of the hypothesis it makes. `parent` indexes the search's nodes (`None` for the
+/// first step's); `kept` when it survived its step's pruning, `finished` when it ended there
+/// (an end token, max_tokens or the context).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamNode {
+    pub parent: Option<usize>,
+    pub step: usize,
+    pub id: u32,
+    pub logprob: f64,
+    pub kept: bool,
+    pub finished: bool,
+}
+
 /// A live hypothesis: a beam, the model state that has seen it, and its next-token ranking once
 /// the forward pass that computes it has run.
 struct Hypothesis<S> {
+    /// Its last token's node in the search's tree (`None` for the prompt).
+    node: Option<usize>,
     ids: Vec<u32>,
     tokens: Vec<BeamToken>,
     logprob: f64,
@@ -92,6 +110,8 @@ pub struct BeamSearch<S> {
     /// Extensions made so far (the length of every live hypothesis).
     extensions: usize,
     over: bool,
+    /// Every extension considered, kept or pruned: the search as a tree.
+    nodes: Vec<BeamNode>,
 }
 
 impl<S: Clone> BeamSearch<S> {
@@ -108,6 +128,7 @@ impl<S: Clone> BeamSearch<S> {
             )));
         }
         let root = Hypothesis {
+            node: None,
             ids: Vec::new(),
             tokens: Vec::new(),
             logprob: 0.0,
@@ -124,7 +145,14 @@ impl<S: Clone> BeamSearch<S> {
             done: Vec::new(),
             extensions: 0,
             over: false,
+            nodes: Vec::new(),
         })
+    }
+
+    /// The search so far as a tree: every extension considered, in the order they were made
+    /// (a node's parent comes before it), pruned ones with `kept` false.
+    pub fn tree(&self) -> &[BeamNode] {
+        &self.nodes
     }
 
     /// How many of the best next tokens each forward pass must return: the beam width, and at
@@ -191,6 +219,7 @@ impl<S: Clone> BeamSearch<S> {
         // Hypotheses still alive when max_tokens or the context ran out.
         for hyp in self.live {
             done.push(Beam {
+                node: hyp.node,
                 score: rank_score(opts, hyp.logprob, hyp.tokens.len()),
                 ids: hyp.ids,
                 logprob: hyp.logprob,
@@ -224,12 +253,27 @@ impl<S: Clone> BeamSearch<S> {
             }
         }
         candidates.sort_by(|a, b| b.2.total_cmp(&a.2));
+        // Into the tree, all of them: the first `beams` survive this step.
+        let first_node = self.nodes.len();
+        for (i, &(h, rank, logprob)) in candidates.iter().enumerate() {
+            let parent = &self.live[h];
+            let id = parent.top.as_ref().expect("ranked above").ids[rank];
+            self.nodes.push(BeamNode {
+                parent: parent.node,
+                step: self.extensions - 1,
+                id,
+                logprob,
+                kept: i < beams,
+                finished: false,
+            });
+        }
         candidates.truncate(beams);
 
         // The children, before any parent state is moved into one of them.
         let children: Vec<(usize, Hypothesis<()>)> = candidates
             .iter()
-            .map(|&(h, rank, logprob)| {
+            .enumerate()
+            .map(|(i, &(h, rank, logprob))| {
                 let parent = &self.live[h];
                 let top = parent.top.as_ref().expect("ranked above");
                 let id = top.ids[rank];
@@ -239,7 +283,19 @@ impl<S: Clone> BeamSearch<S> {
                 if !self.eos.contains(&id) {
                     ids.push(id);
                 }
-                (h, Hypothesis { ids, tokens, logprob, state: (), input: vec![id], top: None })
+                let node = Some(first_node + i);
+                (
+                    h,
+                    Hypothesis {
+                        node,
+                        ids,
+                        tokens,
+                        logprob,
+                        state: (),
+                        input: vec![id],
+                        top: None,
+                    },
+                )
             })
             .collect();
         let grows = |child: &Hypothesis<()>| {
@@ -260,7 +316,11 @@ impl<S: Clone> BeamSearch<S> {
         for ((h, child), grows) in children.into_iter().zip(growing) {
             if !grows {
                 let finished = child.ids.len() < child.tokens.len();
+                if let Some(node) = child.node {
+                    self.nodes[node].finished = true;
+                }
                 self.done.push(Beam {
+                    node: child.node,
                     score: rank_score(self.opts, child.logprob, child.tokens.len()),
                     ids: child.ids,
                     logprob: child.logprob,
@@ -275,8 +335,8 @@ impl<S: Clone> BeamSearch<S> {
             } else {
                 states[h].clone().expect("moved only to the last child")
             };
-            let Hypothesis { ids, tokens, logprob, input, top, .. } = child;
-            self.live.push(Hypothesis { ids, tokens, logprob, state, input, top });
+            let Hypothesis { node, ids, tokens, logprob, input, top, .. } = child;
+            self.live.push(Hypothesis { node, ids, tokens, logprob, state, input, top });
         }
 
         if self.live.is_empty()

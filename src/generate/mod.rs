@@ -19,7 +19,9 @@ pub mod beam;
 pub mod score;
 
 pub use crate::timing::{default_clock, per_second, Clock};
-pub use beam::{beam_search, replay, Beam, BeamOptions, BeamReplay, BeamSearch, BeamToken};
+pub use beam::{
+    beam_search, replay, Beam, BeamNode, BeamOptions, BeamReplay, BeamSearch, BeamToken,
+};
 pub use score::{score, Score, Scoring};
 
 #[derive(Clone, Debug)]

@@ -227,6 +227,45 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
 }
 
 #[derive(Serialize)]
+struct BeamNodeOut {
+    parent: Option<usize>,
+    step: usize,
+    id: u32,
+    /// The token alone as text.
+    piece: String,
+    /// Total log P of the hypothesis this node ends.
+    logprob: f64,
+    kept: bool,
+    finished: bool,
+}
+
+#[derive(Serialize)]
+pub(super) struct BeamTreeOut {
+    nodes: Vec<BeamNodeOut>,
+    best: Option<usize>,
+}
+
+pub(super) fn beam_tree_out(
+    vocab: &dyn Vocab,
+    nodes: &[crate::generate::BeamNode],
+    best: Option<usize>,
+) -> BeamTreeOut {
+    let nodes = nodes
+        .iter()
+        .map(|n| BeamNodeOut {
+            parent: n.parent,
+            step: n.step,
+            id: n.id,
+            piece: piece(vocab, n.id),
+            logprob: n.logprob,
+            kept: n.kept,
+            finished: n.finished,
+        })
+        .collect();
+    BeamTreeOut { nodes, best }
+}
+
+#[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct SummaryOut {
     prompt_tokens: usize,

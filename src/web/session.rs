@@ -14,7 +14,7 @@ use super::{clock, js_err};
 use crate::chat::{reuse_prefix, Message};
 use crate::cpu::CpuModel;
 use crate::generate::{
-    self, BeamSearch, Generation, GenerationSummary, Score, Scoring, TokenEvent,
+    self, BeamNode, BeamSearch, Generation, GenerationSummary, Score, Scoring, TokenEvent,
 };
 use crate::gpu::kernels::MAX_TOP_K;
 use crate::gpu::GpuModel;
@@ -166,6 +166,9 @@ pub(super) struct BeamRun<M: Backend> {
     events: VecDeque<TokenEvent>,
     summary: Option<GenerationSummary>,
     aborted: bool,
+    /// Once searched: every extension considered, and the best beam's last node.
+    tree: Vec<BeamNode>,
+    best: Option<usize>,
 }
 
 impl<M: Backend> Stepper<M> {
@@ -190,6 +193,8 @@ impl<M: Backend> Stepper<M> {
                 events: VecDeque::new(),
                 summary: None,
                 aborted: false,
+                tree: Vec::new(),
+                best: None,
             }),
             None => {
                 let mut gen_opts = opts.generate_options();
@@ -290,8 +295,11 @@ impl<M: Backend> BeamRun<M> {
             let top = self.model.forward_top_awaited(search.state_mut(), &tokens, k).await?;
             search.step_output(top)?;
         }
-        let beams = self.search.take().expect("checked above").finish();
+        let search = self.search.take().expect("checked above");
+        self.tree = search.tree().to_vec();
+        let beams = search.finish();
         let best = beams.first().ok_or_else(|| Error::Input("beam search found nothing".into()))?;
+        self.best = best.node;
         let replay = generate::replay(&*self.vocab, &self.prompt, best);
         self.summary = Some(replay.summary(clock() - started));
         self.events = replay.events.into();
@@ -349,6 +357,14 @@ impl Gen {
 
     fn summary(&self) -> Option<(GenerationSummary, &'static str)> {
         each!(self, s, M => s.summary().map(|summary| (summary, M::NAME)))
+    }
+
+    /// A beam search's tree once it has run (the nodes and the best beam's last node).
+    fn beam_tree(&self) -> Option<(&[BeamNode], Option<usize>)> {
+        each!(self, s, _M => match s {
+            Stepper::Beam(run) if !run.tree.is_empty() => Some((&run.tree[..], run.best)),
+            _ => None,
+        })
     }
 }
 
@@ -444,6 +460,18 @@ impl Session {
     #[wasm_bindgen(getter, js_name = promptIds)]
     pub fn prompt_ids(&self) -> Vec<u32> {
         self.prompt_ids.clone()
+    }
+
+    /// A beam search's tree, once its first `next()` has run it: `{nodes: [{parent, step, id,
+    /// piece, logprob, kept, finished}], best}` (every extension considered, with its total log
+    /// P; `best`: the best beam's last node). `undefined` for sampling.
+    #[wasm_bindgen(getter, js_name = beamTree)]
+    pub fn beam_tree(&self) -> std::result::Result<JsValue, JsError> {
+        let slot = self.gen.borrow();
+        let Some((nodes, best)) = slot.as_ref().and_then(Gen::beam_tree) else {
+            return Ok(JsValue::UNDEFINED);
+        };
+        js::to_js(&js::beam_tree_out(&*self.vocab, nodes, best))
     }
 
     /// A chat session's messages as the prompt holds them: the conversation given, less the

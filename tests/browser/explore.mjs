@@ -138,3 +138,28 @@ export async function scoreViewTests(t) {
     assertEq(Number(long.perplexity).toFixed(1), "10.0", "their perplexity");
   });
 }
+
+/** The beam search view on the beam lesson: the seed's "the cat" (0.33) vs "a bird" (0.36). */
+export async function beamViewTests(t) {
+  const { test, assert, assertEq, page, base, mode, waitLoaded, waitState } = t;
+  await test(`[${mode}] beam view: the search as a tree (pruned greyed), the best beam "a bird" 0.36 beside greedy's "the cat" 0.33`, async () => {
+    await page.goto(`${base}/?nosw&model=lesson-beam`);
+    await waitLoaded(page);
+    await page.fill("#temperature", "0");
+    await page.fill("#beams", "2");
+    await page.click("#generate");
+    await waitState(page, "ready");
+    await page.locator("#beam-view .beam-greedy").waitFor({ state: "visible" });
+    const view = await page.evaluate(() => ({
+      best: document.querySelector("#beam-view .beam-best").textContent,
+      greedy: document.querySelector("#beam-view .beam-greedy").textContent,
+      pruned: [...document.querySelectorAll("#beam-view li.pruned")].map((li) => li.firstChild.textContent),
+      bestPath: [...document.querySelectorAll("#beam-view li.best")].map((li) => li.firstChild.textContent),
+    }));
+    assert(/"a bird", P = 0\.36/.test(view.best), `best beam: ${view.best}`);
+    assert(/"the cat", P = 0\.33/.test(view.greedy), `greedy: ${view.greedy}`);
+    assertEq(view.pruned.length, 2, `pruned: ${JSON.stringify(view.pruned)}`);
+    assert(view.pruned.some((p) => /"dog"\s+P = 0\.27/.test(p)) && view.pruned.some((p) => /"fish"\s+P = 0\.04/.test(p)), `pruned: ${JSON.stringify(view.pruned)}`);
+    assertEq(view.bestPath.length, 3, `best path: ${JSON.stringify(view.bestPath)}`);
+  });
+}

@@ -40,7 +40,7 @@ const { ggufWithout } = await import("./gguf.mjs");
 const { makeChatFixture, chatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
-const { exploreTests, samplerViewTests, scoreViewTests } = await import("./explore.mjs");
+const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
 const { embedTests } = await import("./embed.mjs");
 const faulty = faultyServer();
 
@@ -815,6 +815,7 @@ async function runConfig(mode) {
       });
     }
 
+    await beamViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState });
     await scoreViewTests({ test, assert, assertEq, page, base, mode, waitLoaded });
     await samplerViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState });
     await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel });

@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Mesa's software Vulkan (lavapipe) runs the real WGSL kernels where no GPU exists; Debian's
-# Chromium runs the browser tests (WebGPU through SwiftShader with --enable-unsafe-webgpu).
+# Chromium runs the browser tests (WebGPU through SwiftShader with --enable-unsafe-webgpu), and
+# Debian's Firefox ESR the CPU-path ones again.
 missing=()
-for pkg in mesa-vulkan-drivers libvulkan1 chromium; do
+for pkg in mesa-vulkan-drivers libvulkan1 chromium firefox-esr; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -58,6 +59,10 @@ test_aarch64
 # missing), then Playwright drives headless Chromium with and without WebGPU. The expected texts
 # come from the native CLI built above.
 ./build.sh test
+
+# The CPU-path browser checks again in Firefox (puppeteer-core over WebDriver BiDi): the app, the
+# element, the Cache API and offline; Firefox has no WebGPU here, so the CPU path must be chosen.
+node tests/browser/firefox.mjs
 
 # The browser benchmark (www/bench.html) for the wasm CPU path, WebGPU (SwiftShader here) and
 # wllama (llama.cpp in wasm) on the same file: prints numbers, asserts only that each run produced them.

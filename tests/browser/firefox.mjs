@@ -1,0 +1,145 @@
+// The CPU-path browser tests again in Firefox: Debian's firefox-esr, headless, driven over
+// WebDriver BiDi by puppeteer-core (Playwright cannot drive a stock Firefox). Firefox has no
+// WebGPU here, so the page must pick the wasm CPU path by itself and say why. Checked: the app
+// with the default model (greedy text equals the native CLI's), the <next-token> lesson, the
+// Cache API and a second visit with the server gone (service worker + cached model).
+//
+//   node tests/browser/firefox.mjs        (after ./build.sh; FIREFOX=/path/to/firefox)
+//
+// Closing line: "N passed, N failed"; exit status 1 if anything failed.
+
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, "../..");
+const www = path.join(repo, "www");
+const outDir = path.join(repo, "target", "browser-tests");
+fs.mkdirSync(outDir, { recursive: true });
+const firefoxPath = process.env.FIREFOX || "/usr/bin/firefox-esr";
+if (!fs.existsSync(firefoxPath)) {
+  console.log(`no Firefox at ${firefoxPath} (apt-get install firefox-esr, or set FIREFOX)\n0 passed, 1 failed`);
+  process.exit(1);
+}
+if (!fs.existsSync(path.join(here, "node_modules", "puppeteer-core"))) {
+  const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], { cwd: here, stdio: "inherit" });
+  if (r.status !== 0) process.exit(1);
+}
+const { default: puppeteer } = await import("puppeteer-core");
+const { serve } = await import("./serve.mjs");
+
+let passed = 0;
+let failed = 0;
+async function test(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    passed++;
+    console.log(`ok    [firefox] ${name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL  [firefox] ${name}\n      ${String(e && e.stack ? e.stack : e).split("\n").slice(0, 6).join("\n      ")}`);
+  }
+}
+const assert = (cond, message) => {
+  if (!cond) throw new Error(message);
+};
+const assertEq = (got, want, what) => assert(got === want, `${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
+
+/** The native CLI: the newer of the release and debug builds. */
+function nativeBin() {
+  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) => fs.existsSync(p));
+  built.sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
+  const bin = process.env.NEXTTOKEN_BIN || built[0];
+  assert(bin, "no native CLI: run cargo build");
+  return bin;
+}
+
+const PROMPT = "In the beginning";
+const N = 24;
+const cli = spawnSync(nativeBin(), ["generate", "--model", path.join(www, "models/default.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N), "--backend", "cpu", "--isa", "scalar", "--threads", "1"], { encoding: "utf8" });
+if (cli.status !== 0) {
+  console.log(`the CLI failed: ${cli.stderr}\n0 passed, 1 failed`);
+  process.exit(1);
+}
+const expected = cli.stdout.slice(PROMPT.length).replace(/\n$/, "");
+
+let server = await serve(www, 0, {}, {});
+const port = server.address().port;
+const base = `http://127.0.0.1:${port}`;
+const stopServer = async () => {
+  server.closeAllConnections?.();
+  await new Promise((r) => server.close(r));
+};
+
+const profile = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-firefox-"));
+const browser = await puppeteer.launch({ browser: "firefox", executablePath: firefoxPath, headless: true, userDataDir: profile });
+const page = await browser.newPage();
+const consoleLines = [];
+page.on("console", (m) => consoleLines.push(`${m.type()}: ${m.text()}`));
+const waitState = (want, timeout = 120_000) => page.waitForFunction((w) => [].concat(w).includes(document.body.dataset.state), { timeout }, want);
+const errorText = () => page.evaluate(() => (document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent));
+
+async function generateDefault(label) {
+  await waitState(["ready", "error"]);
+  assertEq(await errorText(), "", `${label}: error shown`);
+  await page.evaluate((n) => {
+    for (const [id, v] of [["temperature", "0"], ["max-tokens", String(n)], ["beams", "1"]]) document.getElementById(id).value = v;
+  }, N);
+  await page.click("#generate");
+  await waitState("ready");
+  assertEq(await errorText(), "", `${label}: generation error`);
+  return page.evaluate(() => document.getElementById("output-tokens").textContent);
+}
+
+try {
+  await test("the app picks the default model, runs it on the wasm CPU path (saying why) and matches the native CLI", async () => {
+    await page.goto(`${base}/?prompt=${encodeURIComponent(PROMPT)}`);
+    const text = await generateDefault("first visit");
+    assertEq(text, expected, "greedy text vs the native CLI");
+    const backend = await page.evaluate(() => window.nexttokenApp.stats.backend);
+    assert(/^CPU/.test(backend) && /WebGPU/.test(backend), `the stats do not say why the CPU runs: ${backend}`);
+    console.log(`      backend: ${backend}`);
+  });
+
+  await test("the <next-token> lesson shows P(the cat sat) = 0.42", async () => {
+    await page.goto(`${base}/embed.html`);
+    const line = await page.waitForFunction(
+      () => {
+        const el = document.getElementById("cat");
+        const product = el?.shadowRoot?.querySelector(".product");
+        return product && !product.hidden && product.textContent;
+      },
+      { timeout: 60_000 },
+    );
+    const text = await line.jsonValue();
+    assert(/“the cat sat”/.test(text) && /= 0\.42$/.test(text), `product line: ${text}`);
+  });
+
+  await test("the model is in the Cache API; a second visit with the server gone works from the caches", async () => {
+    await page.goto(`${base}/?prompt=${encodeURIComponent(PROMPT)}`);
+    await waitState(["ready", "error"]);
+    await page.evaluate(() => navigator.serviceWorker.ready);
+    const cached = await page.evaluate(async () => (await (await import("./model-cache.js")).listCached()).map((r) => r.url));
+    assert(cached.some((u) => u.endsWith("/models/default.gguf")), `model not cached: ${JSON.stringify(cached)}`);
+    await stopServer();
+    try {
+      await page.reload();
+      const text = await generateDefault("offline");
+      assertEq(text, expected, "offline greedy text");
+      assert(/cache/.test(await page.evaluate(() => window.nexttokenApp.stats.download || "")), "offline: not loaded from the cache");
+    } finally {
+      server = await serve(www, port, {}, {});
+    }
+  });
+} finally {
+  if (failed) fs.writeFileSync(path.join(outDir, "console-firefox.log"), consoleLines.join("\n"));
+  await browser.close().catch(() => {});
+  await stopServer().catch(() => {});
+  fs.rmSync(profile, { recursive: true, force: true });
+}
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);

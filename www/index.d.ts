@@ -23,6 +23,8 @@ export interface Progress {
   loaded: number;
   total: number;
   fromCache?: boolean;
+  /** Bytes an earlier, interrupted download had stored (not downloaded again). */
+  resumed?: number;
   /** A model split by gguf-split: this part of `parts`; `doneBytes` the parts before. */
   part?: number;
   parts?: number;
@@ -80,6 +82,24 @@ export interface GenerateOptions {
   lengthNormalise?: boolean;
   /** chat(): drop the oldest turns when the context is full instead of failing. */
   dropOldest?: boolean;
+  /** Token ids emitted first whatever the sampler would pick (a branch's chosen token). */
+  forceTokens?: number[];
+  /** Each token event carries the step's this-many most likely tokens with their logits (at most 64), for samplerView. */
+  keepCandidates?: number;
+}
+
+/** A step's most likely tokens with their raw logits, best first. */
+export interface Candidates {
+  ids: number[];
+  logits: number[];
+  pieces: string[];
+}
+
+/** A beam search's tree: every extension it considered, with the total log P of the hypothesis. */
+export interface BeamTree {
+  nodes: { parent: number | null; step: number; id: number; piece: string; logprob: number; kept: boolean; finished: boolean }[];
+  /** The best beam's last node. */
+  best: number | null;
 }
 
 export interface Alternative {
@@ -95,6 +115,8 @@ export interface Token extends Alternative {
   text: string;
   top: Alternative[];
   position: number;
+  /** With `keepCandidates`. */
+  candidates?: Candidates;
   /** Over the generated tokens so far. */
   logprobSum: number;
   perplexity: number;
@@ -115,6 +137,8 @@ export interface Summary {
   wallMs: number;
   promptIds: number[];
   messages?: ChatMessage[];
+  /** A beam search's tree. */
+  beamTree?: BeamTree;
 }
 
 export interface Score {
@@ -231,7 +255,10 @@ export class NextToken {
   generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
   reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
   renderChat(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): Promise<string>;
-  score(text: string): Promise<Score>;
+  /** With `after`: `text` scored as the continuation of that prefix, P(text | after). */
+  score(text: string, options?: { after?: string }): Promise<Score>;
+  /** What the sampler keeps from a step's candidates with these settings, with the probabilities it draws with. */
+  samplerView(candidates: Candidates, options: GenerateOptions, history?: ArrayLike<number>): Promise<{ id: number; prob: number }[]>;
   abort(): void;
   terminate(): void;
 }
@@ -250,7 +277,7 @@ export function requestPersistentStorage(): Promise<boolean | null>;
 export function load(model: ModelRef, options?: LoadOptions): Promise<ModelInfo>;
 export function generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
 export function reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
-export function score(text: string): Promise<Score>;
+export function score(text: string, options?: { after?: string }): Promise<Score>;
 export function abort(): void;
 export const chat: Chat;
 export const completions: Completions;

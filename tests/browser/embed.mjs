@@ -6,7 +6,10 @@ import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 import { serve } from "./serve.mjs";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
 
 /** The CSP the README recommends, for a page whose scripts come from `scripts` and models from
  * `models`. A worker from another origin starts as a blob: worker, and its module imports are
@@ -246,6 +249,24 @@ export async function embedTests(t) {
   }
 }
 
+/** A typical use of the package's API, for the type check. */
+const TYPED_USE = `import { NextToken, type Token, type ChatCompletion } from "nexttoken";
+import "nexttoken/element";
+async function main(): Promise<void> {
+  const nt = new NextToken({ shareWorker: true });
+  await nt.load("hf:bartowski/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct-Q8_0.gguf", { onProgress: (p) => console.log(p.loaded, p.resumed) });
+  for await (const t of nt.generate("Hi", { temperature: 0, keepCandidates: 64 })) {
+    const tok: Token = t;
+    if (tok.candidates) console.log(await nt.samplerView(tok.candidates, { topP: 0.9 }, nt.lastSummary?.promptIds ?? []));
+  }
+  const r: ChatCompletion = await nt.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], logprobs: true, top_logprobs: 3 });
+  console.log(r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens);
+  for await (const c of await nt.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], stream: true })) console.log(c.choices[0]?.delta.content);
+  console.log((await nt.score(" sat", { after: "the cat" })).perplexity, nt.lastSummary?.beamTree?.best);
+}
+main();
+`;
+
 /** `npm pack` of www/, installed offline into an empty folder; a page imports it from node_modules. */
 async function npmTest({ test, assert, assertEq, mode, www }, { start, newPage, tmp }) {
   await test(`[${mode}] npm package: npm pack, npm install --offline of the tarball into an empty folder; "nexttoken" and "nexttoken/element" resolve, the types are there, and a page generates with the lesson table from node_modules`, async () => {
@@ -266,6 +287,14 @@ async function npmTest({ test, assert, assertEq, mode, www }, { start, newPage, 
       assert(fs.existsSync(path.join(pkg, f)), `the package lacks ${f}`);
     }
     assert(!fs.existsSync(path.join(pkg, "index.html")) && !fs.existsSync(path.join(pkg, "app.js")), "the package carries the app's own pages");
+    // The declarations type-check a typical use (strict TypeScript), and they do constrain: a
+    // misuse is an error.
+    const tsc = (file) => spawnSync(process.execPath, [path.join(here, "node_modules", "typescript", "bin", "tsc"), "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022", "--lib", "es2022,dom", file], { cwd: app, encoding: "utf8" });
+    fs.writeFileSync(path.join(app, "use.ts"), TYPED_USE);
+    const typed = tsc("use.ts");
+    assert(typed.status === 0, `the declarations do not type-check a typical use:\n${typed.stdout}${typed.stderr}`);
+    fs.writeFileSync(path.join(app, "misuse.ts"), `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { temperature: "hot" });\n`);
+    assert(tsc("misuse.ts").status !== 0, "a misuse (temperature: string) type-checks");
     const resolved = spawnSync(process.execPath, ["--input-type=module", "-e", `console.log(import.meta.resolve("nexttoken")); console.log(import.meta.resolve("nexttoken/element"))`], { cwd: app, encoding: "utf8" });
     assertEq(resolved.stdout.trim().split("\n").map((u) => path.relative(pkg, new URL(u).pathname)).join(" "), "nexttoken.js next-token.js", "what the exports resolve to");
     page(app, "index.html", `<next-token id="e" model="lesson-toy" temperature="0" autorun></next-token>`, `<script type="module" src="node_modules/nexttoken/next-token.js"></script>`);

@@ -125,6 +125,36 @@ export async function embedTests(t) {
       assert(modelHits.some((u) => u === "/beam.json"), `the model host saw no request: ${modelHits}`);
     });
 
+    await test(`[${mode}] a script that cannot load at all (CDN down): the fallback text written inside the element shows; with the script, the element replaces it`, async () => {
+      const cdn = await start(www);
+      const docsDir = path.join(tmp, "docs-fallback");
+      fs.mkdirSync(docsDir);
+      const fallback = "The live model needs next-token.js from the CDN.";
+      for (const [name, src] of [["down.html", `${cdn}/no-such-folder/next-token.js`], ["up.html", `${cdn}/next-token.js`]]) {
+        page(docsDir, name, `<next-token id="a" model="lesson-toy" temperature="0" autorun>${fallback}</next-token>`, `<script type="module" src="${src}"></script>`);
+      }
+      const docs = await start(docsDir);
+      const p = await newPage();
+      try {
+        await p.goto(`${docs}/down.html`);
+        await p.waitForTimeout(500);
+        const down = await p.evaluate(() => ({ text: document.querySelector("#a").innerText, height: document.querySelector("#a").getBoundingClientRect().height }));
+        assert(down.text.includes("needs next-token.js") && down.height > 0, `without the script: ${JSON.stringify(down)}`);
+        await p.goto(`${docs}/up.html`);
+        const els = await waitElements(p, 1);
+        assertEq(els[0].text, "the cat sat", "with the script");
+        // Unslotted light DOM is not rendered: the fallback has no box once the element runs.
+        const shown = await p.evaluate(() => {
+          const range = document.createRange();
+          range.selectNodeContents(document.querySelector("#a"));
+          return range.getClientRects().length > 0 && document.querySelector("#a").innerText.includes("needs next-token.js");
+        });
+        assertEq(shown, false, "the fallback shows inside the running element");
+      } finally {
+        await p.context().close();
+      }
+    });
+
     await test(`[${mode}] served under a sub-path (/docs/lessons/), with and without COOP/COEP: the app and the lesson work, the service worker is scoped to the sub-path, and a second visit works offline`, async () => {
       const empty = path.join(tmp, "root");
       fs.mkdirSync(empty);

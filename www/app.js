@@ -147,7 +147,7 @@ async function loadModel(spec) {
       architecture: info.kind === "table" ? "bigram table" : `${info.arch}, ${info.nLayer} layers, ${info.nEmbd} wide`,
       parameters: info.parameters.toLocaleString(),
       "model size": info.kind === "table" ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)` : formatBytes(info.bytes),
-      download: info.timings?.fromCache ? "from cache" : stats.download || "",
+      download: info.kind === "table" ? "" : info.timings?.fromCache ? "from cache" : stats.download || "",
       "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms)`,
     };
     renderStats();
@@ -356,7 +356,7 @@ function inspect(i) {
     bar.style.width = `${(100 * alt.prob).toFixed(1)}%`;
     const li = el("li", {}, el("code", { textContent: JSON.stringify(alt.token) }), el("span", { className: "p", textContent: alt.prob.toFixed(4) }));
     if (alt.id === t.id) li.classList.add("chosen");
-    else if (canBranch()) {
+    else if (canBranch() && alt.prob > 0) {
       const go = el("button", { type: "button", className: "branch", textContent: "continue with this" });
       go.setAttribute("aria-label", `continue the text from here with ${JSON.stringify(alt.piece ?? alt.token)} instead`);
       go.addEventListener("click", () => branchFrom(i, alt));

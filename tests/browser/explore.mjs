@@ -1,3 +1,17 @@
+import path from "node:path";
+
+/** Screenshots of the page as it is now, at desktop and phone width (in outDir). */
+async function screenshots(page, outDir, name) {
+  if (!outDir) return;
+  const size = page.viewportSize();
+  await page.screenshot({ path: path.join(outDir, `${name}-desktop.png`), fullPage: true });
+  await page.setViewportSize({ width: 390, height: 844 });
+  const width = await page.evaluate(() => document.documentElement.scrollWidth);
+  await page.screenshot({ path: path.join(outDir, `${name}-phone.png`), fullPage: true });
+  await page.setViewportSize(size);
+  if (width > 390) throw new Error(`${name}: ${width} px wide at phone width`);
+}
+
 // Browser tests for the explorer: branch from any token (the KV cache of the shared prefix is
 // reused; the branch equals a fresh generation from the branched prefix), the branch tree and the
 // side-by-side comparison.
@@ -66,6 +80,7 @@ export async function exploreTests(t) {
     assertEq(columns, 2, "compared side by side");
     const notes = await page.locator("#branches .compare .note").allTextContents();
     assert(notes.every((n) => /log P -?\d+\.\d{3}, perplexity \d/.test(n)), `comparison: ${notes}`);
+    await screenshots(page, t.outDir, `view-branches-${mode}`);
   });
 }
 
@@ -108,6 +123,7 @@ export async function samplerViewTests(t) {
     await set({ minP: 0, temperature: 0 });
     close(await kept(), { '"cat"': 1, '"dog"': 0 }, "temperature 0 (greedy)");
     assertEq(JSON.stringify(requests.filter((u) => /\.json|\.gguf/.test(u))), "[]", "the model was fetched or run again");
+    await screenshots(page, t.outDir, `view-sampler-${mode}`);
   });
 }
 
@@ -136,6 +152,7 @@ export async function scoreViewTests(t) {
     const long = await page.evaluate(() => ({ ...document.querySelector("#score-out .scored").dataset }));
     assertEq(Number(long.logprob).toFixed(1), "-921.0", "log P of 400 tokens at P = 0.1");
     assertEq(Number(long.perplexity).toFixed(1), "10.0", "their perplexity");
+    await screenshots(page, t.outDir, `view-score-${mode}`);
   });
 }
 
@@ -161,5 +178,6 @@ export async function beamViewTests(t) {
     assertEq(view.pruned.length, 2, `pruned: ${JSON.stringify(view.pruned)}`);
     assert(view.pruned.some((p) => /"dog"\s+P = 0\.27/.test(p)) && view.pruned.some((p) => /"fish"\s+P = 0\.04/.test(p)), `pruned: ${JSON.stringify(view.pruned)}`);
     assertEq(view.bestPath.length, 3, `best path: ${JSON.stringify(view.bestPath)}`);
+    await screenshots(page, t.outDir, `view-beam-${mode}`);
   });
 }

@@ -815,10 +815,10 @@ async function runConfig(mode) {
       });
     }
 
-    await beamViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState });
-    await scoreViewTests({ test, assert, assertEq, page, base, mode, waitLoaded });
-    await samplerViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState });
-    await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel });
+    await beamViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, outDir });
+    await scoreViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, outDir });
+    await samplerViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, outDir });
+    await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel, outDir });
 
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
 

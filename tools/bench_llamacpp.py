@@ -69,9 +69,19 @@ def nexttoken_bench(binary, path, threads, prefill, contexts, steps):
            "--prefill", ",".join(map(str, prefill)), "--contexts", ",".join(map(str, contexts)), "--json"]
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     r = res["results"][0]
+    r["cpu"] = res.get("cpu", {})
     r["weight_bytes_per_token"] = res["weight_bytes_per_token"]
     r["memcpy_bytes_s"] = res["memcpy_bytes_s"]
     return r
+
+
+def llama_cpp_version():
+    try:
+        import llama_cpp
+        info = llama_cpp.llama_print_system_info().decode()
+        return f"{llama_cpp.__version__} ({info.strip()})"
+    except Exception as e:  # the table still prints without it
+        return f"unknown ({e})"
 
 
 def best(runs):
@@ -80,6 +90,9 @@ def best(runs):
     for key in ("prefill_tok_s", "decode_tok_s", "fill_tok_s"):
         out[key] = {k: max(r[key][k] for r in runs) for k in runs[0][key]}
     out["load_s"] = min(r["load_s"] for r in runs)
+    for key in ("cpu", "isa", "threads"):  # what the runs share
+        if key in runs[0]:
+            out[key] = runs[0][key]
     return out
 
 
@@ -117,6 +130,11 @@ def main():
             rows.append((name, f"decode @{c}", o["decode_tok_s"][k], t["decode_tok_s"][k]))
         print(f"# {name}: nexttoken {json.dumps(o)}; llama.cpp {json.dumps(t)}", file=sys.stderr, flush=True)
 
+    # The host, as nexttoken detected it, and the kernels it chose: numbers differ between hosts.
+    cpu = next(iter(raw.values()))["nexttoken"].get("cpu", {}) if raw else {}
+    kernels = next(iter(raw.values()))["nexttoken"].get("isa", "") if raw else ""
+    print(f"host: {cpu.get('model', '?')} ({cpu.get('vendor', '?')}); {' '.join(cpu.get('features', []))}")
+    print(f"nexttoken kernels: {kernels}; llama.cpp: llama-cpp-python {llama_cpp_version()}")
     print(f"threads {a.threads}, best of {a.repeat}, decode steps {a.steps}")
     print()
     print("| model | test | nexttoken tok/s | llama.cpp tok/s | ratio |")

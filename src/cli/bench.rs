@@ -226,7 +226,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     // Read the peak before the copy test's 512 MiB of buffers raise it.
     let rss = peak_rss();
     let memcpy = memcpy_bandwidth(256 << 20, default_clock);
+    let host = nexttoken::cpu::kernels::HostCpu::detect();
     let out = json!({
+        "cpu": {"vendor": host.vendor, "model": host.model, "features": host.features},
         "model": o.model.display().to_string(),
         "parameters": params,
         "model_bytes": model_bytes,
@@ -242,6 +244,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     }
     let mib = |b: f64| b / (1 << 20) as f64;
     let gbs = |b: f64| b / 1e9;
+    println!("cpu            {host}");
     println!("model          {}", o.model.display());
     println!("parameters     {params}, tensors {:.1} MiB", mib(model_bytes as f64));
     println!("weights/token  {:.1} MiB read per decode step", mib(per_token as f64));

@@ -90,6 +90,85 @@ impl Isa {
     }
 }
 
+/// The host CPU as the benchmark reports it: vendor and model (from `/proc/cpuinfo` where there
+/// is one) and the instruction-set extensions detected at run time that matter to the kernels,
+/// so a number can be read next to the machine it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostCpu {
+    pub vendor: String,
+    pub model: String,
+    pub features: Vec<&'static str>,
+}
+
+impl HostCpu {
+    pub fn detect() -> HostCpu {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            info.lines()
+                .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        };
+        HostCpu {
+            vendor: field("vendor_id").or_else(|| field("CPU implementer")).unwrap_or_default(),
+            model: field("model name").or_else(|| field("Model")).unwrap_or_default(),
+            features: host_features(),
+        }
+    }
+}
+
+impl std::fmt::Display for HostCpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let model = if self.model.is_empty() { std::env::consts::ARCH } else { &self.model };
+        write!(f, "{model}")?;
+        if !self.vendor.is_empty() {
+            write!(f, " ({})", self.vendor)?;
+        }
+        write!(f, "; {}", self.features.join(" "))
+    }
+}
+
+/// The run-time-detected extensions the kernels care about (AVX-512 VNNI vs AVX-VNNI is what
+/// separates Intel's AMX-era parts from AMD Zen 4, which runs 512-bit ops in two halves).
+// Which pushes exist depends on the target: on wasm32 there is one right after `new`.
+#[allow(clippy::vec_init_then_push)]
+fn host_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! check {
+            ($($name:tt),*) => {
+                $(if is_x86_feature_detected!($name) { found.push($name); })*
+            };
+        }
+        check!(
+            "sse4.2",
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512vnni",
+            "avxvnni"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            found.push("neon");
+        }
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            found.push("dotprod");
+        }
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    found.push("simd128");
+    found
+}
+
 /// Whether the fast path multiplies rows of `ty` with Q8-quantised activations (else f32).
 pub fn uses_q8_activations(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)

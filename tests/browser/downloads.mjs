@@ -178,6 +178,34 @@ export async function downloadTests(t) {
     for (const a of r.attempts.filter((a) => !a.ok)) assert(/DownloadError: .*(interrupted|cut short|cannot download)/.test(a.error), `unclear error: ${a.error}`);
   });
 
+  await test(`[${mode}] storage refused (a quota too small for the model): the model runs with a clear warning, nothing partial is kept, and the app shell is still cached`, async () => {
+    if (!t.bigModelUrl) return "skip";
+    server.state.faults = false;
+    const context = await t.browser.newContext({ serviceWorkers: "allow" });
+    const p = await context.newPage();
+    try {
+      // Chromium's DevTools protocol sets the origin's quota: room for the app shell, not the model.
+      const cdp = await context.newCDPSession(p);
+      await cdp.send("Storage.overrideQuotaForOrigin", { origin: base, quotaSize: 12 * 1024 * 1024 });
+      await p.goto(`${base}/?model=${encodeURIComponent(t.bigModelUrl)}&mode=text`);
+      await p.evaluate(() => navigator.serviceWorker.ready);
+      await t.waitState(p, ["ready", "error"], 120_000);
+      const warning = await t.errorText(p);
+      assert(/not enough browser storage/.test(warning) && (await p.getAttribute("#error", "class")) === "warning", `warning: ${JSON.stringify(warning)}`);
+      assertEq(await p.evaluate(() => document.body.dataset.state), "ready", "the model still loaded");
+      const r = await p.evaluate(async () => {
+        const mc = await import("/model-cache.js");
+        const shell = (await caches.keys()).filter((k) => k.startsWith("nexttoken-shell-"));
+        const shellFiles = shell.length ? (await (await caches.open(shell[0])).keys()).map((q) => new URL(q.url).pathname) : [];
+        return { models: await mc.listCached(), shellFiles };
+      });
+      assertEq(JSON.stringify(r.models), "[]", "model entries kept (partial or whole)");
+      for (const f of ["/index.html", "/app.js", "/pkg/nexttoken_bg.wasm"]) assert(r.shellFiles.includes(f), `the app shell lacks ${f}: ${JSON.stringify(r.shellFiles)}`);
+    } finally {
+      await context.close();
+    }
+  });
+
   await test(`[${mode}] a cached file with flipped bytes is reported, removed and downloads again`, async () => {
     server.state.faults = false;
     await page.goto(`${base}/?nosw&model=lesson-toy`);

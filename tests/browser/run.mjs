@@ -42,6 +42,7 @@ const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
 const { embedTests } = await import("./embed.mjs");
+const { elementTests } = await import("./element.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -823,6 +824,8 @@ async function runConfig(mode) {
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
 
     await embedTests({ test, assert, assertEq, browser, mode, www });
+
+    await elementTests({ test, assert, assertEq, browser, base, mode, outDir });
 
     await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText });
 

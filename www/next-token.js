@@ -261,7 +261,8 @@ class NextTokenElement extends HTMLElement {
     this.observer?.disconnect();
     const model = this.getAttribute("model");
     if (!model) return Promise.reject(this.fail("set the model attribute (a table .json or a .gguf URL)"));
-    this.$(".run").disabled = true;
+    // Run stays enabled while loading: a click then runs once the model is there (a click that
+    // scrolls a lazy element into view must not land on a button the load just disabled).
     this.$(".status").textContent = "loading the model…";
     const onProgress = ({ file, loaded, total }) => {
       this.$(".status").textContent = `loading ${file}: ${(loaded / 1e6).toFixed(1)}${total ? " / " + (total / 1e6).toFixed(1) : ""} MB`;
@@ -280,13 +281,11 @@ class NextTokenElement extends HTMLElement {
         (info) => {
           this.info = info;
           this.$(".status").textContent = `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}`;
-          this.$(".run").disabled = false;
           this.emit("nt-load", info);
           return info;
         },
         (e) => {
           this.loading = null;
-          this.$(".run").disabled = false;
           throw this.fail(e.message);
         },
       );
@@ -326,10 +325,15 @@ class NextTokenElement extends HTMLElement {
 
   /** Run the element's view once; the elements sharing this model take turns. */
   async run() {
-    if (this.generating) return;
-    await this.load();
-    const view = this.view;
-    return this.turn(() => (view === "score" ? this.score() : this.generate(view)));
+    if (this.generating || this.queued) return;
+    this.queued = true; // one run at a time per element, from the click until it ends
+    try {
+      await this.load();
+      const view = this.view;
+      await this.turn(() => (view === "score" ? this.score() : this.generate(view)));
+    } finally {
+      this.queued = false;
+    }
   }
 
   /** `fn` in this model's queue (one generation at a time on a model). */

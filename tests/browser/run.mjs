@@ -874,6 +874,13 @@ async function runConfig(mode) {
         const line = await prod.textContent();
         assert(line.includes(`“${text}”`) && line.endsWith(`= ${p.toFixed(2)}`), `beam lesson ${i}: ${line}`);
       }
+      // The beam element (view="beam") draws the tree; the scoring lesson scores once on screen.
+      await beamEls.nth(1).locator(".beam-greedy").waitFor({ timeout: 30_000 });
+      assert(/"a bird", P = 0\.36/.test(await beamEls.nth(1).locator(".beam-best").textContent()), "the lesson's beam tree");
+      await page.locator("#score").scrollIntoViewIfNeeded();
+      await page.locator("#score .verdict").waitFor({ timeout: 30_000 });
+      const ppl = await page.locator("#score .scored").evaluateAll((d) => d.map((x) => Number(x.dataset.perplexity).toFixed(2)));
+      assertEq(ppl.join(" "), "1.28 3.79", "the scoring lesson's perplexities");
       await page.screenshot({ path: path.join(outDir, `embed-${mode}.png`), fullPage: true });
     });
   } finally {

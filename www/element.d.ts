@@ -1,19 +1,30 @@
 // Types of <next-token> (next-token.js): importing the module defines the element.
-import type { Summary, Token } from "./index.js";
+import type { Alternative, ModelInfo, Summary, Token } from "./index.js";
 
 export class NextTokenElement extends HTMLElement {
-  /** The tokens of the last run. */
+  /** The tokens of the last run (or branch). */
   tokens: Token[];
-  /** Generate once (the page's elements on the same model take turns). */
+  /** The `view` attribute: generate (default), explore, beam or score. */
+  readonly view: "generate" | "explore" | "beam" | "score";
+  /** Run the element's view once (the page's elements on the same model take turns). */
   run(): Promise<void>;
   stop(): void;
 }
+
+/** nt-done's detail: the summary of a generation, or the score view's scores. */
+export type NextTokenDone =
+  | (Summary & { probability: number; view: "generate" | "explore" | "beam"; branch?: { at: number; token: Alternative } })
+  | { view: "score"; prompt: string; scores: { text: string; logprob: number; perplexity: number; avgNll: number }[] };
 
 declare global {
   interface HTMLElementTagNameMap {
     "next-token": NextTokenElement;
   }
   interface HTMLElementEventMap {
+    "nt-load": CustomEvent<ModelInfo>;
+    "nt-token": CustomEvent<Token>;
+    "nt-done": CustomEvent<NextTokenDone>;
+    "nt-error": CustomEvent<{ message: string }>;
     "nexttoken-token": CustomEvent<Token>;
     "nexttoken-done": CustomEvent<Summary & { probability: number }>;
   }

@@ -4,10 +4,19 @@
 //   <next-token model="models/lesson-toy.json" prompt="" temperature="0" show-probabilities autorun></next-token>
 //
 // Attributes: model (catalog id, .gguf URL or table .json URL), tokenizer (tokenizer.json URL for a
-// GGUF; optional: without it, the tokenizer the GGUF's own metadata describes), prompt, max-tokens (default 64), temperature (default 0.8;
-// 0 = greedy), seed (only for reproducible runs: without it each run draws anew), top-k, top-p, beams, show-probabilities (each token's P, and the product),
-// autorun (generate once loaded), backend (auto | gpu | cpu), editable (let the reader edit the prompt).
-// Events: "nexttoken-token" (detail: the token), "nexttoken-done" (detail: summary + probability).
+// GGUF; optional: without it, the tokenizer the GGUF's own metadata describes), view (generate |
+// explore | beam | score; default generate), prompt, candidates (score view: continuations of the
+// prompt, separated by "|" or newlines), max-tokens (default 64), temperature (default 0.8; 0 =
+// greedy; the beam view is always greedy), seed (only for reproducible runs: without it each run
+// draws anew), top-k, top-p, min-p, beams (beam view default 2), show-probabilities (each token's P,
+// and the product), autorun (generate once loaded), eager (load at once: by default nothing is
+// downloaded until the element is on screen or clicked), backend (auto | gpu | cpu), editable (let
+// the reader edit the prompt, and the candidates).
+// Events (bubbling, composed): "nt-load" (detail: the model info), "nt-token" (detail: the token
+// event), "nt-done" (detail: the summary + probability + view; the score view: {view, scores}),
+// "nt-error" (detail: {message}); the older "nexttoken-token" and "nexttoken-done" still fire.
+// Theme: the CSS custom properties --nt-bg, --nt-fg, --nt-muted, --nt-accent, --nt-accent-fg,
+// --nt-border, --nt-error and --nt-radius; light and dark defaults follow prefers-color-scheme.
 //
 // All the elements of a page share one worker (one wasm instance), and elements naming the same
 // model share one loaded copy of it: each model is downloaded once, and its elements generate in
@@ -15,24 +24,70 @@
 // models) are found beside this script, which may come from another origin (a CDN with CORS).
 
 import { NextToken, resolveSpec } from "./nexttoken.js";
+import { el, probColor, withRunningSums, alternativesList, samplerPanel, beamTreeNodes, greedyLine, scoreNodes } from "./views.js";
 
 const STYLE = `
 [hidden] { display: none !important; }
-:host { display: block; font-family: system-ui, sans-serif; border: 1px solid #dedcd5; border-radius: 8px; padding: .6rem .8rem; background: #fff; }
+:host {
+  --_bg: var(--nt-bg, #fff); --_fg: var(--nt-fg, #1d1f23); --_muted: var(--nt-muted, #5b6270);
+  --_accent: var(--nt-accent, #2f5fd0); --_accent-fg: var(--nt-accent-fg, #fff);
+  --_border: var(--nt-border, #dedcd5); --_error: var(--nt-error, #8a1010); --_radius: var(--nt-radius, 8px);
+  display: block; box-sizing: border-box; max-width: 100%; font-family: system-ui, sans-serif;
+  color: var(--_fg); background: var(--_bg); border: 1px solid var(--_border); border-radius: var(--_radius); padding: .6rem .8rem;
+}
+@media (prefers-color-scheme: dark) {
+  :host {
+    --_bg: var(--nt-bg, #1b1d22); --_fg: var(--nt-fg, #e6e7ea); --_muted: var(--nt-muted, #a3a9b5);
+    --_accent: var(--nt-accent, #7ea2ff); --_accent-fg: var(--nt-accent-fg, #0e1117);
+    --_border: var(--nt-border, #3a3e47); --_error: var(--nt-error, #ff8a8a);
+  }
+}
+*, *::before, *::after { box-sizing: border-box; }
+:focus-visible { outline: 2px solid var(--_accent); outline-offset: 2px; }
 .bar { display: flex; gap: .5rem; align-items: center; flex-wrap: wrap; }
-input { flex: 1 1 12rem; font: inherit; }
-button { font: inherit; padding: .2rem .7rem; border-radius: 5px; border: 1px solid #2f5fd0; background: #2f5fd0; color: #fff; cursor: pointer; }
-button.secondary { background: #fff; color: #2f5fd0; }
+input:not([type=range]), textarea { flex: 1 1 12rem; min-width: 0; font: inherit; color: var(--_fg); background: var(--_bg); border: 1px solid var(--_border); border-radius: 5px; padding: .2rem .4rem; }
+textarea { width: 100%; margin-top: .4rem; font-family: ui-monospace, monospace; font-size: .9rem; }
+button { font: inherit; padding: .2rem .7rem; border-radius: 5px; border: 1px solid var(--_accent); background: var(--_accent); color: var(--_accent-fg); cursor: pointer; }
+button.secondary, button.branch { background: transparent; color: var(--_accent); }
 button:disabled { opacity: .45; cursor: default; }
-.out { white-space: pre-wrap; font-family: ui-monospace, monospace; margin: .5rem 0 .2rem; min-height: 1.5em; line-height: 1.6; }
-.prompt { color: #5b6270; }
+.out { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, monospace; margin: .5rem 0 .2rem; min-height: 1.5em; line-height: 1.6; }
+.prompt { color: var(--_muted); }
 .tok { border-radius: 2px; padding: 0 1px; }
 .tok[data-p] { display: inline-block; vertical-align: top; text-align: center; }
-.tok[data-p]::after { content: attr(data-p); display: block; font-size: .65em; color: #2f5fd0; line-height: 1.1; white-space: nowrap; }
-.tok.empty::before { content: "end"; color: #5b6270; font-size: .7em; border: 1px solid #dedcd5; border-radius: 3px; padding: 0 2px; }
-.status, .product { color: #5b6270; font-size: .85rem; margin: .2rem 0; }
-.product { color: #1d1f23; font-variant-numeric: tabular-nums; }
-.error { color: #8a1010; font-size: .85rem; }
+.tok[data-p]::after { content: attr(data-p); display: block; font-size: .65em; color: var(--_accent); line-height: 1.1; white-space: nowrap; }
+.tok.empty::before { content: "end"; color: var(--_muted); font-size: .7em; border: 1px solid var(--_border); border-radius: 3px; padding: 0 2px; }
+.explore .gen .tok { cursor: pointer; color: #1d1f23; }
+.explore .gen .tok[data-p]::after { color: #1d1f23; }
+.explore .gen .tok.shared { outline: 1px dashed var(--_muted); }
+.explore .gen .tok.selected { box-shadow: 0 0 0 2px var(--_accent); }
+.status, .product, .note { color: var(--_muted); font-size: .85rem; margin: .2rem 0; }
+.product { color: var(--_fg); font-variant-numeric: tabular-nums; }
+.error { color: var(--_error); font-size: .85rem; }
+.detail { font-size: .9rem; border-top: 1px solid var(--_border); margin-top: .4rem; padding-top: .2rem; }
+h3 { font-size: .9rem; margin: .5rem 0 .2rem; }
+.alternatives, .sampler-bars { padding-left: 1.4rem; margin: .2rem 0; }
+.alternatives li, .sampler-bars li { margin: .2rem 0; overflow-wrap: anywhere; }
+.alternatives li.chosen { font-weight: 600; }
+.alternatives .p, .sampler-bars .p { margin-left: .6rem; font-variant-numeric: tabular-nums; }
+.alternatives button.branch { margin-left: .6rem; padding: 0 .4rem; font-size: .8rem; }
+.alternatives .bar, .sampler-bars .bar { display: block; height: 4px; border-radius: 2px; background: var(--_accent); }
+.sampler-bars .bar.plain { background: var(--_border); }
+.sampler-bars .bar.drawn { margin-top: 1px; }
+.sampler-bars li.removed { color: var(--_muted); }
+.sliders { display: grid; gap: .2rem; font-size: .85rem; }
+.sliders label { display: grid; grid-template-columns: 6.5rem minmax(0, 1fr) 3rem; gap: .4rem; align-items: center; color: var(--_muted); }
+.beam-tree, .beam-tree ul { list-style: none; padding-left: 1.1rem; margin: .1rem 0; font-family: ui-monospace, monospace; font-size: .85rem; }
+.beam-tree { padding-left: 0; }
+.beam-tree li.pruned { color: var(--_muted); text-decoration: line-through; }
+.beam-tree li.best { font-weight: 600; color: var(--_accent); }
+.beam-tree li li:not(.best) { font-weight: 400; color: inherit; }
+.beam-tree li.pruned, .beam-tree li li.pruned { color: var(--_muted); }
+.beam-best, .verdict { font-weight: 600; }
+.heat { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, monospace; margin: .2rem 0; }
+.heat .tok { color: #1d1f23; }
+.scored h3 { margin-bottom: 0; }
+table.score { border-collapse: collapse; font-size: .8rem; max-width: 100%; }
+table.score td, table.score th { border-bottom: 1px solid var(--_border); padding: .1rem .4rem; text-align: left; }
 `;
 
 // Constructed, not a <style> element: a page whose CSP has no 'unsafe-inline' in style-src
@@ -63,9 +118,14 @@ function sharedModel(model, tokenizer, backend) {
   return m;
 }
 
+
+const VIEWS = ["generate", "explore", "beam", "score"];
+const RUN_LABEL = { generate: "Generate", explore: "Generate", beam: "Run beam search", score: "Score" };
+const RUN_ARIA = { generate: "generate a continuation of the prompt", explore: "generate a continuation of the prompt, then explore its tokens", beam: "run beam search from the prompt", score: "score the texts" };
+
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
-    return ["model", "tokenizer", "backend"];
+    return ["model", "tokenizer", "backend", "view", "prompt", "candidates"];
   }
 
   constructor() {
@@ -77,28 +137,104 @@ class NextTokenElement extends HTMLElement {
     this.tokens = [];
   }
 
+  /** The view this element shows: generate (default), explore, beam or score. */
+  get view() {
+    const v = (this.getAttribute("view") || "").trim().toLowerCase();
+    return VIEWS.includes(v) ? v : "generate";
+  }
+
   connectedCallback() {
-    if (this.shadowRoot.childElementCount) return;
+    if (!this.shadowRoot.childElementCount) this.build();
+    // Lazy: nothing is downloaded until the element is on screen or clicked (or `eager`).
+    if (this.hasAttribute("eager") || typeof IntersectionObserver === "undefined") this.start();
+    else if (!this.loading) {
+      this.observer = new IntersectionObserver((entries) => {
+        if (entries.some((e) => e.isIntersecting)) this.start();
+      });
+      this.observer.observe(this);
+    }
+  }
+
+  build() {
     const root = this.shadowRoot;
     root.adoptedStyleSheets = [styleSheet()];
-    root.innerHTML = `<div class="bar"><input part="prompt" aria-label="prompt" spellcheck="false"><button part="run" class="run">Generate</button><button class="stop secondary" disabled>Stop</button></div>
-      <div class="out" part="output"><span class="prompt"></span><span class="gen"></span></div>
+    root.innerHTML = `<div class="bar"><input part="prompt" aria-label="prompt" spellcheck="false"><button part="run" class="run" type="button">Generate</button><button class="stop secondary" type="button" aria-label="stop generating" disabled>Stop</button></div>
+      <textarea part="candidates" class="candidates" rows="3" aria-label="candidate continuations, one per line" spellcheck="false" hidden></textarea>
+      <div class="out" part="output"><span class="prompt"></span><span class="gen" role="group"></span></div>
       <p class="product" part="product" hidden></p>
+      <div class="detail" part="detail" hidden></div>
       <p class="status" part="status" role="status"></p>
       <p class="error" part="error" role="alert" hidden></p>`;
     this.$ = (sel) => root.querySelector(sel);
     const input = this.$("input");
-    input.value = this.getAttribute("prompt") ?? "";
-    input.hidden = !this.hasAttribute("editable");
     input.placeholder = "(empty prompt: start of text)";
-    this.$(".run").addEventListener("click", () => this.run());
+    this.$(".run").addEventListener("click", () => this.run().catch(() => {}));
     this.$(".stop").addEventListener("click", () => this.stop());
-    input.addEventListener("keydown", (e) => e.key === "Enter" && this.run());
-    this.load().then(() => this.hasAttribute("autorun") && this.run(), () => {});
+    input.addEventListener("keydown", (e) => e.key === "Enter" && this.run().catch(() => {}));
+    // A click anywhere loads the model (lazy elements the observer has not seen yet).
+    this.addEventListener("click", () => this.start());
+    const gen = this.$(".gen");
+    gen.addEventListener("click", (e) => {
+      const span = e.target.closest(".tok[data-i]");
+      if (span) this.inspect(Number(span.dataset.i));
+    });
+    gen.addEventListener("keydown", (e) => {
+      const span = e.target.closest(".tok[data-i]");
+      if (span && (e.key === "Enter" || e.key === " ")) {
+        e.preventDefault();
+        this.inspect(Number(span.dataset.i));
+      }
+    });
+    this.$(".status").textContent = "the model loads when this is on screen (or click)";
+    this.render();
+  }
+
+  /** Labels and fields for the current view and attributes. */
+  render() {
+    const view = this.view;
+    const editable = this.hasAttribute("editable");
+    this.$("input").value = this.getAttribute("prompt") ?? "";
+    this.$("input").hidden = !editable;
+    const cands = this.$(".candidates");
+    cands.value = this.candidateList().join("\n");
+    cands.hidden = !(editable && view === "score");
+    this.$(".run").textContent = RUN_LABEL[view];
+    this.$(".run").setAttribute("aria-label", RUN_ARIA[view]);
+    this.$(".out").hidden = view === "score";
+    this.$(".gen").setAttribute("aria-label", view === "explore" ? "generated tokens: press Enter on one to see its alternatives" : "generated tokens");
+    this.shadowRoot.host.dataset.view = view;
+    this.$(".out").classList.toggle("explore", view === "explore");
+  }
+
+  candidateList() {
+    const field = this.$?.(".candidates");
+    const text = field && !field.hidden ? field.value : this.getAttribute("candidates") || "";
+    return text
+      .split(/[|\n]/)
+      .map((c) => c.trim())
+      .filter(Boolean);
+  }
+
+  /** Load, then run once if `autorun`. */
+  start() {
+    this.observer?.disconnect();
+    this.observer = null;
+    if (this.loading) return;
+    this.load().then(
+      () => {
+        if (this.hasAttribute("autorun") && !this.autoran) {
+          this.autoran = true;
+          this.run().catch(() => {});
+        }
+      },
+      () => {},
+    );
   }
 
   disconnectedCallback() {
     // The model stays loaded for the page's other elements.
+    this.observer?.disconnect();
+    this.observer = null;
     this.stop();
     this.loading = null;
   }
@@ -108,17 +244,25 @@ class NextTokenElement extends HTMLElement {
   }
 
   attributeChangedCallback(name, oldValue, newValue) {
-    if (oldValue !== null && oldValue !== newValue && this.model) {
+    if (oldValue === newValue || !this.$) return;
+    if (["view", "prompt", "candidates"].includes(name)) this.render();
+    else if (oldValue !== null && this.model) {
       this.loading = null;
       this.load().catch(() => {});
     }
   }
 
+  emit(name, detail) {
+    this.dispatchEvent(new CustomEvent(name, { detail, bubbles: true, composed: true }));
+  }
+
   load() {
     if (this.loading) return this.loading;
+    this.observer?.disconnect();
     const model = this.getAttribute("model");
     if (!model) return Promise.reject(this.fail("set the model attribute (a table .json or a .gguf URL)"));
-    this.$(".run").disabled = true;
+    // Run stays enabled while loading: a click then runs once the model is there (a click that
+    // scrolls a lazy element into view must not land on a button the load just disabled).
     this.$(".status").textContent = "loading the model…";
     const onProgress = ({ file, loaded, total }) => {
       this.$(".status").textContent = `loading ${file}: ${(loaded / 1e6).toFixed(1)}${total ? " / " + (total / 1e6).toFixed(1) : ""} MB`;
@@ -137,7 +281,7 @@ class NextTokenElement extends HTMLElement {
         (info) => {
           this.info = info;
           this.$(".status").textContent = `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}`;
-          this.$(".run").disabled = false;
+          this.emit("nt-load", info);
           return info;
         },
         (e) => {
@@ -153,6 +297,7 @@ class NextTokenElement extends HTMLElement {
     box.hidden = false;
     box.textContent = message;
     this.$(".status").textContent = "";
+    this.emit("nt-error", { message });
     return new Error(message);
   }
 
@@ -161,66 +306,194 @@ class NextTokenElement extends HTMLElement {
     return v === null || v === "" || Number.isNaN(Number(v)) ? fallback : Number(v);
   }
 
-  /** Generate once; the elements sharing this model take turns. */
+  /** The decoding options from the attributes. */
+  options() {
+    const beam = this.view === "beam";
+    return {
+      maxTokens: this.num("max-tokens", 64),
+      temperature: beam ? 0 : this.num("temperature", 0.8),
+      // A seed only when the page sets one (reproducible runs); else each run draws anew.
+      seed: this.hasAttribute("seed") ? this.num("seed", 0) : crypto.getRandomValues(new Uint32Array(1))[0],
+      topK: this.num("top-k", 0),
+      topP: this.num("top-p", 1),
+      minP: this.num("min-p", 0),
+      beams: beam ? Math.max(2, this.num("beams", 2)) : this.num("beams", 1),
+      // The explorer's sampler view reads each step's 64 most likely tokens.
+      keepCandidates: this.view === "explore" ? 64 : 0,
+    };
+  }
+
+  /** Run the element's view once; the elements sharing this model take turns. */
   async run() {
-    if (this.generating) return;
-    await this.load();
+    if (this.generating || this.queued) return;
+    this.queued = true; // one run at a time per element, from the click until it ends
+    try {
+      await this.load();
+      const view = this.view;
+      await this.turn(() => (view === "score" ? this.score() : this.generate(view)));
+    } finally {
+      this.queued = false;
+    }
+  }
+
+  /** `fn` in this model's queue (one generation at a time on a model). */
+  turn(fn) {
     const m = this.model;
     this.$(".run").disabled = true;
-    const mine = m.turn.then(() => this.generate(m));
+    const mine = m.turn.then(fn);
     m.turn = mine.catch(() => {});
     return mine;
   }
 
-  async generate(m) {
+  begin() {
+    this.$(".error").hidden = true;
+    this.$(".run").disabled = true;
+    this.$(".stop").disabled = false;
+    this.generating = true;
+  }
+
+  end() {
+    this.generating = false;
+    this.$(".run").disabled = false;
+    this.$(".stop").disabled = true;
+  }
+
+  /** A generated token's span (`i`: its index); clickable in the explore view. */
+  tokenSpan(t, i) {
+    const span = el("span", { className: "tok", textContent: t.text }); // text, never HTML
+    if (!t.text) span.classList.add("empty");
+    span.title = `${t.token}: P = ${t.prob.toFixed(4)}`;
+    if (this.hasAttribute("show-probabilities")) span.dataset.p = t.prob.toFixed(2);
+    if (this.view === "explore") {
+      span.dataset.i = i;
+      span.tabIndex = 0;
+      span.setAttribute("role", "button");
+      span.setAttribute("aria-label", `token ${JSON.stringify(t.text || t.token)}, probability ${t.prob.toFixed(2)}: show the alternatives`);
+      span.style.backgroundColor = probColor(t.prob);
+    }
+    return span;
+  }
+
+  async generate(view) {
+    const m = this.model;
     const prompt = this.$("input").value;
-    const show = this.hasAttribute("show-probabilities");
     const gen = this.$(".gen");
     gen.replaceChildren();
     this.$(".prompt").textContent = prompt;
-    this.$(".error").hidden = true;
     this.$(".product").hidden = true;
-    this.$(".run").disabled = true;
-    this.$(".stop").disabled = false;
+    this.$(".detail").hidden = true;
     this.tokens = [];
-    this.generating = true;
+    this.prompt = prompt;
+    this.begin();
     try {
-      const opts = {
-        maxTokens: this.num("max-tokens", 64),
-        temperature: this.num("temperature", 0.8),
-        // A seed only when the page sets one (reproducible runs); else each run draws anew.
-        seed: this.hasAttribute("seed") ? this.num("seed", 0) : crypto.getRandomValues(new Uint32Array(1))[0],
-        topK: this.num("top-k", 0),
-        topP: this.num("top-p", 1),
-        beams: this.num("beams", 1),
-      };
+      const opts = this.options();
       for await (const t of m.nt.generate(prompt, opts)) {
         this.tokens.push(t);
-        const span = document.createElement("span");
-        span.className = "tok";
-        span.textContent = t.text; // text, never HTML
-        if (!t.text) span.classList.add("empty");
-        span.title = `${t.token}: P = ${t.prob.toFixed(4)}`;
-        if (show) span.dataset.p = t.prob.toFixed(2);
-        gen.append(span);
+        gen.append(this.tokenSpan(t, this.tokens.length - 1));
+        this.emit("nt-token", t);
         this.dispatchEvent(new CustomEvent("nexttoken-token", { detail: t }));
       }
-      const probability = Math.exp(this.tokens.reduce((s, t) => s + t.logprob, 0));
-      if (show && this.tokens.length) {
-        const text = (prompt + this.tokens.map((t) => t.text).join("")).trim();
-        const factors = this.tokens.map((t) => t.prob.toFixed(2)).join(" × ");
-        const product = this.$(".product");
-        product.textContent = `P(“${text}”) = ${factors} = ${probability.toFixed(2)}`;
-        product.dataset.probability = String(probability);
-        product.hidden = false;
+      const summary = m.nt.lastSummary;
+      this.promptIds = summary?.promptIds;
+      const probability = this.showProduct();
+      if (view === "beam" && summary?.beamTree) {
+        const detail = this.$(".detail");
+        detail.replaceChildren(...beamTreeNodes(summary.beamTree, summary.text));
+        detail.hidden = false;
+        detail.append(await greedyLine(m.nt, prompt, opts));
       }
-      this.dispatchEvent(new CustomEvent("nexttoken-done", { detail: { ...m.nt.lastSummary, probability } }));
+      if (view === "explore") this.$(".status").textContent = "Click a token (or Tab to it and press Enter) to see the alternatives.";
+      const detail = { ...summary, probability, view };
+      this.emit("nt-done", detail);
+      this.dispatchEvent(new CustomEvent("nexttoken-done", { detail }));
     } catch (e) {
       this.fail(e.message);
     } finally {
-      this.generating = false;
-      this.$(".run").disabled = false;
-      this.$(".stop").disabled = true;
+      this.end();
+    }
+  }
+
+  /** The product line (show-probabilities); the text's probability. */
+  showProduct() {
+    const probability = Math.exp(this.tokens.reduce((s, t) => s + t.logprob, 0));
+    if (this.hasAttribute("show-probabilities") && this.tokens.length) {
+      const text = (this.prompt + this.tokens.map((t) => t.text).join("")).trim();
+      const factors = this.tokens.map((t) => t.prob.toFixed(2)).join(" × ");
+      const product = this.$(".product");
+      product.textContent = `P(“${text}”) = ${factors} = ${probability.toFixed(2)}`;
+      product.dataset.probability = String(probability);
+      product.hidden = false;
+    }
+    return probability;
+  }
+
+  /** The explorer: token `i`'s alternatives ("continue with this") and the sampler view. */
+  inspect(i) {
+    const t = this.tokens[i];
+    if (!t) return;
+    for (const s of this.$(".gen").querySelectorAll(".tok")) s.classList.toggle("selected", Number(s.dataset.i) === i);
+    const before = (this.prompt + this.tokens.slice(0, i).map((x) => x.text).join("")).trim();
+    const detail = this.$(".detail");
+    const heading = el("h3", { textContent: `Step ${i + 1}: after “${before}”, the model chose “${t.text || t.token}” (P = ${t.prob.toFixed(2)})` });
+    const list = alternativesList(t, this.promptIds && !this.generating ? (alt) => this.branch(i, alt) : null);
+    detail.replaceChildren(heading, list);
+    if (t.candidates) {
+      const history = [...(this.promptIds ?? []), ...this.tokens.slice(0, i).map((x) => x.id)];
+      detail.append(samplerPanel(this.model.nt, t, this.options(), history, ["temperature", "topK", "topP", "minP"]));
+    }
+    detail.hidden = false;
+    this.selected = i;
+  }
+
+  /** Continue from token `i` with `alt` instead: the prefix stays in the KV cache, only the suffix runs. */
+  branch(i, alt) {
+    if (this.generating) return;
+    return this.turn(async () => {
+      const m = this.model;
+      const ids = [...this.promptIds, ...this.tokens.slice(0, i).map((t) => t.id)];
+      const gen = this.$(".gen");
+      this.tokens = this.tokens.slice(0, i);
+      gen.replaceChildren(...this.tokens.map((t, j) => this.tokenSpan(t, j)));
+      for (const s of gen.children) s.classList.add("shared");
+      this.$(".product").hidden = true;
+      this.begin();
+      try {
+        for await (const t of m.nt.generate({ ids }, { ...this.options(), forceTokens: [alt.id] })) {
+          this.tokens.push(t);
+          gen.append(this.tokenSpan(t, this.tokens.length - 1));
+          this.emit("nt-token", t);
+        }
+        this.tokens = withRunningSums(this.tokens);
+        const s = m.nt.lastSummary;
+        const probability = this.showProduct();
+        if (s) this.$(".status").textContent = `Branch at token ${i + 1}: ${s.reusedTokens} positions reused from the KV cache, ${s.promptTokens - s.reusedTokens} computed, then ${s.generatedTokens} new tokens.`;
+        this.emit("nt-done", { ...s, probability, view: "explore", branch: { at: i, token: alt } });
+      } catch (e) {
+        this.fail(e.message);
+      } finally {
+        this.end();
+      }
+      this.inspect(i);
+      gen.children[i]?.focus();
+    });
+  }
+
+  async score() {
+    const m = this.model;
+    const prompt = this.$("input").value;
+    const candidates = this.candidateList();
+    const detail = this.$(".detail");
+    this.begin();
+    try {
+      const nodes = await scoreNodes(m.nt, prompt, candidates);
+      detail.replaceChildren(...nodes);
+      detail.hidden = false;
+      const scores = [...detail.querySelectorAll(".scored")].map((d) => ({ text: d.querySelector("h3").textContent, logprob: Number(d.dataset.logprob), perplexity: Number(d.dataset.perplexity), avgNll: Number(d.dataset.avgNll) }));
+      this.emit("nt-done", { view: "score", prompt, scores });
+    } catch (e) {
+      this.fail(e.message);
+    } finally {
+      this.end();
     }
   }
 }

@@ -15,6 +15,7 @@ const SHELL = [
   "nexttoken.js",
   "openai.js",
   "next-token.js",
+  "views.js",
   "model-cache.js",
   "worker.js",
   "wasm.js",

@@ -42,6 +42,7 @@ const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
 const { embedTests } = await import("./embed.mjs");
+const { elementTests } = await import("./element.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -824,6 +825,8 @@ async function runConfig(mode) {
 
     await embedTests({ test, assert, assertEq, browser, mode, www });
 
+    await elementTests({ test, assert, assertEq, browser, base, mode, outDir });
+
     // A model bigger than the quota the storage test leaves after the app shell: the chat fixture (16 MB).
     const bigModelUrl = fs.existsSync(path.join(fixtures, "chat", "chat.gguf")) ? "/test/chat/chat.gguf" : null;
     await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText, browser, bigModelUrl });
@@ -873,6 +876,13 @@ async function runConfig(mode) {
         const line = await prod.textContent();
         assert(line.includes(`“${text}”`) && line.endsWith(`= ${p.toFixed(2)}`), `beam lesson ${i}: ${line}`);
       }
+      // The beam element (view="beam") draws the tree; the scoring lesson scores once on screen.
+      await beamEls.nth(1).locator(".beam-greedy").waitFor({ timeout: 30_000 });
+      assert(/"a bird", P = 0\.36/.test(await beamEls.nth(1).locator(".beam-best").textContent()), "the lesson's beam tree");
+      await page.locator("#score").scrollIntoViewIfNeeded();
+      await page.locator("#score .verdict").waitFor({ timeout: 30_000 });
+      const ppl = await page.locator("#score .scored").evaluateAll((d) => d.map((x) => Number(x.dataset.perplexity).toFixed(2)));
+      assertEq(ppl.join(" "), "1.28 3.79", "the scoring lesson's perplexities");
       await page.screenshot({ path: path.join(outDir, `embed-${mode}.png`), fullPage: true });
     });
   } finally {

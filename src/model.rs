@@ -398,9 +398,19 @@ impl Model {
         Model::describe(storage, None)
     }
 
+    /// [`Model::from_bytes`] with the header already parsed from `bytes` (by a caller that read
+    /// the tokenizer and chat template from it), so it is not parsed a second time.
+    pub fn from_bytes_parsed(bytes: Vec<u8>, gguf: Gguf) -> Result<Model> {
+        Model::describe_parsed(Storage::Owned(bytes), gguf, None)
+    }
+
     /// [`Model::from_storage`], and when `parts` is given, the file must be split in that many.
     fn describe(storage: Storage, parts: Option<usize>) -> Result<Model> {
         let gguf = Gguf::parse(&storage)?;
+        Model::describe_parsed(storage, gguf, parts)
+    }
+
+    fn describe_parsed(storage: Storage, gguf: Gguf, parts: Option<usize>) -> Result<Model> {
         if let Some(parts) = parts.filter(|&p| p != gguf.parts) {
             return Err(Error::Model(format!(
                 "the file names say {parts} parts, but part 1 says the model has {}",

@@ -92,6 +92,7 @@ export interface GenerateOptions {
 export interface Candidates {
   ids: number[];
   logits: number[];
+  /** The first 20 candidates alone as text. */
   pieces: string[];
 }
 

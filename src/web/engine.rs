@@ -241,7 +241,7 @@ impl Engine {
         options: JsValue,
     ) -> Result<Engine, JsError> {
         let opts = LoadOptions::parse(options)?;
-        // The header once, for the tokenizer and the chat template (the model parses its own).
+        // The header once: for the tokenizer, the chat template and the model.
         let header = Gguf::parse(&sink.buf).map_err(js_err)?;
         let tokenizer = match tokenizer.filter(|b| !b.is_empty()) {
             Some(json) => HfTokenizer::from_bytes(&json),
@@ -250,8 +250,7 @@ impl Engine {
         let tokenizer = Rc::new(tokenizer.map_err(js_err)?);
         let template = ChatTemplate::from_gguf_with_vocab(&header, Some(&*tokenizer))
             .map_err(|e| e.to_string());
-        drop(header);
-        let model = Model::from_bytes(sink.buf).map_err(js_err)?;
+        let model = Model::from_bytes_parsed(sink.buf, header).map_err(js_err)?;
         tokenizer.check_fits(model.config.n_vocab).map_err(js_err)?;
         let max_seq = opts.max_seq.unwrap_or(2048).max(1);
         let backend = opts.backend.as_deref().unwrap_or("auto");

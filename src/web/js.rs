@@ -121,6 +121,8 @@ impl GenOptions {
 
 /// The most candidates a token event carries (the GPU ranks at most 64 per step).
 const MAX_CANDIDATES: usize = 64;
+/// Candidates a sampler view draws (and so labels).
+const SHOWN_CANDIDATES: usize = 20;
 
 /// `startChat`'s options beyond the generation options.
 #[derive(Deserialize, Default)]
@@ -181,7 +183,8 @@ pub(super) struct TokenOut {
 struct CandidatesOut {
     ids: Vec<u32>,
     logits: Vec<f32>,
-    /// Each candidate alone as text.
+    /// The first [`SHOWN_CANDIDATES`] candidates alone as text (what a view labels; decoding
+    /// all of them would cost every decode step more than the view ever shows).
     pieces: Vec<String>,
 }
 
@@ -221,7 +224,12 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
         candidates: (!ev.candidates.is_empty()).then(|| CandidatesOut {
             ids: ev.candidates.iter().map(|&(id, _)| id).collect(),
             logits: ev.candidates.iter().map(|&(_, logit)| logit).collect(),
-            pieces: ev.candidates.iter().map(|&(id, _)| piece(vocab, id)).collect(),
+            pieces: ev
+                .candidates
+                .iter()
+                .take(SHOWN_CANDIDATES)
+                .map(|&(id, _)| piece(vocab, id))
+                .collect(),
         }),
     }
 }

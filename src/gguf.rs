@@ -236,6 +236,34 @@ impl Gguf {
         Ok(Part::parse(bytes, 0)?.into_gguf())
     }
 
+    /// The header of a GGUF file of `file_len` bytes from the first bytes of it that have
+    /// arrived (`prefix`), for a loader that streams the file and never holds it whole: the
+    /// header whole, or how many bytes from the start the header needs at least (it may need
+    /// more once those are read: a header's length is known only by reading it). Every check of
+    /// [`Gguf::parse`] is made against `file_len` (a count the file cannot hold, a tensor past
+    /// its end), so a truncated or hostile file is refused as soon as its header is read. Only a
+    /// whole model in one file: a part of a split model is an error.
+    pub fn parse_header(prefix: &[u8], file_len: usize) -> Result<Header> {
+        if prefix.len() > file_len {
+            return gguf_err!(
+                "{} bytes arrived of a file announced as {file_len} bytes long",
+                prefix.len()
+            );
+        }
+        let part = match Part::parse_with(prefix, 0, file_len) {
+            Ok(part) => part,
+            Err((_, Some(need))) => return Ok(Header::NeedMore(need)),
+            Err((e, None)) => return Err(e),
+        };
+        if let Some(count) = part.split_key(SPLIT_COUNT)?.filter(|&c| c > 1) {
+            let no = part.split_key(SPLIT_NO)?.map_or("?".to_string(), |n| (n + 1).to_string());
+            return gguf_err!(
+                "this file is part {no} of {count} of a split model: load the model by its first part's name (…-00001-of-{count:05}.gguf), which brings the other parts"
+            );
+        }
+        Ok(Header::Complete(part.into_gguf()))
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }
@@ -290,6 +318,15 @@ impl Gguf {
             None => gguf_err!("missing general.architecture"),
         }
     }
+}
+
+/// What [`Gguf::parse_header`] makes of the first bytes of a file.
+#[derive(Debug)]
+pub enum Header {
+    /// The whole header: tensor data starts at its `data_offset`.
+    Complete(Gguf),
+    /// The header runs past the bytes given: it needs at least this many from the start.
+    NeedMore(usize),
 }
 
 /// `general.alignment` when it is one we accept: a power of two up to 1 MiB.
@@ -365,9 +402,25 @@ fn not_gguf(bytes: &[u8]) -> String {
 
 impl Part {
     fn parse(bytes: &[u8], start: usize) -> Result<Part> {
-        let mut r = Reader { bytes, pos: start, array_elements: 0 };
+        Part::parse_with(bytes, start, bytes.len()).map_err(|(e, _)| e)
+    }
+
+    /// The part at `start` of a file of `len` bytes of which `bytes` are the first ones (all of
+    /// them, or a prefix while the file streams in). An error that only says the header runs
+    /// past `bytes` (not past `len`) comes with the number of bytes the read needed.
+    fn parse_with(
+        bytes: &[u8],
+        start: usize,
+        len: usize,
+    ) -> std::result::Result<Part, (crate::Error, Option<usize>)> {
+        let mut r = Reader { bytes, len, pos: start, array_elements: 0, short: None };
+        Part::read(&mut r, start).map_err(|e| (e, r.short))
+    }
+
+    fn read(r: &mut Reader, start: usize) -> Result<Part> {
+        let bytes = r.bytes;
         let head = &bytes[start..];
-        if head.is_empty() {
+        if r.len <= start {
             return gguf_err!("not a GGUF file: it is empty (0 bytes: truncated or never written)");
         }
         // A prefix of the magic is a truncated GGUF, which the read below reports.
@@ -453,13 +506,13 @@ impl Part {
             let start = (data_offset as u64).checked_add(offset);
             let end = start.and_then(|s| s.checked_add(size));
             match end {
-                Some(end) if end <= bytes.len() as u64 => {}
+                Some(end) if end <= r.len as u64 => {}
                 _ => {
                     return gguf_err!(
                         "tensor {name:?} ({} bytes at offset {}) lies past the end of the file ({} bytes): the file is truncated",
                         size,
                         (data_offset as u64).saturating_add(offset),
-                        bytes.len()
+                        r.len
                     )
                 }
             }
@@ -504,12 +557,17 @@ impl Part {
     }
 }
 
-/// A bounds-checked cursor over the file bytes.
+/// A bounds-checked cursor over the file bytes: all of them, or the first ones of a file of
+/// `len` bytes that is still arriving.
 struct Reader<'a> {
     bytes: &'a [u8],
+    /// The file's length (`bytes.len()` unless `bytes` is a prefix).
+    len: usize,
     pos: usize,
     /// Metadata array elements read so far (see `MAX_ARRAY_ELEMENTS`).
     array_elements: u64,
+    /// Set when a read ran past `bytes` but not past the file: the bytes it needed.
+    short: Option<usize>,
 }
 
 /// Arrays nest (an array of arrays is legal); deeper than this is hostile.
@@ -519,8 +577,9 @@ const MAX_ARRAY_NESTING: usize = 4;
 const MAX_ARRAY_ELEMENTS: u64 = 8 << 20;
 
 impl<'a> Reader<'a> {
+    /// Bytes of the file after the cursor (arrived or not).
     fn remaining(&self) -> usize {
-        self.bytes.len() - self.pos
+        self.len - self.pos
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
@@ -530,6 +589,10 @@ impl<'a> Reader<'a> {
                 self.pos,
                 self.remaining()
             );
+        }
+        if self.pos + n > self.bytes.len() {
+            self.short = Some(self.pos + n);
+            return gguf_err!("the header runs past the {} bytes read so far", self.bytes.len());
         }
         let s = &self.bytes[self.pos..self.pos + n];
         self.pos += n;

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use nexttoken::cpu::CpuModel;
-use nexttoken::gguf::{Gguf, Value};
+use nexttoken::gguf::{Gguf, Header, Value};
 use nexttoken::model::Model;
 use nexttoken::quant::GgmlType;
 use nexttoken::LanguageModel;
@@ -90,6 +90,45 @@ fn truncated_at_every_length() {
             r.unwrap_or_else(|e| panic!("len {len} (data ends at {end}): {e}"));
         }
     }
+}
+
+/// The streamed loader reads the header from the first bytes that arrive: at every length short
+/// of the header's end it asks for more (never fewer bytes than it has), from there on it gives
+/// the header `Gguf::parse` gives; a file whose tensors run past the length announced is refused
+/// as soon as its header is read.
+#[test]
+fn the_header_from_its_first_bytes() {
+    for (arch, ty) in [("llama", GgmlType::Q8_0), ("gpt2", GgmlType::F32)] {
+        let b = synth_model(arch, ty, 3);
+        let want = Gguf::parse(&b).unwrap();
+        let mut first_complete = None;
+        for len in 0..=want.data_offset {
+            match Gguf::parse_header(&b[..len], b.len()).unwrap() {
+                Header::NeedMore(n) => {
+                    assert!(first_complete.is_none(), "{arch}: need more at {len} after complete");
+                    assert!(n > len && n <= want.data_offset, "{arch}: at {len} needs {n}");
+                }
+                Header::Complete(g) => {
+                    first_complete.get_or_insert(len);
+                    assert_eq!(
+                        (g.tensors, g.metadata),
+                        (want.tensors.clone(), want.metadata.clone())
+                    );
+                }
+            }
+        }
+        // The tensor infos end within the alignment's padding before the data.
+        let end = first_complete.expect("complete at the data's start");
+        assert!(end + 32 > want.data_offset, "{arch}: complete at {end}");
+        let e = Gguf::parse_header(&b[..end], end + 100).unwrap_err().to_string();
+        assert!(e.contains("past the end of the file") && e.contains("truncated"), "{e}");
+        let e = Gguf::parse_header(&b, b.len() - 1).unwrap_err().to_string();
+        assert!(e.contains("arrived of a file announced"), "{e}");
+    }
+    // A part of a split model is refused by name (the streamed loader takes whole files).
+    let parts = nexttoken::gguf::split_gguf(&valid(), 2).unwrap();
+    let e = Gguf::parse_header(&parts[0], parts[0].len()).unwrap_err().to_string();
+    assert!(e.contains("part 1 of 2 of a split model"), "{e}");
 }
 
 #[test]
@@ -519,6 +558,37 @@ proptest! {
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
+
+    /// The streamed loader's header parse (`Gguf::parse_header`) on any prefix of a damaged
+    /// file: "need more" (more than the prefix), the whole-file parse's own error, or the
+    /// whole-file parse's header. A prefix never gives another answer than the whole file.
+    #[test]
+    fn a_prefix_parses_as_the_whole_file(which in 0usize..3, damages in proptest::collection::vec(damage(), 0..3), cut in 0.0f64..1.0) {
+        thread_local! { static BASES: Vec<(Vec<u8>, usize)> = base_files(); }
+        let (mut b, header) = BASES.with(|bases| bases[which].clone());
+        for d in &damages {
+            apply(&mut b, header, d);
+        }
+        // Mostly inside the header.
+        let k = ((cut * cut * (header + 64) as f64) as usize).min(b.len());
+        let whole = Gguf::parse_header(&b, b.len());
+        match (Gguf::parse_header(&b[..k], b.len()), &whole) {
+            (Ok(Header::NeedMore(n)), _) => prop_assert!(n > k, "need {} after {}", n, k),
+            (Ok(Header::Complete(g)), Ok(Header::Complete(w))) => {
+                prop_assert_eq!(&g.tensors, &w.tensors);
+                prop_assert_eq!(&g.metadata, &w.metadata);
+            }
+            (Err(e), Err(w)) if e.to_string().contains("not a GGUF") => prop_assert!(w.to_string().contains("not a GGUF")),
+            (Err(e), Err(w)) => prop_assert_eq!(e.to_string(), w.to_string()),
+            (got, _) => prop_assert!(false, "prefix of {}: {:?}, whole file: {:?}", k, got, whole),
+        }
+        // The whole file: the ordinary parse's answer (a file of one part).
+        match (&whole, Gguf::parse(&b)) {
+            (Ok(Header::Complete(w)), Ok(g)) => prop_assert_eq!(&w.tensors, &g.tensors),
+            (Err(w), Err(g)) => prop_assert_eq!(w.to_string(), g.to_string()),
+            (w, g) => prop_assert!(false, "parse_header: {:?}, parse: {:?}", w, g.map(|g| g.tensors.len())),
+        }
+    }
 
     #[test]
     fn damaged_files_never_panic(which in 0usize..4, damages in proptest::collection::vec(damage(), 1..4)) {

@@ -368,6 +368,11 @@ pub enum Storage {
     Static(&'static [u8]),
     #[cfg(not(target_arch = "wasm32"))]
     Mapped(memmap2::Mmap),
+    /// Not held here: the weights are on the GPU (uploaded, then released; or streamed there
+    /// from the download and never held). Only the file's length is kept. Derefs to no bytes.
+    Elsewhere {
+        len: usize,
+    },
 }
 
 impl std::ops::Deref for Storage {
@@ -378,6 +383,17 @@ impl std::ops::Deref for Storage {
             Storage::Static(s) => s,
             #[cfg(not(target_arch = "wasm32"))]
             Storage::Mapped(m) => m,
+            Storage::Elsewhere { .. } => &[],
+        }
+    }
+}
+
+impl Storage {
+    /// The file's length, whether its bytes are held or not.
+    pub fn file_len(&self) -> usize {
+        match self {
+            Storage::Elsewhere { len } => *len,
+            held => held.len(),
         }
     }
 }
@@ -401,27 +417,64 @@ impl Model {
     /// [`Model::from_bytes`] with the header already parsed from `bytes` (by a caller that read
     /// the tokenizer and chat template from it), so it is not parsed a second time.
     pub fn from_bytes_parsed(bytes: Vec<u8>, gguf: Gguf) -> Result<Model> {
-        Model::describe_parsed(Storage::Owned(bytes), gguf, None)
+        Model::describe_parsed(Storage::Owned(bytes), &gguf, None)
     }
 
     /// [`Model::from_storage`], and when `parts` is given, the file must be split in that many.
     fn describe(storage: Storage, parts: Option<usize>) -> Result<Model> {
         let gguf = Gguf::parse(&storage)?;
-        Model::describe_parsed(storage, gguf, parts)
+        Model::describe_parsed(storage, &gguf, parts)
     }
 
-    fn describe_parsed(storage: Storage, gguf: Gguf, parts: Option<usize>) -> Result<Model> {
+    fn describe_parsed(storage: Storage, gguf: &Gguf, parts: Option<usize>) -> Result<Model> {
         if let Some(parts) = parts.filter(|&p| p != gguf.parts) {
             return Err(Error::Model(format!(
                 "the file names say {parts} parts, but part 1 says the model has {}",
                 gguf.parts
             )));
         }
-        let config = read_config(&gguf)?;
-        let (weights, rope_freqs) = read_weights(&gguf, &config)?;
-        let rope = read_rope(&config, rope_freqs.map(|t| &storage[t.offset..][..t.size_bytes]));
+        let (mut model, rope_freqs) = Model::describe_header(gguf, storage.file_len())?;
+        if let Some(t) = rope_freqs {
+            model.set_rope_freqs(&storage[t.offset..][..t.size_bytes]);
+        }
+        model.storage = Arc::new(storage);
+        Ok(model)
+    }
+
+    /// The model a GGUF header describes, without its bytes (`Storage::Elsewhere`: a loader that
+    /// streams the file's tensors to the GPU as they arrive, `gpu::GpuStream`), and Llama 3's
+    /// `rope_freqs` tensor when the file has one: until its bytes are given to
+    /// [`Model::set_rope_freqs`], RoPE uses the plain frequencies.
+    pub fn describe_header(gguf: &Gguf, file_len: usize) -> Result<(Model, Option<Tensor>)> {
+        let config = read_config(gguf)?;
+        let (weights, rope_freqs) = read_weights(gguf, &config)?;
+        let rope = read_rope(&config, None);
         let tensors = gguf.tensors.iter().map(Tensor::from_info).collect();
-        Ok(Model { config, weights, rope, storage: Arc::new(storage), tensors })
+        let storage = Arc::new(Storage::Elsewhere { len: file_len });
+        Ok((Model { config, weights, rope, storage, tensors }, rope_freqs))
+    }
+
+    /// Llama 3's per-pair RoPE factors: the bytes of the `rope_freqs` tensor (F32, checked by
+    /// [`Model::describe_header`]).
+    pub fn set_rope_freqs(&mut self, bytes: &[u8]) {
+        self.rope = read_rope(&self.config, Some(bytes));
+    }
+
+    /// The same description without the file's bytes (a GPU model keeps only this once its
+    /// weights are on the GPU): the bytes are freed unless another handle shares them.
+    pub fn release_bytes(self) -> Model {
+        let len = self.storage.file_len();
+        Model { storage: Arc::new(Storage::Elsewhere { len }), ..self }
+    }
+
+    /// Bytes of the model file, whether they are held here or not.
+    pub fn file_len(&self) -> usize {
+        self.storage.file_len()
+    }
+
+    /// Bytes of the file this model holds in memory (0 once they are on the GPU only).
+    pub fn held_bytes(&self) -> usize {
+        self.storage.len()
     }
 
     /// Bytes of weights one decode step reads: every layer's tensors, the output projection, the
@@ -475,9 +528,15 @@ impl Model {
         }
     }
 
-    /// The raw bytes of a tensor.
+    /// The raw bytes of a tensor. Panics for a model whose bytes are not held here (a GPU
+    /// model's description, [`Storage::Elsewhere`]): only the CPU path reads them.
     pub fn bytes(&self, t: &Tensor) -> &[u8] {
-        &self.storage[t.offset..t.offset + t.size_bytes]
+        self.storage.get(t.offset..t.offset + t.size_bytes).unwrap_or_else(|| {
+            panic!(
+                "tensor {}: the model's bytes are not held in memory (they are on the GPU)",
+                t.name
+            )
+        })
     }
 
     pub fn parameter_count(&self) -> usize {

@@ -24,10 +24,11 @@ use std::sync::{Arc, OnceLock};
 use half::{bf16, f16};
 use nexttoken::cpu::{dot, softmax_in_place, CpuModel};
 use nexttoken::generate::{beam_search, score, BeamOptions};
+use nexttoken::gguf::Gguf;
 use nexttoken::gpu::host::{self, Elementwise};
 use nexttoken::gpu::kernels::Kernels;
 use nexttoken::gpu::ops::RopeMode;
-use nexttoken::gpu::{is_device_lost, GpuContext, GpuModel, GpuOptions, NO_ADAPTER};
+use nexttoken::gpu::{is_device_lost, GpuContext, GpuModel, GpuOptions, GpuStream, NO_ADAPTER};
 use nexttoken::model::{Arch, Model};
 use nexttoken::quant::{dequantize_row, GgmlType};
 use nexttoken::synthetic::{self, Spec};
@@ -1067,4 +1068,199 @@ fn greedy_generation_reads_back_only_the_picks() {
         assert_eq!(on_cpu.generated_ids().len(), 10);
         assert_eq!(on_cpu.generated_ids(), on_gpu.generated_ids());
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed loading (the browser's download straight into GPU buffers)
+
+/// `bytes` fed to a `GpuStream` in the pieces `cuts` makes (the offsets where a piece ends).
+fn stream_in_pieces(
+    ctx: &Arc<GpuContext>,
+    bytes: &[u8],
+    cuts: &[usize],
+    opts: GpuOptions,
+) -> nexttoken::Result<GpuModel> {
+    let mut stream = GpuStream::new(ctx.clone(), opts, bytes.len())?;
+    let mut headers = 0;
+    let mut at = 0;
+    for &cut in cuts.iter().chain([&bytes.len()]) {
+        let cut = cut.clamp(at, bytes.len());
+        if let Some(header) = stream.push(&bytes[at..cut])? {
+            headers += 1;
+            assert_eq!(header.tensors.len(), Gguf::parse(bytes).unwrap().tensors.len());
+            // The header ends with the tensor infos; the padding after them (to the 32-byte
+            // alignment) is not needed.
+            assert!(
+                cut + 32 > header.data_offset,
+                "the header was complete before its end arrived"
+            );
+        }
+        at = cut;
+    }
+    assert_eq!(headers, 1, "the header is handed over once");
+    assert_eq!(stream.received(), bytes.len());
+    pollster::block_on(stream.finish())
+}
+
+/// A model whose tensors end inside a GPU word: Q8_0 rows of 102 bytes, an odd number of rows
+/// (301 embeddings, 161 gate and up rows: up starts 2 bytes into a word of the packed gate|up),
+/// mixed types in q|k|v, F32 down projections of 161 columns, and Llama 3's RoPE factors.
+fn awkward_model_bytes() -> Vec<u8> {
+    use nexttoken::tensor_names::{self as names, block};
+    let mut overrides = vec![(block(0, names::ATTN_V), GgmlType::F16)];
+    for i in 0..2 {
+        overrides.push((block(i, names::FFN_DOWN), GgmlType::F32));
+    }
+    let spec = Spec {
+        n_head_kv: 2,
+        weight_type: GgmlType::Q8_0,
+        type_overrides: overrides,
+        rope_freqs: Some((0..12).map(|i| 1.0 + i as f32 * 0.75).collect()),
+        seed: 31,
+        ..Spec::new(Arch::Llama, 301, 96, 2, 4, 161, 160)
+    };
+    synthetic::write(&spec).unwrap()
+}
+
+/// The streamed loader fed in odd pieces (1 byte, 7 bytes, pieces that end just inside or
+/// just past each tensor's start, random sizes, everything at once) holds on the GPU exactly the
+/// file's bytes of every tensor, the same vectors as the ordinary upload, and gives the same
+/// logits as that upload and the CPU.
+#[test]
+fn streamed_load_in_odd_pieces_equals_the_upload() {
+    let Some(ctx) = context() else { return };
+    let synth = |arch, ty, tied| {
+        let spec =
+            Spec { tied, weight_type: ty, seed: 5, ..Spec::new(arch, 300, 96, 2, 4, 160, 64) };
+        synthetic::write(&spec).unwrap()
+    };
+    let models = [
+        ("awkward llama", awkward_model_bytes()),
+        ("gpt2 q4_0 tied", synth(Arch::Gpt2, GgmlType::Q4_0, true)),
+        ("qwen2 f16", synth(Arch::Qwen2, GgmlType::F16, false)),
+    ];
+    let prompt = [1, 17, 299, 42, 5];
+    for (name, bytes) in &models {
+        let header = Gguf::parse(bytes).unwrap();
+        let cpu = CpuModel::new(Model::from_bytes(bytes.clone()).unwrap());
+        let uploaded =
+            gpu_model(&ctx, Model::from_bytes(bytes.clone()).unwrap(), GpuOptions::f32());
+        let (want_weights, want_vectors) = pollster::block_on(uploaded.read_weights()).unwrap();
+        // The upload holds the file's bytes (an independent check of the plan's placements).
+        let reference = Model::from_bytes(bytes.clone()).unwrap();
+        let file = reference.weights.try_map(|t| Ok(reference.bytes(t).to_vec())).unwrap();
+        assert!(want_weights == file, "{name}: the uploaded weights differ from the file's bytes");
+        let want_logits = uploaded.forward(&mut uploaded.new_state(), &prompt, true).unwrap();
+        let cpu_logits = cpu.forward(&mut cpu.new_state(), &prompt, true).unwrap();
+        check_abs(&format!("{name}: upload vs CPU"), &want_logits, &cpu_logits, 1e-3);
+
+        let mut rng = Rng(0x5eed ^ bytes.len() as u64);
+        let mut random = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            at += 1 + rng.below(3000);
+            random.push(at);
+        }
+        // Each tensor's start straddled: a piece ends 3 bytes into it, the next 1 byte before
+        // the following tensor.
+        let straddle: Vec<usize> = header
+            .tensors
+            .iter()
+            .flat_map(|t| [t.offset + 3.min(t.size_bytes - 1), t.offset + t.size_bytes - 1])
+            .chain([header.data_offset - 1, header.data_offset + 1])
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let every = |n: usize| (1..bytes.len().div_ceil(n)).map(|i| i * n).collect::<Vec<_>>();
+        let small = bytes.len() < 400_000;
+        let mut cuts = vec![("7-byte", every(7)), ("straddling", straddle), ("random", random)];
+        cuts.push(("whole", Vec::new()));
+        if small {
+            cuts.push(("1-byte", every(1)));
+        }
+        let ways = cuts.len();
+        for (how, cuts) in cuts {
+            let gpu = stream_in_pieces(&ctx, bytes, &cuts, GpuOptions::f32())
+                .unwrap_or_else(|e| panic!("{name}, {how} pieces: {e}"));
+            let (weights, vectors) = pollster::block_on(gpu.read_weights()).unwrap();
+            assert!(
+                weights == want_weights,
+                "{name}, {how} pieces: weights differ from the upload"
+            );
+            assert!(
+                vectors == want_vectors,
+                "{name}, {how} pieces: vectors differ from the upload"
+            );
+            assert_eq!(gpu.model.held_bytes(), 0, "{name}: the streamed model holds bytes");
+            assert_eq!(gpu.model.file_len(), bytes.len());
+            assert_eq!(gpu.model.rope.inv_freq, uploaded.model.rope.inv_freq, "{name}: RoPE");
+            let logits = gpu.forward(&mut gpu.new_state(), &prompt, true).unwrap();
+            assert!(logits == want_logits, "{name}, {how} pieces: logits differ from the upload's");
+        }
+        eprintln!("{name}: {} bytes streamed in {ways} ways, same weights and logits", bytes.len());
+    }
+    // The ordinary upload releases the file's bytes once they are on the GPU.
+    let m = Model::from_bytes(models[0].1.clone()).unwrap();
+    assert_eq!(m.held_bytes(), models[0].1.len());
+    let uploaded = gpu_model(&ctx, m, GpuOptions::f32());
+    assert_eq!((uploaded.model.held_bytes(), uploaded.model.file_len()), (0, models[0].1.len()));
+}
+
+/// A stream that stops early, or is not a model, gives an error naming the problem (never a
+/// hang or a model with missing weights).
+#[test]
+fn streamed_load_of_a_broken_file_says_what_is_wrong() {
+    let Some(ctx) = context() else { return };
+    let bytes = awkward_model_bytes();
+    let header = Gguf::parse(&bytes).unwrap();
+    let last = header.tensors.iter().max_by_key(|t| t.offset).unwrap().clone();
+    let feed = |data: &[u8], len: usize| -> String {
+        let mut stream = GpuStream::new(ctx.clone(), GpuOptions::f32(), len).unwrap();
+        let mut result = Ok(None);
+        for piece in data.chunks(4096) {
+            result = stream.push(piece);
+            if result.is_err() {
+                break;
+            }
+        }
+        match result {
+            Err(e) => e.to_string(),
+            Ok(_) => match pollster::block_on(stream.finish()) {
+                Err(e) => e.to_string(),
+                Ok(_) => "loaded".into(),
+            },
+        }
+    };
+    let cases: Vec<(&str, String, &str)> = vec![
+        // The download stopped inside the header, inside the last tensor, after it.
+        ("ends in the header", feed(&bytes[..100], bytes.len()), "before its header was complete"),
+        (
+            "ends in a tensor",
+            feed(&bytes[..last.offset + 5], bytes.len()),
+            "inside or before tensor",
+        ),
+        (
+            "ends in the padding",
+            feed(&bytes[..bytes.len() - 1], bytes.len()),
+            if last.offset + last.size_bytes < bytes.len() {
+                "after its last tensor"
+            } else {
+                "inside or before tensor"
+            },
+        ),
+        // A file whose header says its tensors run past the length the server announced.
+        (
+            "shorter than its header says",
+            feed(&bytes[..bytes.len() / 2], bytes.len() / 2),
+            "past the end of the file",
+        ),
+        ("not a GGUF", feed(b"<!doctype html><html>not found</html>", 37), "HTML"),
+        ("more than announced", feed(&bytes, bytes.len() - 10), "more than the"),
+    ];
+    for (what, got, want) in cases {
+        assert!(got.contains(want), "{what}: {got:?} does not say {want:?}");
+        eprintln!("{what}: {got}");
+    }
+    assert_eq!(feed(&bytes, bytes.len()), "loaded");
+    assert!(GpuStream::new(ctx.clone(), GpuOptions::f32(), 0).is_err(), "an empty file");
 }

@@ -594,25 +594,6 @@ pub fn upload(ctx: &GpuContext, label: &str, data: &[u8]) -> wgpu::Buffer {
     buffer
 }
 
-/// A storage buffer holding `pieces` one after the other (padded as [`upload`] pads).
-pub fn upload_pieces(ctx: &GpuContext, label: &str, pieces: &[&[u8]]) -> wgpu::Buffer {
-    let len: usize = pieces.iter().map(|p| p.len()).sum();
-    let size = (len.div_ceil(4) * 4).max(16) as u64;
-    let usage =
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
-    let buffer = ctx.create_buffer_mapped(label, size, usage);
-    {
-        let mut view = buffer.slice(..).get_mapped_range_mut().expect("freshly mapped");
-        let mut at = 0;
-        for p in pieces {
-            view.slice(at..at + p.len()).copy_from_slice(p);
-            at += p.len();
-        }
-    }
-    buffer.unmap();
-    buffer
-}
-
 /// A zeroed storage buffer of `bytes` (rounded up to whole words, at least 16).
 pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> wgpu::Buffer {
     let usage =

@@ -8,6 +8,8 @@
 //! - `model`: `GpuModel`, a `LanguageModel` whose state is a KV cache on the GPU (f32, or f16
 //!   where the device has `shader-f16`); besides full logits it picks on the GPU (argmax, top-k
 //!   with the log-sum-exp) so a decode step reads back a few bytes;
+//! - `stream`: `GpuStream`, a model loaded from its file's bytes as they arrive (a download),
+//!   straight into the GPU buffers, never holding the file; the ordinary upload is the same path;
 //! - `host`: run one kernel on host data (tests and debugging; native only).
 //!
 //! Weights stay in their GGUF encoding on the GPU and are decoded in the shader, so a Q4_K model
@@ -23,6 +25,8 @@ pub mod host;
 pub mod kernels;
 pub mod model;
 pub mod ops;
+pub mod stream;
 
 pub use context::{is_device_lost, GpuContext, DEVICE_LOST, NO_ADAPTER};
 pub use model::{GpuModel, GpuOptions, GpuState, GpuStats, TopK};
+pub use stream::GpuStream;

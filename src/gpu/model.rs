@@ -15,11 +15,11 @@ use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
     Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
+use super::stream::{Dest, Filler, Pending};
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
 pub use crate::lm::TopK;
 use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
-use crate::quant::dequantize_row;
 
 /// Most tokens one pass over the layers handles (longer prompts run in several, in one submission).
 const MAX_BATCH: usize = 64;
@@ -49,14 +49,14 @@ struct Scratch {
 
 /// A norm's weights (and LayerNorm's bias) as float offsets in the vectors buffer.
 #[derive(Clone, Copy)]
-struct NormAt {
+pub(super) struct NormAt {
     weight: usize,
     bias: Option<usize>,
 }
 
 /// What the GPU adds to a layer's description: which products are packed into one buffer (so
 /// one dispatch computes them) and where the layer's small vectors are in the vectors buffer.
-struct LayerPlan {
+pub(super) struct LayerPlan {
     /// The q|k|v products as (tensor, first row within q|k|v): one when packed or fused in the
     /// file, more when q, k and v differ in type.
     qkv: Vec<(Arc<GpuTensor>, usize)>,
@@ -72,12 +72,13 @@ struct LayerPlan {
     down_bias: Option<usize>,
 }
 
-/// The weights on the GPU, each tensor uploaded once (a tied output projection shares its
-/// embedding's buffer), keyed by its place in the file.
+/// The weights' GPU buffers, each tensor given one once (a tied output projection shares its
+/// embedding's buffer), keyed by its place in the file; where each tensor's bytes go is recorded
+/// in `fill`, which writes them as the file's bytes come (all at once, or streamed).
 struct Uploads<'m> {
     ctx: &'m GpuContext,
-    model: &'m Model,
     cache: HashMap<(usize, usize), Arc<GpuTensor>>,
+    fill: &'m mut Filler,
 }
 
 impl Uploads<'_> {
@@ -89,8 +90,14 @@ impl Uploads<'_> {
         if let Some(g) = self.cache.get(&Uploads::key(t)) {
             return Ok(g.clone());
         }
-        let bytes = self.model.bytes(t);
-        let g = Arc::new(GpuTensor::upload(self.ctx, &t.name, t.ty, t.rows, t.cols, bytes)?);
+        let g = GpuTensor::alloc(self.ctx, &t.name, t.ty, t.rows, t.cols, t.size_bytes)?;
+        for p in &g.parts {
+            let len = p.rows * g.row_bytes;
+            let buf = self.fill.add_buffer(p.buffer.clone(), len);
+            let start = t.offset + p.row0 * g.row_bytes;
+            self.fill.place(&t.name, start, len, Dest::Buffer { buf, at: 0 });
+        }
+        let g = Arc::new(g);
         self.cache.insert(Uploads::key(t), g.clone());
         Ok(g)
     }
@@ -103,13 +110,18 @@ impl Uploads<'_> {
         let mut row0 = 0;
         for run in ts.chunk_by(|a, b| a.ty == b.ty && a.cols == b.cols) {
             let pieces: Vec<_> =
-                run.iter().map(|t| (t.name.as_str(), t.rows, self.model.bytes(t))).collect();
+                run.iter().map(|t| (t.name.as_str(), t.rows, t.size_bytes)).collect();
             let packed = (run.len() > 1)
-                .then(|| GpuTensor::upload_packed(self.ctx, run[0].ty, run[0].cols, &pieces))
+                .then(|| GpuTensor::alloc_packed(self.ctx, run[0].ty, run[0].cols, &pieces))
                 .flatten();
             match packed {
                 Some((whole, views)) => {
+                    let part = &whole.parts[0];
+                    let buf =
+                        self.fill.add_buffer(part.buffer.clone(), whole.rows * whole.row_bytes);
                     for (t, view) in run.iter().zip(views) {
+                        let at = view.parts[0].byte0 as u64;
+                        self.fill.place(&t.name, t.offset, t.size_bytes, Dest::Buffer { buf, at });
                         self.cache.insert(Uploads::key(t), Arc::new(view));
                     }
                     products.push((Arc::new(whole), row0));
@@ -128,32 +140,32 @@ impl Uploads<'_> {
 }
 
 /// The small vectors of a model (norm weights and biases, projection biases) decoded to f32 in
-/// one buffer, so a fused product binds one buffer for all of them.
+/// one buffer, so a fused product binds one buffer for all of them: their offsets (in floats),
+/// and which tensor fills each.
 #[derive(Default)]
 struct Vectors {
-    data: Vec<f32>,
+    len: usize,
+    /// (tensor, offset in floats).
+    placed: Vec<(Tensor, usize)>,
 }
 
 impl Vectors {
-    fn add(&mut self, model: &Model, t: &Tensor) -> usize {
-        let at = self.data.len();
-        self.data.resize(at + t.rows * t.cols, 0.0);
-        dequantize_row(t.ty, model.bytes(t), &mut self.data[at..]);
+    fn add(&mut self, t: &Tensor) -> usize {
+        let at = self.len;
+        self.len += t.rows * t.cols;
+        self.placed.push((t.clone(), at));
         at
     }
 
     /// `n` zeros (a missing bias among q, k and v); their offset.
     fn zeros(&mut self, n: usize) -> usize {
-        let at = self.data.len();
-        self.data.resize(at + n, 0.0);
+        let at = self.len;
+        self.len += n;
         at
     }
 
-    fn norm(&mut self, model: &Model, n: &NormWeights) -> NormAt {
-        NormAt {
-            weight: self.add(model, &n.weight),
-            bias: n.bias.as_ref().map(|b| self.add(model, b)),
-        }
+    fn norm(&mut self, n: &NormWeights) -> NormAt {
+        NormAt { weight: self.add(&n.weight), bias: n.bias.as_ref().map(|b| self.add(b)) }
     }
 }
 
@@ -371,42 +383,63 @@ impl GpuModel {
         GpuModel::with_options(ctx, model, opts).await
     }
 
-    /// Upload `model` to the device of `ctx` and compile its kernels.
+    /// Upload `model` to the device of `ctx` and compile its kernels. The model keeps only its
+    /// description: its bytes are released once they are on the GPU (freed, unless another
+    /// handle shares them).
     pub async fn with_options(
         ctx: Arc<GpuContext>,
         model: Model,
         opts: GpuOptions,
     ) -> Result<GpuModel> {
+        // The same path as a streamed load (`GpuStream`), with the whole file as one piece.
+        let mut pending = GpuModel::plan(ctx, &model, opts, None)?;
+        pending.fill.feed(&model.storage)?;
+        pending.finish(model.release_bytes()).await
+    }
+
+    /// Make every buffer of the model described by `model` (none of its bytes are read), and
+    /// record where each tensor's bytes go: the weights (q|k|v and gate|up of one type packed
+    /// into one buffer each), the small vectors decoded to f32 into one buffer, and
+    /// `rope_freqs` (Llama 3's RoPE factors: for `Pending::finish` to give the model) when the
+    /// model does not have them yet. The file's bytes then go to `Pending::fill` in order.
+    pub(super) fn plan(
+        ctx: Arc<GpuContext>,
+        model: &Model,
+        opts: GpuOptions,
+        rope_freqs: Option<&Tensor>,
+    ) -> Result<Pending> {
         ctx.check_lost()?;
         if opts.f16_kv && !ctx.shader_f16 {
             return Err(gpu_err("the f16 KV cache needs shader-f16, which this device lacks"));
         }
-        let c = model.config.clone();
+        let c = &model.config;
         if c.head_dim > MAX_HEAD_DIM {
             return Err(gpu_err(format!(
                 "head size {} exceeds the kernels' {MAX_HEAD_DIM}",
                 c.head_dim
             )));
         }
+        // Running out of memory while the buffers are made or written is reported by `finish`.
+        let oom = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let mut fill = Filler::new(ctx.clone());
         // The plans: q|k|v and gate|up of one type packed into one buffer each (the tensors
         // become views of it), and the small vectors' offsets. Then every other tensor.
-        let mut uploads = Uploads { ctx: &ctx, model: &model, cache: HashMap::new() };
+        let mut uploads = Uploads { ctx: &ctx, cache: HashMap::new(), fill: &mut fill };
         let mut vectors = Vectors::default();
         let mut plans = Vec::new();
         for lw in &model.weights.layers {
             let (qkv, qkv_bias) = match &lw.qkv {
-                Qkv::Fused(l) => (
-                    vec![(uploads.one(&l.weight)?, 0)],
-                    l.bias.as_ref().map(|b| vectors.add(&model, b)),
-                ),
+                Qkv::Fused(l) => {
+                    (vec![(uploads.one(&l.weight)?, 0)], l.bias.as_ref().map(|b| vectors.add(b)))
+                }
                 Qkv::Separate { q, k, v } => {
                     let pieces = uploads.packed(&[&q.weight, &k.weight, &v.weight])?;
                     // One bias vector for q|k|v: zeros where one of them has none.
                     let bias = [q, k, v].iter().any(|l| l.bias.is_some()).then(|| {
-                        let at = vectors.data.len();
+                        let at = vectors.len;
                         for l in [q, k, v] {
                             match &l.bias {
-                                Some(t) => vectors.add(&model, t),
+                                Some(t) => vectors.add(t),
                                 None => vectors.zeros(l.weight.rows),
                             };
                         }
@@ -424,23 +457,23 @@ impl GpuModel {
             };
             let (gate_bias, up_bias, down_bias) = match &lw.ffn {
                 Ffn::GatedSilu { gate, up, down } => (
-                    gate.bias.as_ref().map(|b| vectors.add(&model, b)),
-                    up.bias.as_ref().map(|b| vectors.add(&model, b)),
-                    down.bias.as_ref().map(|b| vectors.add(&model, b)),
+                    gate.bias.as_ref().map(|b| vectors.add(b)),
+                    up.bias.as_ref().map(|b| vectors.add(b)),
+                    down.bias.as_ref().map(|b| vectors.add(b)),
                 ),
                 Ffn::Gelu { up, down } => (
                     None,
-                    up.bias.as_ref().map(|b| vectors.add(&model, b)),
-                    down.bias.as_ref().map(|b| vectors.add(&model, b)),
+                    up.bias.as_ref().map(|b| vectors.add(b)),
+                    down.bias.as_ref().map(|b| vectors.add(b)),
                 ),
             };
             plans.push(LayerPlan {
                 qkv,
                 gate_up,
-                attn_norm: vectors.norm(&model, &lw.attn_norm),
-                ffn_norm: vectors.norm(&model, &lw.ffn_norm),
+                attn_norm: vectors.norm(&lw.attn_norm),
+                ffn_norm: vectors.norm(&lw.ffn_norm),
                 qkv_bias,
-                attn_output_bias: lw.attn_output.bias.as_ref().map(|b| vectors.add(&model, b)),
+                attn_output_bias: lw.attn_output.bias.as_ref().map(|b| vectors.add(b)),
                 up_bias,
                 gate_bias,
                 down_bias,
@@ -448,9 +481,35 @@ impl GpuModel {
         }
         let weights = model.weights.try_map(|t: &Tensor| uploads.one(t))?;
         let cache = uploads.cache;
-        let output_norm = vectors.norm(&model, &model.weights.output_norm);
-        let vectors_bytes: Vec<u8> = vectors.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let vectors = super::kernels::upload(&ctx, "vectors", &vectors_bytes);
+        let output_norm = vectors.norm(&model.weights.output_norm);
+        let vectors_buffer = super::kernels::storage(&ctx, "vectors", (vectors.len * 4) as u64);
+        let buf = fill.add_buffer(vectors_buffer.clone(), vectors.len * 4);
+        for (t, at) in &vectors.placed {
+            let n = t.rows * t.cols;
+            fill.place(&t.name, t.offset, t.size_bytes, Dest::Vector { buf, at: *at, n, ty: t.ty });
+        }
+        if let Some(t) = rope_freqs {
+            fill.place(&t.name, t.offset, t.size_bytes, Dest::RopeFreqs);
+        }
+        fill.seal();
+        Ok(Pending {
+            ctx,
+            opts,
+            weights,
+            plans,
+            vectors: vectors_buffer,
+            output_norm,
+            tensors: cache.into_values().collect(),
+            fill,
+            oom: Some(oom),
+        })
+    }
+
+    /// The rest of [`GpuModel::with_options`] once the weights are written: activations,
+    /// kernels, and the model itself.
+    pub(super) async fn assemble(p: Pending, model: Model) -> Result<GpuModel> {
+        let Pending { ctx, opts, weights, plans, vectors, output_norm, tensors, .. } = p;
+        let c = model.config.clone();
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
 
         let limit = ctx.max_binding();
@@ -478,7 +537,6 @@ impl GpuModel {
             zeros: floats(&ctx, "zeros", c.n_embd.max(4)),
             no_kv: floats(&ctx, "no kv", 4),
         };
-
         let kernels = Kernels::new(ctx.clone());
         let h = opts.f16_kv;
         let mut needed = vec![
@@ -501,7 +559,7 @@ impl GpuModel {
         if let Some(p) = &weights.pos_embd {
             needed.push(Kernel::Embedding(p.ty));
         }
-        for t in cache.values() {
+        for t in &tensors {
             needed.push(Kernel::Matvec(t.ty, h));
             needed.push(Kernel::MatmulTiled(t.ty));
         }
@@ -510,7 +568,7 @@ impl GpuModel {
         kernels.prepare(&needed).await?;
 
         let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
-        for t in cache.values() {
+        for t in &tensors {
             for p in &t.parts {
                 if !buffers.contains(&&p.buffer) {
                     buffers.push(&p.buffer);
@@ -537,6 +595,40 @@ impl GpuModel {
             load_bytes,
             rt: Mutex::new(Runtime::default()),
         })
+    }
+
+    /// What the GPU holds of each weight, read back: every tensor's bytes (in the file's
+    /// encoding), by role, and the small vectors as the f32 bytes of the vectors buffer. For
+    /// tests: however a model was loaded (uploaded whole, streamed in any pieces) the weights
+    /// must be the file's bytes.
+    pub async fn read_weights(&self) -> Result<(Weights<Vec<u8>>, Vec<u8>)> {
+        let mut list = Vec::new();
+        let index = self.weights.try_map(|t| {
+            list.push(t.clone());
+            Ok(list.len() - 1)
+        })?;
+        let mut bytes = Vec::new();
+        for t in &list {
+            let mut out = Vec::with_capacity(t.rows * t.row_bytes);
+            for p in &t.parts {
+                let whole = self.read_back(&p.buffer).await?;
+                out.extend_from_slice(&whole[p.byte0..][..p.rows * t.row_bytes]);
+            }
+            bytes.push(out);
+        }
+        let weights = index.try_map(|&i| Ok(std::mem::take(&mut bytes[i])))?;
+        Ok((weights, self.read_back(&self.vectors).await?))
+    }
+
+    /// A copy of `buffer`'s bytes (a COPY_SRC storage buffer).
+    async fn read_back(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let rb = readback(&self.ctx, buffer.size());
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("read weights"),
+        });
+        enc.copy_buffer_to_buffer(buffer, 0, &rb, 0, buffer.size());
+        self.ctx.queue.submit([enc.finish()]);
+        self.ctx.read_buffer(&rb).await
     }
 
     /// Limit the sequence length (and so the KV cache each state allocates).

@@ -3,8 +3,8 @@
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    grid, storage, upload, upload_pieces, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_TOP_K,
-    TILED_ROWS, TILED_TOKENS,
+    grid, storage, upload, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_TOP_K, TILED_ROWS,
+    TILED_TOKENS,
 };
 use crate::error::Result;
 use crate::model::Norm;
@@ -29,7 +29,8 @@ pub struct Part {
 }
 
 impl GpuTensor {
-    /// Upload `bytes` (`rows` rows of `cols` elements of `ty`).
+    /// Upload `bytes` (`rows` rows of `cols` elements of `ty`) at once (the host helpers; a
+    /// model's weights are placed by `GpuModel::plan` and written as the file's bytes come).
     pub fn upload(
         ctx: &GpuContext,
         name: &str,
@@ -38,11 +39,42 @@ impl GpuTensor {
         cols: usize,
         bytes: &[u8],
     ) -> Result<GpuTensor> {
+        GpuTensor::make(ctx, name, ty, rows, cols, bytes.len(), |row0, n, row_bytes| {
+            upload(ctx, name, &bytes[row0 * row_bytes..(row0 + n) * row_bytes])
+        })
+    }
+
+    /// Buffers (zeros) for a tensor of `rows` rows of `cols` elements of `ty` whose encoding
+    /// takes `size_bytes`: one, or several parts of whole rows where the tensor exceeds the
+    /// device's storage binding limit. Their bytes are written later (`stream::Filler`).
+    pub fn alloc(
+        ctx: &GpuContext,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        size_bytes: usize,
+    ) -> Result<GpuTensor> {
+        GpuTensor::make(ctx, name, ty, rows, cols, size_bytes, |_, n, row_bytes| {
+            storage(ctx, name, (n * row_bytes) as u64)
+        })
+    }
+
+    /// The tensor's parts (rows that fit one storage binding), each buffer from
+    /// `buffer(first row, rows, row bytes)`.
+    fn make(
+        ctx: &GpuContext,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        size_bytes: usize,
+        mut buffer: impl FnMut(usize, usize, usize) -> wgpu::Buffer,
+    ) -> Result<GpuTensor> {
         let row_bytes = ty.row_bytes(cols);
-        if !cols.is_multiple_of(ty.block_size()) || bytes.len() != rows * row_bytes {
+        if !cols.is_multiple_of(ty.block_size()) || size_bytes != rows * row_bytes {
             return Err(gpu_err(format!(
-                "tensor {name}: {} bytes do not hold {rows} rows of {cols} {}",
-                bytes.len(),
+                "tensor {name}: {size_bytes} bytes do not hold {rows} rows of {cols} {}",
                 ty.name()
             )));
         }
@@ -57,8 +89,7 @@ impl GpuTensor {
         let mut row0 = 0;
         while row0 < rows {
             let n = per_part.min(rows - row0);
-            let data = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
-            parts.push(Part { row0, rows: n, buffer: upload(ctx, name, data), byte0: 0 });
+            parts.push(Part { row0, rows: n, buffer: buffer(row0, n, row_bytes), byte0: 0 });
             row0 += n;
         }
         Ok(GpuTensor { ty, rows, cols, row_bytes, parts })
@@ -69,26 +100,26 @@ impl GpuTensor {
         &self.parts[0].buffer
     }
 
-    /// Upload tensors of one type and row length, each `(name, rows, bytes)`, into one buffer one
-    /// after the other, so one dispatch can multiply them all (q|k|v, gate|up). Returns the whole
-    /// (all rows) and a view of each; `None` when they differ in type or length or do not fit in
-    /// one storage binding (then they are uploaded one by one).
-    pub fn upload_packed(
+    /// One buffer (zeros) for tensors of one type and row length, each `(name, rows, size in
+    /// bytes)`, one after the other, so one dispatch can multiply them all (q|k|v, gate|up).
+    /// Returns the whole (all rows) and a view of each; `None` when they differ in type or
+    /// length or do not fit in one storage binding (then they get buffers of their own).
+    pub fn alloc_packed(
         ctx: &GpuContext,
         ty: GgmlType,
         cols: usize,
-        pieces: &[(&str, usize, &[u8])],
+        pieces: &[(&str, usize, usize)],
     ) -> Option<(GpuTensor, Vec<GpuTensor>)> {
         let row_bytes = ty.row_bytes(cols);
         let rows: usize = pieces.iter().map(|p| p.1).sum();
         if !cols.is_multiple_of(ty.block_size())
-            || pieces.iter().any(|&(_, r, b)| b.len() != r * row_bytes)
+            || pieces.iter().any(|&(_, r, b)| b != r * row_bytes)
             || (rows * row_bytes) as u64 > ctx.max_binding()
         {
             return None;
         }
         let label = pieces.iter().map(|p| p.0).collect::<Vec<_>>().join("|");
-        let buffer = upload_pieces(ctx, &label, &pieces.iter().map(|p| p.2).collect::<Vec<_>>());
+        let buffer = storage(ctx, &label, (rows * row_bytes) as u64);
         let tensor = |row_first: usize, rows: usize| GpuTensor {
             ty,
             rows,

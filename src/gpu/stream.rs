@@ -1,0 +1,410 @@
+//! Loading a model onto the GPU from its file's bytes as they arrive, in pieces of any size,
+//! without ever holding the file: the browser's download goes straight into GPU buffers.
+//!
+//! [`GpuStream`] buffers the first bytes until the GGUF header parses ([`Gguf::parse_header`]),
+//! describes the model from it ([`Model::describe_header`]), makes every GPU buffer
+//! ([`GpuModel::plan`]: the same plan an ordinary upload makes), and from then on writes each
+//! piece of the file where it belongs ([`Filler`]): weights as they are (packed q|k|v and gate|up
+//! at their offsets in one buffer), the small vectors (norms, biases) decoded to f32 once each is
+//! whole, Llama 3's RoPE factors to the host. [`GpuStream::finish`] checks that every tensor
+//! arrived and compiles the kernels. [`GpuModel::with_options`] is this path with the whole file
+//! as one piece, so a streamed model is the same model.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::context::{gpu_err, GpuContext};
+use super::model::{GpuModel, GpuOptions, LayerPlan, NormAt};
+use super::ops::GpuTensor;
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, Header};
+use crate::model::{Model, Weights};
+use crate::quant::{dequantize_row, GgmlType};
+
+/// The most bytes a GGUF header may take before the loader gives up on it. Real headers are a
+/// few MB (a 150k-token vocabulary with its merges is about 8 MB).
+pub const MAX_HEADER_BYTES: usize = 128 << 20;
+
+/// Where one range of the file's bytes goes.
+#[derive(Clone, Copy)]
+pub(super) enum Dest {
+    /// Into buffer `buf` (of the [`Filler`]) from byte `at`, as they are.
+    Buffer { buf: usize, at: u64 },
+    /// A small tensor of `n` elements of `ty`, decoded to f32 into buffer `buf` from float `at`
+    /// once all of it has arrived (held on the host until then).
+    Vector { buf: usize, at: usize, n: usize, ty: GgmlType },
+    /// Llama 3's RoPE factors: kept on the host for the model's RoPE table.
+    RopeFreqs,
+}
+
+struct Placement {
+    name: String,
+    start: usize,
+    len: usize,
+    dest: Dest,
+}
+
+impl Placement {
+    fn end(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+/// A word of a buffer of which some bytes are known: GPU writes are whole words (4 bytes), and
+/// a tensor can start or end inside one (a packed buffer's second tensor, a Q8_0 row of an odd
+/// number of blocks), or a piece of the file can.
+#[derive(Default)]
+struct Word {
+    bytes: [u8; 4],
+    /// Bit i: byte i is known.
+    known: u8,
+}
+
+/// Writes the file's bytes, given in order and in pieces of any size, to where the plan put
+/// each tensor. Holds on the host only the words a write leaves incomplete (a few bytes each)
+/// and the small tensors that are decoded (vectors, while they arrive).
+pub(super) struct Filler {
+    ctx: Arc<GpuContext>,
+    buffers: Vec<wgpu::Buffer>,
+    /// Incomplete words by (buffer, word index).
+    words: HashMap<(usize, u64), Word>,
+    /// By start, once sealed.
+    placements: Vec<Placement>,
+    /// The first placement no byte of which has arrived.
+    next: usize,
+    /// Placements some of whose bytes have arrived, with what a decoded one holds so far.
+    active: Vec<(usize, Vec<u8>)>,
+    /// Bytes of the file seen so far.
+    pos: usize,
+    rope_freqs: Option<Vec<u8>>,
+    /// Bytes written since the queue last took them (a submit lets it free its staging).
+    unflushed: usize,
+}
+
+/// Flush the queue's staging after this many bytes of writes.
+const FLUSH_BYTES: usize = 64 << 20;
+
+impl Filler {
+    pub(super) fn new(ctx: Arc<GpuContext>) -> Filler {
+        Filler {
+            ctx,
+            buffers: Vec::new(),
+            words: HashMap::new(),
+            placements: Vec::new(),
+            next: 0,
+            active: Vec::new(),
+            pos: 0,
+            rope_freqs: None,
+            unflushed: 0,
+        }
+    }
+
+    /// A buffer whose first `len` bytes the placements fill (the rest of its last word, and
+    /// anything past it, stay zero); its index.
+    pub(super) fn add_buffer(&mut self, buffer: wgpu::Buffer, len: usize) -> usize {
+        let buf = self.buffers.len();
+        self.buffers.push(buffer);
+        if !len.is_multiple_of(4) {
+            // The bytes after `len` in its last word are zeros no tensor writes.
+            let known = (0xf << (len % 4)) & 0xf;
+            self.words.insert((buf, (len / 4) as u64), Word { bytes: [0; 4], known });
+        }
+        buf
+    }
+
+    /// The file's bytes `start..start + len` (tensor `name`) go to `dest`.
+    pub(super) fn place(&mut self, name: &str, start: usize, len: usize, dest: Dest) {
+        self.placements.push(Placement { name: name.to_string(), start, len, dest });
+    }
+
+    /// Every placement made: in file order from now on.
+    pub(super) fn seal(&mut self) {
+        self.placements.sort_by_key(|p| p.start);
+    }
+
+    /// Bytes of the file seen so far.
+    pub(super) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The next `bytes` of the file (after the ones fed before).
+    pub(super) fn feed(&mut self, bytes: &[u8]) -> Result<()> {
+        let (c0, c1) = (self.pos, self.pos + bytes.len());
+        while self.next < self.placements.len() && self.placements[self.next].start < c1 {
+            let p = &self.placements[self.next];
+            let held = match p.dest {
+                Dest::Buffer { .. } => Vec::new(),
+                Dest::Vector { .. } | Dest::RopeFreqs => Vec::with_capacity(p.len),
+            };
+            self.active.push((self.next, held));
+            self.next += 1;
+        }
+        let mut active = std::mem::take(&mut self.active);
+        let mut i = 0;
+        while i < active.len() {
+            let (k, held) = &mut active[i];
+            let p = &self.placements[*k];
+            let (start, end, dest) = (p.start, p.end(), p.dest);
+            let (a, b) = (start.max(c0), end.min(c1));
+            if a < b {
+                let piece = &bytes[a - c0..b - c0];
+                match dest {
+                    Dest::Buffer { buf, at } => self.write(buf, at + (a - start) as u64, piece),
+                    Dest::Vector { .. } | Dest::RopeFreqs => held.extend_from_slice(piece),
+                }
+            }
+            if end <= c1 {
+                let (k, held) = active.swap_remove(i);
+                self.complete(k, held);
+            } else {
+                i += 1;
+            }
+        }
+        self.active = active;
+        self.pos = c1;
+        if self.unflushed >= FLUSH_BYTES {
+            self.ctx.queue.submit([]);
+            self.unflushed = 0;
+        }
+        Ok(())
+    }
+
+    /// A decoded placement whose bytes have all arrived.
+    fn complete(&mut self, k: usize, held: Vec<u8>) {
+        match self.placements[k].dest {
+            Dest::Buffer { .. } => {}
+            Dest::Vector { buf, at, n, ty } => {
+                let mut floats = vec![0f32; n];
+                dequantize_row(ty, &held, &mut floats);
+                let bytes: Vec<u8> = floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+                self.write(buf, (at * 4) as u64, &bytes);
+            }
+            Dest::RopeFreqs => self.rope_freqs = Some(held),
+        }
+    }
+
+    /// `data` into buffer `buf` from byte `at`: the whole words at once, the bytes of a word
+    /// that is not whole yet into `words` until it is.
+    fn write(&mut self, buf: usize, mut at: u64, mut data: &[u8]) {
+        let head = ((4 - at % 4) % 4) as usize;
+        if head > 0 {
+            let n = head.min(data.len());
+            self.partial(buf, at, &data[..n]);
+            at += n as u64;
+            data = &data[n..];
+        }
+        let whole = data.len() / 4 * 4;
+        if whole > 0 {
+            self.ctx.queue.write_buffer(&self.buffers[buf], at, &data[..whole]);
+            self.unflushed += whole;
+            at += whole as u64;
+            data = &data[whole..];
+        }
+        if !data.is_empty() {
+            self.partial(buf, at, data);
+        }
+    }
+
+    /// Bytes inside one word.
+    fn partial(&mut self, buf: usize, at: u64, data: &[u8]) {
+        let key = (buf, at / 4);
+        let word = self.words.entry(key).or_default();
+        for (i, &b) in data.iter().enumerate() {
+            let j = (at % 4) as usize + i;
+            word.bytes[j] = b;
+            word.known |= 1 << j;
+        }
+        if word.known == 0xf {
+            let bytes = word.bytes;
+            self.words.remove(&key);
+            self.ctx.queue.write_buffer(&self.buffers[buf], key.1 * 4, &bytes);
+        }
+    }
+
+    /// Whether every placement has been written; an error naming the first tensor that has not.
+    pub(super) fn check_complete(&self) -> Result<()> {
+        let missing = self.active.iter().map(|(k, _)| *k).chain(self.next..self.placements.len());
+        if let Some(p) = missing.map(|k| &self.placements[k]).min_by_key(|p| p.start) {
+            return Err(Error::Gguf(format!(
+                "the file ended at byte {}, inside or before tensor {:?} (bytes {}..{}): it is truncated",
+                self.pos,
+                p.name,
+                p.start,
+                p.end()
+            )));
+        }
+        if !self.words.is_empty() {
+            return Err(gpu_err(format!(
+                "{} words of the weights were never completed",
+                self.words.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A GPU model whose buffers exist and whose weights are being written (by `fill`, from the
+/// file's bytes in order); [`Pending::finish`] makes it a [`GpuModel`].
+pub(super) struct Pending {
+    pub(super) ctx: Arc<GpuContext>,
+    pub(super) opts: GpuOptions,
+    pub(super) weights: Weights<Arc<GpuTensor>>,
+    pub(super) plans: Vec<LayerPlan>,
+    pub(super) vectors: wgpu::Buffer,
+    pub(super) output_norm: NormAt,
+    /// Every weight tensor once (views of packed buffers included).
+    pub(super) tensors: Vec<Arc<GpuTensor>>,
+    pub(super) fill: Filler,
+    /// Catches running out of GPU memory while the buffers are made and written.
+    pub(super) oom: Option<wgpu::ErrorScopeGuard>,
+}
+
+impl Pending {
+    /// Check that every tensor arrived and the GPU took it, then compile the kernels. `model`:
+    /// the description, without its bytes.
+    pub(super) async fn finish(mut self, mut model: Model) -> Result<GpuModel> {
+        self.fill.check_complete()?;
+        if let Some(bytes) = self.fill.rope_freqs.take() {
+            model.set_rope_freqs(&bytes);
+        }
+        if let Some(e) = self.oom.take().expect("popped once").pop().await {
+            return Err(gpu_err(format!("out of memory for the model's weights: {e}")));
+        }
+        self.ctx.check_lost()?;
+        GpuModel::assemble(self, model).await
+    }
+}
+
+/// What [`GpuStream`] is doing.
+enum Phase {
+    /// Collecting the first bytes until the header parses; tried again once `need` are here.
+    Header { buf: Vec<u8>, need: usize },
+    /// Writing tensors: the model's description, and its buffers being filled.
+    Body { model: Box<Model>, pending: Box<Pending> },
+    /// An error happened: the stream takes nothing more.
+    Failed,
+}
+
+/// A model loaded onto the GPU from its GGUF file's bytes as they arrive (a download), without
+/// holding the file: see the module's documentation. Only a whole model in one file (a split
+/// model's parts are not streamed).
+pub struct GpuStream {
+    ctx: Arc<GpuContext>,
+    opts: GpuOptions,
+    file_len: usize,
+    received: usize,
+    phase: Phase,
+}
+
+impl GpuStream {
+    /// A stream for a file of `file_len` bytes (the length must be known: it bounds the header
+    /// and tells a complete file from a truncated one) onto the device of `ctx`.
+    pub fn new(ctx: Arc<GpuContext>, opts: GpuOptions, file_len: usize) -> Result<GpuStream> {
+        if file_len == 0 {
+            return Err(Error::Gguf(
+                "not a GGUF file: it is empty (0 bytes: truncated or never written)".into(),
+            ));
+        }
+        let phase = Phase::Header { buf: Vec::new(), need: 0 };
+        Ok(GpuStream { ctx, opts, file_len, received: 0, phase })
+    }
+
+    /// Bytes received so far.
+    pub fn received(&self) -> usize {
+        self.received
+    }
+
+    /// The model's description, once the header has arrived.
+    pub fn model(&self) -> Option<&Model> {
+        match &self.phase {
+            Phase::Body { model, .. } => Some(model),
+            _ => None,
+        }
+    }
+
+    /// The next `bytes` of the file. Returns the header once, when it has arrived (for the
+    /// tokenizer and the chat template: the stream keeps only the model's description). After
+    /// an error the stream takes nothing more.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Option<Gguf>> {
+        let r = self.push_inner(bytes);
+        if r.is_err() {
+            self.phase = Phase::Failed;
+        }
+        r
+    }
+
+    fn push_inner(&mut self, bytes: &[u8]) -> Result<Option<Gguf>> {
+        if self.received + bytes.len() > self.file_len {
+            return Err(Error::Gguf(format!(
+                "more than the {} bytes the file was announced to have arrived",
+                self.file_len
+            )));
+        }
+        self.received += bytes.len();
+        match &mut self.phase {
+            Phase::Failed => Err(Error::Input("this load already failed".into())),
+            Phase::Body { pending, .. } => {
+                pending.fill.feed(bytes)?;
+                Ok(None)
+            }
+            Phase::Header { buf, need } => {
+                buf.extend_from_slice(bytes);
+                if buf.len() < *need && self.received < self.file_len {
+                    return Ok(None);
+                }
+                match Gguf::parse_header(buf, self.file_len)? {
+                    Header::NeedMore(n) => {
+                        if n > MAX_HEADER_BYTES {
+                            return Err(Error::Gguf(format!(
+                                "the header is longer than {} MB (a vocabulary of millions of tokens?): refused",
+                                MAX_HEADER_BYTES >> 20
+                            )));
+                        }
+                        // Parsing again at each piece would take time quadratic in the
+                        // header's length: wait for a quarter more at least.
+                        *need = n.max(buf.len() + buf.len() / 4);
+                        Ok(None)
+                    }
+                    Header::Complete(header) => {
+                        let buf = std::mem::take(buf);
+                        let (model, rope_freqs) = Model::describe_header(&header, self.file_len)?;
+                        let mut pending = GpuModel::plan(
+                            self.ctx.clone(),
+                            &model,
+                            self.opts,
+                            rope_freqs.as_ref(),
+                        )?;
+                        // The header's bytes hold no tensor; what came after it does.
+                        pending.fill.feed(&buf)?;
+                        let (model, pending) = (Box::new(model), Box::new(pending));
+                        self.phase = Phase::Body { model, pending };
+                        Ok(Some(header))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The model, once the whole file has arrived: an error if the file ended early (the
+    /// header, or the tensor it stopped in) or the GPU could not take it.
+    pub async fn finish(self) -> Result<GpuModel> {
+        let short = |what: &str| {
+            Error::Gguf(format!(
+                "the file ended after {} of its {} bytes, {what}: it is truncated",
+                self.received, self.file_len
+            ))
+        };
+        match self.phase {
+            Phase::Failed => Err(Error::Input("this load already failed".into())),
+            Phase::Header { .. } => Err(short("before its header was complete")),
+            Phase::Body { model, pending } => {
+                pending.fill.check_complete()?;
+                if self.received < self.file_len {
+                    return Err(short("after its last tensor"));
+                }
+                debug_assert_eq!(pending.fill.position(), self.received);
+                pending.finish(*model).await
+            }
+        }
+    }
+}

@@ -81,7 +81,7 @@ pub(super) struct Filler {
     unflushed: usize,
 }
 
-/// Flush the queue's staging after this many bytes of writes.
+/// Let the queue take its staged writes after this many bytes.
 const FLUSH_BYTES: usize = 64 << 20;
 
 impl Filler {
@@ -162,10 +162,6 @@ impl Filler {
         }
         self.active = active;
         self.pos = c1;
-        if self.unflushed >= FLUSH_BYTES {
-            self.ctx.queue.submit([]);
-            self.unflushed = 0;
-        }
         Ok(())
     }
 
@@ -199,10 +195,22 @@ impl Filler {
             self.unflushed += whole;
             at += whole as u64;
             data = &data[whole..];
+            if self.unflushed >= FLUSH_BYTES {
+                self.flush();
+            }
         }
         if !data.is_empty() {
             self.partial(buf, at, data);
         }
+    }
+
+    /// Let the queue take the writes so far, so its staging memory does not hold the whole
+    /// model (natively: wait until it has; the browser's `writeBuffer` copies at once).
+    fn flush(&mut self) {
+        self.ctx.queue.submit([]);
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.ctx.device.poll(wgpu::PollType::wait_indefinitely());
+        self.unflushed = 0;
     }
 
     /// Bytes inside one word.

@@ -144,6 +144,7 @@ async function loadModel(spec) {
       parameters: info.parameters.toLocaleString(),
       "model size": info.kind === "table" ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)` : formatBytes(info.bytes),
       download: info.kind === "table" ? "" : info.timings?.fromCache ? "from cache" : stats.download || "",
+      weights: info.kind === "table" ? "" : weightsLabel(info),
       "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms)`,
     };
     renderStats();
@@ -185,6 +186,14 @@ function backendLabel(info) {
   const detail = info.backendDetail || "";
   const chosen = /^CPU backend chosen \((?:WebAssembly, )?(.*)\)$/.exec(detail);
   return `CPU (WebAssembly SIMD)${detail ? " — " + (chosen ? chosen[1] : detail) : ""}`;
+}
+
+/** Where the weights are: on WebGPU they never stay in wasm memory (streamed: never enter it). */
+function weightsLabel(info) {
+  const wasm = `wasm memory ${formatBytes(info.wasmMemoryBytes ?? 0)}`;
+  if (info.loadPath === "streamed") return `on the GPU, streamed from the download (${formatBytes(info.weightsInWasmBytes)} in wasm memory; ${wasm})`;
+  if (info.backend === "webgpu") return `on the GPU, uploaded from wasm memory and released (${wasm})`;
+  return `in wasm memory, ${formatBytes(info.weightsInWasmBytes)} (${wasm})`;
 }
 
 function showError(message, retryable, kind = "error") {

@@ -59,6 +59,12 @@ export interface ModelInfo {
   weightBytesPerToken: number;
   words: string[];
   chatTemplate?: string | null;
+  /** Bytes of the model file held in wasm memory: the file on the CPU path, 0 on WebGPU. */
+  weightsInWasmBytes: number;
+  /** "streamed": WebGPU, from the download straight into GPU buffers; "wasm": through wasm memory. */
+  loadPath: "streamed" | "wasm" | "";
+  /** The worker's wasm memory after the load (it only grows). */
+  wasmMemoryBytes: number;
   version: string;
   threads: number;
   spec: ModelSpec;

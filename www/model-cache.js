@@ -4,8 +4,9 @@
 // A file is stored as chunks (each its own cache entry, `chunkKey`) plus a manifest under the
 // file's URL: its size, ETag / Last-Modified, each chunk's length and sha256, the whole file's
 // sha256 when known, and whether it is complete.
-// - A download streams: each chunk goes to the caller (the worker pushes it into wasm memory) and
-//   is stored as soon as it is whole, with its hash. An interrupted download keeps what arrived;
+// - A download streams: each chunk goes to the caller (the worker pushes it into wasm memory, or
+//   on WebGPU on to GPU buffers) and is stored as soon as it is whole, with its hash. An
+//   interrupted download keeps what arrived;
 //   the next attempt asks only for the rest (`Range`, with `If-Range` so a changed file restarts
 //   cleanly; a server that ignores `Range` also restarts).
 // - Reading back from the cache checks every chunk's sha256 (WebCrypto, fast): a damaged entry is
@@ -30,6 +31,26 @@ export class DownloadError extends Error {
     this.name = "DownloadError";
     this.retryable = retryable;
     this.status = status;
+  }
+}
+
+/**
+ * An error the caller's `onChunk` threw (the model is unusable, the GPU failed): not the
+ * download's or the cache's fault, so it is passed on as it is and what is stored stays.
+ */
+class ConsumerError extends Error {
+  constructor(cause) {
+    super(String(cause?.message ?? cause));
+    this.cause = cause;
+  }
+}
+
+/** `onChunk(bytes)`, its errors marked as the consumer's. */
+function consume(onChunk, bytes) {
+  try {
+    onChunk?.(bytes);
+  } catch (e) {
+    throw new ConsumerError(e);
   }
 }
 
@@ -145,7 +166,9 @@ function isQuotaError(e) {
  * Fetch `url`, from the model cache when it holds it whole, else from the network, resuming a
  * download an earlier attempt left unfinished. Calls `onStart({total, fromCache, resumed})` once
  * the size is known (0 if not; `resumed`: bytes already stored that are not downloaded again),
- * `onChunk(Uint8Array)` for every piece in order, and `onProgress({loaded, total, fromCache,
+ * `onChunk(Uint8Array)` for every piece in order (the whole file from byte 0, also when a
+ * download resumes: the stored chunks come first; an error it throws ends the fetch and is
+ * passed on as it is, and what is stored stays), and `onProgress({loaded, total, fromCache,
  * resumed})`. Resolves to `{bytes, total, fromCache, resumed, cacheWarning, sha256}`; rejects with
  * a DownloadError naming the problem (`retryable`: whether trying again may help; what arrived is
  * kept for that retry). Options: `sha256` (hex) to check, `signal` (AbortSignal), `cache` (false:
@@ -177,13 +200,14 @@ async function readStored({ cache, url, name, manifest, onStart, onChunk, onProg
       if (bytes.length !== manifest.chunks[i].bytes || (await chunkSha256(bytes)) !== manifest.chunks[i].sha256) {
         throw new Error(`chunk ${i + 1} of ${manifest.chunks.length} (bytes ${loaded}-${loaded + bytes.length}) does not match the sha256 recorded when it was stored`);
       }
-      onChunk?.(bytes);
+      consume(onChunk, bytes);
       loaded += bytes.length;
       onProgress({ loaded, total, fromCache: true, resumed: 0 });
     }
     if (loaded !== total) throw new Error(`${loaded} bytes are stored, the file had ${total}`);
   } catch (e) {
     if (signal?.aborted) throw e;
+    if (e instanceof ConsumerError) throw e.cause;
     // The caller has received part of it: it must start over. The entry goes, so a retry downloads.
     await removeEntry(cache, url, manifest);
     throw new DownloadError(`the cached copy of ${name} is damaged (${e.message}); it was removed — retry to download it again`);
@@ -303,12 +327,13 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
         const bytes = res ? new Uint8Array(await res.arrayBuffer()) : null;
         if (!bytes || bytes.length !== stored.chunks[i].bytes || (await chunkSha256(bytes)) !== stored.chunks[i].sha256) throw new Error(`stored chunk ${i + 1} is damaged`);
         hasher?.update(bytes);
-        onChunk?.(bytes);
+        consume(onChunk, bytes);
         loaded += bytes.length;
       }
       progress();
     } catch (e) {
       await response.body.cancel().catch(() => {});
+      if (e instanceof ConsumerError) throw e.cause;
       await removeEntry(cache, url, stored);
       throw new DownloadError(`the partial download of ${name} kept from an earlier attempt is damaged (${e.message}); it was removed — retry to download it again`);
     }
@@ -340,7 +365,7 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
       response.body,
       async (piece) => {
         hasher?.update(piece);
-        onChunk?.(piece);
+        consume(onChunk, piece);
         loaded += piece.length;
         // Into whole chunks for the cache.
         let at = 0;
@@ -364,6 +389,7 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
     // Keep what arrived for the next attempt (a short last chunk is fine: chunks record their length).
     if (fill) await store(pending.slice(0, fill));
     if (signal?.aborted) throw e;
+    if (e instanceof ConsumerError) throw e.cause;
     throw new DownloadError(`the download of ${name} was interrupted after ${mb(loaded)}${total ? ` of ${mb(total)}` : ""} (${e.message || e}) — retry to continue it`);
   }
   if (total && loaded !== total) {

@@ -1,4 +1,5 @@
-// The inference worker: downloads (with the Cache API), loads the model into wasm and runs the
+// The inference worker: chooses the backend, downloads (with the Cache API) and loads the model
+// (on WebGPU streamed straight into GPU buffers, on the CPU path into wasm memory), and runs the
 // generation loop, one token per step, posting each token as soon as it is known. The page
 // stays responsive, and between tokens the worker yields so that an "abort" message gets in.
 //
@@ -24,7 +25,7 @@ let sessionSlot = null;
 const aborted = new Set();
 const loadAborts = new Map();
 
-// The wasm module's exports (ByteSink, Engine, version, threads), once loaded.
+// The wasm module's exports (BackendChoice, ByteSink, GgufStream, Engine, version, threads), once loaded.
 let wasm = null;
 
 function wasmReady() {
@@ -87,29 +88,35 @@ async function load({ id, slot, spec, options = {} }) {
       engine = wasm.Engine.loadTable(new TextDecoder().decode(bytes));
       timings = { downloadMs: t1 - t0, initMs: performance.now() - t1 };
     } else {
-      // The tokenizer first (small), then the model straight into wasm memory. Without a
-      // tokenizer URL, null: loadGguf builds the tokenizer from the GGUF's own metadata (and says
-      // so when the file has none).
+      // The tokenizer first (small). Without a tokenizer URL, null: the tokenizer is built from
+      // the GGUF's own metadata (and the error says so when the file has none).
       const tokenizer = spec.tokenizer ? await fetchText(spec.tokenizer, id, "tokenizer", signal) : null;
-      const { sink, fromCache, urls } = await fetchGguf(spec, id, signal);
-      const t1 = performance.now();
+      const loadOptions = { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads };
+      // Then the backend, before the download: on WebGPU the weights stream from the download
+      // straight into GPU buffers; the CPU path needs them in wasm memory.
+      const choice = await wasm.BackendChoice.choose(loadOptions);
+      let cpu = null;
+      let got;
       try {
-        engine = await wasm.Engine.loadGguf(sink, tokenizer, { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads });
+        got = await loadGguf(spec, id, signal, choice, tokenizer, loadOptions);
       } catch (e) {
-        // The file (every part of it) downloaded completely but is not a usable model: do not
-        // keep it. Unless only the GGUF's own tokenizer failed ("tokenizer: ...": no tokenizer
-        // metadata, or a kind we do not build; a file that does not parse is a "GGUF: ..."
-        // error): the tokenizer is built first, so the model was not looked at, and a retry with
-        // a tokenizer.json URL should not download it again.
-        const ownTokenizerFailed = !spec.tokenizer && /^tokenizer: /.test(errorMessage(e));
-        if (!ownTokenizerFailed) await deleteAll(urls);
-        if (spec.tokenizer) await deleteCached(new URL(spec.tokenizer, self.location.href).href).catch(() => {});
-        throw e;
+        // WebGPU could not take the model (out of GPU memory, a lost device, a shape its kernels
+        // do not handle): with backend "auto", the CPU path, from what the first attempt cached
+        // (or resuming it).
+        if (!(e?.gpuFailure && choice.cpuFallback) || signal.aborted) throw e;
+        cpu = wasm.BackendChoice.cpu(`WebGPU failed (${errorMessage(e)}); running on the CPU`);
+        got = await loadGguf(spec, id, signal, cpu, tokenizer, loadOptions);
+      } finally {
+        choice.free();
+        cpu?.free();
       }
-      timings = { downloadMs: t1 - t0, initMs: performance.now() - t1, fromCache };
+      engine = got.engine;
+      timings = { downloadMs: got.downloadMs - t0, initMs: performance.now() - got.downloadMs, fromCache: got.fromCache };
     }
     engines.set(slot, engine);
-    post({ type: "loaded", id, info: { ...engine.info(), version: wasm.version(), threads: wasm.threads }, timings });
+    // wasmMemoryBytes: the module's memory now (it only grows): with weightsInWasmBytes, what the
+    // model costs there (on WebGPU a streamed load adds about its header, not its weights).
+    post({ type: "loaded", id, info: { ...engine.info(), version: wasm.version(), threads: wasm.threads, wasmMemoryBytes: wasm.wasmMemoryBytes() }, timings });
   } catch (e) {
     const cancelled = signal.aborted;
     const retryable = cancelled || (e?.name === "DownloadError" ? e.retryable : false);
@@ -120,17 +127,98 @@ async function load({ id, slot, spec, options = {} }) {
 }
 
 /**
- * Download the GGUF of `spec` straight into a wasm ByteSink: one file, or every part of a model
- * split by gguf-split (a URL naming its first part), appended in order. Each part is cached on
- * its own; progress messages say which part. Resolves to {sink, fromCache (every part), urls}.
+ * Download the GGUF of `spec` and load it on the backend of `choice`: on WebGPU, a whole model in
+ * one file of known size streams from the download straight into GPU buffers (a GgufStream: the
+ * weights never enter wasm memory); otherwise (the CPU path, a split model, a download of unknown
+ * length) the bytes go into a wasm ByteSink and Engine.loadGguf takes them (on WebGPU uploads
+ * them, then releases them). Resolves to {engine, fromCache, downloadMs (when the download ended)}.
+ * A file that is not a usable model is removed from the cache, unless only its own tokenizer
+ * failed (a retry with a tokenizer.json should not download it again); an error the GPU caused
+ * has `gpuFailure` set (the caller may go on on the CPU path) and keeps what was cached.
  */
-async function fetchGguf(spec, id, signal) {
+async function loadGguf(spec, id, signal, choice, tokenizer, loadOptions) {
   const urls = splitPartUrls(spec.url);
+  let sink = null;
+  let stream = null;
+  let tokenizerError = null; // the GGUF's own tokenizer failed: the rest downloads, unused
+  const onPart = (i, parts) => ({
+    // For a split model `spec.size` is the whole's, when known.
+    onStart: async ({ total }) => {
+      if (i > 0) return sink.reserve(total);
+      const size = (parts > 1 && spec.size) || total || spec.size || 0;
+      const streaming = choice.backend === "webgpu" && parts === 1 && total > 0;
+      // WebAssembly's memory bounds the model unless it streams to the GPU with no CPU fallback.
+      await preflight(urls[0], size, id, !streaming || choice.cpuFallback);
+      sink?.free();
+      stream?.free();
+      sink = stream = null;
+      tokenizerError = null;
+      // One allocation of the announced size, the chunks copied straight into it; each later
+      // part grows it by exactly its own size.
+      if (streaming) stream = new wasm.GgufStream(choice, total, tokenizer, loadOptions);
+      else sink = new wasm.ByteSink(size);
+    },
+    onChunk: (chunk) => {
+      if (sink) return sink.push(chunk);
+      if (tokenizerError) return;
+      try {
+        stream.push(chunk);
+      } catch (e) {
+        if (spec.tokenizer || !/^tokenizer: /.test(errorMessage(e))) throw e;
+        tokenizerError = e;
+      }
+    },
+  });
+  let fromCache;
+  let engine;
+  try {
+    fromCache = await fetchParts(spec, urls, id, signal, onPart);
+    if (tokenizerError) throw tokenizerError;
+    if ((!sink && !stream) || (sink && !sink.length)) throw new Error(`the server sent an empty file for ${spec.url.split("/").pop()}: it is not a model`);
+    const downloadMs = performance.now();
+    if (stream) {
+      const s = stream;
+      stream = null;
+      engine = await s.finish();
+    } else {
+      const s = sink;
+      sink = null;
+      // On WebGPU the engine uploads the bytes, then releases them.
+      engine = await wasm.Engine.loadGguf(s, tokenizer, loadOptions, choice.share());
+    }
+    return { engine, fromCache, downloadMs };
+  } catch (e) {
+    sink?.free();
+    stream?.free();
+    if (signal.aborted || e?.name === "DownloadError") throw e;
+    const message = errorMessage(e);
+    if (/^model: GPU/.test(message)) {
+      e.gpuFailure = true;
+      throw e;
+    }
+    // The file (every part of it) is not a usable model: do not keep it. Unless only the GGUF's
+    // own tokenizer failed ("tokenizer: ...": no tokenizer metadata, or a kind we do not build; a
+    // file that does not parse is a "GGUF: ..." error): the tokenizer is built from the header
+    // before the model is looked at, and a retry with a tokenizer.json URL should not download
+    // it again. Other failures (out of wasm memory) keep what arrived, to resume.
+    const ownTokenizerFailed = !spec.tokenizer && /^tokenizer: /.test(message);
+    if (/^(GGUF|model|tokenizer|chat template): /.test(message) && !ownTokenizerFailed) await deleteAll(urls);
+    if (spec.tokenizer) await deleteCached(new URL(spec.tokenizer, self.location.href).href).catch(() => {});
+    throw e;
+  }
+}
+
+/**
+ * Fetch every part of the GGUF of `spec` (one file, or the parts of a model split by gguf-split,
+ * from the URL of its first part), in order, each cached on its own, each piece to
+ * `onPart(i, parts).onChunk`; progress messages say which part. Resolves to whether every part
+ * came from the cache.
+ */
+async function fetchParts(spec, urls, id, signal, onPart) {
   const parts = urls.length;
   if (parts > 1 && spec.sha256 && !(Array.isArray(spec.sha256) && spec.sha256.length === parts)) {
     throw new Error(`${spec.url} is part 1 of ${parts} of a split model: give its sha256 as a list of ${parts}, one per part`);
   }
-  let sink = null;
   let fromCache = true;
   let doneBytes = 0; // of the parts before this one
   try {
@@ -138,17 +226,7 @@ async function fetchGguf(spec, id, signal) {
       const got = await fetchModelFile(urls[i], {
         signal,
         sha256: parts > 1 ? spec.sha256?.[i] : spec.sha256,
-        // One allocation of the announced size (for a split model `spec.size` is the whole's,
-        // when known), the chunks copied straight into it; each later part grows it by exactly
-        // its own size.
-        onStart: async ({ total }) => {
-          if (i > 0) return sink.reserve(total);
-          const size = (parts > 1 && spec.size) || total || spec.size || 0;
-          await preflight(urls[0], size, id);
-          sink?.free();
-          sink = new wasm.ByteSink(size);
-        },
-        onChunk: (chunk) => sink.push(chunk),
+        ...onPart(i, parts),
         onProgress: (p) => post({ type: "progress", id, file: "model", part: i + 1, parts, doneBytes, ...p }),
       });
       if (got.cacheWarning) post({ type: "warning", id, message: got.cacheWarning });
@@ -156,27 +234,27 @@ async function fetchGguf(spec, id, signal) {
       doneBytes += got.bytes;
     }
   } catch (e) {
-    sink?.free();
     // A part that cannot be had at all (404) makes the others useless; a network error may pass.
     if (parts > 1 && e?.name === "DownloadError" && !e.retryable) await deleteAll(urls);
     throw e;
   }
-  if (!sink || !sink.length) throw new Error(`the server sent an empty file for ${spec.url.split("/").pop()}: it is not a model`);
-  return { sink, fromCache, urls };
+  return fromCache;
 }
 
 /** WebAssembly memory is 32-bit: the model's bytes and everything else share 4 GiB. */
 const WASM_MEMORY_LIMIT = 4 * 2 ** 30;
 
 /**
- * Before a download: refuse a model that cannot fit in WebAssembly memory, and warn when the
- * browser's storage cannot keep it (it then runs but is downloaded again next time).
+ * Before a download: refuse a model that cannot fit in WebAssembly memory (`inWasm`: unless it
+ * streams to WebGPU with no CPU fallback, `backend: "gpu"`: then the GPU's memory is the limit),
+ * and warn when the browser's storage cannot keep it (it then runs but is downloaded again next
+ * time).
  */
-async function preflight(url, size, id) {
+async function preflight(url, size, id, inWasm = true) {
   if (!size) return;
   const name = decodeURIComponent(new URL(url).pathname.split("/").pop());
   const gb = (n) => (n / 1e9).toFixed(2) + " GB";
-  if (size > WASM_MEMORY_LIMIT * 0.9) {
+  if (inWasm && size > WASM_MEMORY_LIMIT * 0.9) {
     throw new Error(`${name} is ${gb(size)} (as the server announced it): more than the ${gb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`);
   }
   const estimate = await navigator.storage?.estimate?.().catch(() => null);

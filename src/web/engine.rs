@@ -1,4 +1,5 @@
-//! Loading: model bytes into wasm memory, then a table, CPU or WebGPU model.
+//! Loading: the backend chosen first; then the model's bytes into wasm memory (the CPU path, a
+//! table) or, on WebGPU, from the download straight into GPU buffers.
 
 use std::rc::Rc;
 
@@ -13,7 +14,7 @@ use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
 use crate::generate::{prompt_ids, Score};
 use crate::gguf::Gguf;
-use crate::gpu::{GpuContext, GpuModel};
+use crate::gpu::{GpuContext, GpuModel, GpuOptions, GpuStream};
 use crate::model::Model;
 use crate::table::TableModel;
 use crate::tokenizer::HfTokenizer;
@@ -72,6 +73,203 @@ impl ByteSink {
     }
 }
 
+/// The backend a GGUF model is to run on, chosen before its download: WebGPU (its device is
+/// opened here) or the CPU path (and why). A WebGPU load can then stream the download straight
+/// into GPU buffers ([`GgufStream`]); a CPU load needs the bytes in wasm memory ([`ByteSink`]).
+#[wasm_bindgen]
+pub struct BackendChoice {
+    gpu: Option<std::sync::Arc<GpuContext>>,
+    /// Why the CPU path, when it is the choice.
+    cpu_why: String,
+    /// Whether a failure on WebGPU may fall back to the CPU path (`backend: "auto"`).
+    fallback: bool,
+}
+
+#[wasm_bindgen]
+impl BackendChoice {
+    /// Choose by the load options' `backend`: "cpu"; "gpu" (WebGPU or an error saying why
+    /// not); "auto" (the default: WebGPU when the browser has an adapter, else the CPU path).
+    pub async fn choose(options: JsValue) -> Result<BackendChoice, JsError> {
+        let opts = LoadOptions::parse(options)?;
+        let backend = opts.backend.as_deref().unwrap_or("auto");
+        let cpu = |why: String| BackendChoice { gpu: None, cpu_why: why, fallback: false };
+        match backend {
+            "cpu" => Ok(cpu("CPU backend chosen".into())),
+            "gpu" | "auto" => match webgpu().await {
+                Ok(ctx) => Ok(BackendChoice {
+                    gpu: Some(ctx),
+                    cpu_why: String::new(),
+                    fallback: backend == "auto",
+                }),
+                Err(e) if backend == "gpu" => Err(JsError::new(&e)),
+                Err(e) => Ok(cpu(format!("{e}; running on the CPU"))),
+            },
+            other => Err(JsError::new(&format!(
+                "load options: backend must be \"auto\", \"gpu\" or \"cpu\", not {other:?}"
+            ))),
+        }
+    }
+
+    /// The CPU path, for `why` (e.g. after WebGPU failed on a streamed load).
+    pub fn cpu(why: String) -> BackendChoice {
+        BackendChoice { gpu: None, cpu_why: why, fallback: false }
+    }
+
+    /// Another handle on this choice (the same WebGPU device): for `Engine.loadGguf`, which
+    /// takes the one it is given.
+    pub fn share(&self) -> BackendChoice {
+        BackendChoice {
+            gpu: self.gpu.clone(),
+            cpu_why: self.cpu_why.clone(),
+            fallback: self.fallback,
+        }
+    }
+
+    /// "webgpu" or "cpu".
+    #[wasm_bindgen(getter)]
+    pub fn backend(&self) -> String {
+        if self.gpu.is_some() { "webgpu" } else { "cpu" }.into()
+    }
+
+    /// Whether a failure on WebGPU may fall back to the CPU path (the backend was "auto").
+    #[wasm_bindgen(getter, js_name = cpuFallback)]
+    pub fn cpu_fallback(&self) -> bool {
+        self.fallback
+    }
+}
+
+/// "WebGPU: ADAPTER (shader-f16)": browsers often hide the adapter's name.
+fn adapter_name(ctx: &GpuContext) -> String {
+    let f16 = if ctx.shader_f16 { " (shader-f16)" } else { "" };
+    match ctx.info.name.trim() {
+        "" => format!("WebGPU{f16}"),
+        adapter => format!("WebGPU: {adapter}{f16}"),
+    }
+}
+
+/// Bytes of one piece of the download copied into wasm memory at a time on its way to the GPU.
+const STAGING_BYTES: usize = 1 << 20;
+
+/// A GGUF model streamed from its download straight into WebGPU buffers: each piece of the
+/// download goes through a small staging buffer (at most 1 MiB) to the GPU, so the weights never
+/// sit in wasm memory. The header is kept until it has been read (the tokenizer, the chat
+/// template and the model's description are made from it as soon as it is whole, so a file that
+/// is not a usable model fails in its first megabytes); the small vectors (norms, biases) wait
+/// on the host until each is whole. A whole model in one file of known length: a split model,
+/// or a download whose length is unknown, goes through a [`ByteSink`].
+#[wasm_bindgen]
+pub struct GgufStream {
+    stream: GpuStream,
+    detail: String,
+    tokenizer_json: Option<Vec<u8>>,
+    /// Made once the header has arrived.
+    tokenizer: Option<Rc<HfTokenizer>>,
+    template: std::result::Result<ChatTemplate, String>,
+    max_seq: usize,
+    staging: Vec<u8>,
+    /// Why a piece was refused: the stream takes nothing more.
+    failed: Option<String>,
+}
+
+#[wasm_bindgen]
+impl GgufStream {
+    /// A stream onto the WebGPU device of `choice` for a file of `size` bytes (its length must
+    /// be known), with a `tokenizer.json`'s bytes or null (the GGUF's own tokenizer), and the
+    /// load options (`maxSeq`).
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        choice: &BackendChoice,
+        size: f64,
+        tokenizer: Option<Vec<u8>>,
+        options: JsValue,
+    ) -> Result<GgufStream, JsError> {
+        let opts = LoadOptions::parse(options)?;
+        let Some(ctx) = choice.gpu.clone() else {
+            return Err(JsError::new(
+                "a streamed load needs WebGPU; the CPU path loads from a ByteSink",
+            ));
+        };
+        if !(size.is_finite() && size >= 0.0 && size.fract() == 0.0) {
+            return Err(JsError::new(&format!("the model's size {size} is not a byte count")));
+        }
+        let detail = adapter_name(&ctx);
+        let gpu_opts = GpuOptions::auto(&ctx);
+        let stream = GpuStream::new(ctx, gpu_opts, size as usize).map_err(js_err)?;
+        Ok(GgufStream {
+            stream,
+            detail,
+            tokenizer_json: tokenizer.filter(|b| !b.is_empty()),
+            tokenizer: None,
+            template: Err("the header has not arrived".into()),
+            max_seq: opts.max_seq.unwrap_or(2048).max(1),
+            staging: Vec::new(),
+            failed: None,
+        })
+    }
+
+    /// The next piece of the file. Throws when the file is not a usable model (as soon as its
+    /// header says so: "GGUF: ..." for the file, "tokenizer: ..." when only its tokenizer is
+    /// missing or unsupported) or the GPU cannot take it ("model: GPU: ...").
+    pub fn push(&mut self, chunk: &js_sys::Uint8Array) -> Result<(), JsError> {
+        if let Some(why) = &self.failed {
+            return Err(JsError::new(&format!("this load already failed: {why}")));
+        }
+        self.push_inner(chunk).map_err(|e| {
+            let why = e.to_string();
+            self.failed = Some(why.clone());
+            JsError::new(&why)
+        })
+    }
+
+    /// Bytes received so far.
+    #[wasm_bindgen(getter)]
+    pub fn received(&self) -> f64 {
+        self.stream.received() as f64
+    }
+
+    /// The engine, once the whole file has arrived (an error if it ended early).
+    pub async fn finish(self) -> Result<Engine, JsError> {
+        let GgufStream { stream, detail, tokenizer, template, max_seq, failed, .. } = self;
+        if let Some(why) = failed {
+            return Err(JsError::new(&format!("this load already failed: {why}")));
+        }
+        let gpu = stream.finish().await.map_err(js_err)?.with_max_seq(max_seq);
+        // Made with the header, which arrived (the stream would have said otherwise).
+        let Some(tokenizer) = tokenizer else {
+            return Err(JsError::new("the model's header never arrived"));
+        };
+        let mut info = gguf_info(&gpu.model, "webgpu", detail, &template);
+        info.load_path = "streamed";
+        Ok(Engine::new(Loaded::Gpu(Rc::new(gpu), tokenizer), info, template))
+    }
+}
+
+impl GgufStream {
+    fn push_inner(&mut self, chunk: &js_sys::Uint8Array) -> crate::Result<()> {
+        let len = chunk.length() as usize;
+        let mut at = 0;
+        while at < len {
+            let n = STAGING_BYTES.min(len - at);
+            self.staging.resize(n, 0);
+            chunk.subarray(at as u32, (at + n) as u32).copy_to(&mut self.staging);
+            at += n;
+            if let Some(header) = self.stream.push(&self.staging)? {
+                let tokenizer = match &self.tokenizer_json {
+                    Some(json) => HfTokenizer::from_bytes(json),
+                    None => HfTokenizer::from_gguf(&header),
+                }?;
+                if let Some(model) = self.stream.model() {
+                    tokenizer.check_fits(model.config.n_vocab)?;
+                }
+                self.template = ChatTemplate::from_gguf_with_vocab(&header, Some(&tokenizer))
+                    .map_err(|e| e.to_string());
+                self.tokenizer = Some(Rc::new(tokenizer));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One model, on the backend it was loaded for.
 enum Loaded {
     Table(Rc<TableModel>),
@@ -111,9 +309,11 @@ fn gguf_info(
         n_layer: c.n_layer,
         n_embd: c.n_embd,
         parameters: model.parameter_count(),
-        bytes: model.storage.len(),
+        bytes: model.file_len(),
         weight_bytes_per_token: model.weight_bytes_per_token(),
         words: Vec::new(),
+        weights_in_wasm_bytes: model.held_bytes(),
+        load_path: "wasm",
     }
 }
 
@@ -225,6 +425,8 @@ impl Engine {
             weight_bytes_per_token: 0,
             words: table.words().to_vec(),
             chat_template: None,
+            weights_in_wasm_bytes: 0,
+            load_path: "",
         };
         let template = Err("table models have no chat template".to_string());
         Ok(Engine::new(Loaded::Table(Rc::new(table)), info, template))
@@ -233,14 +435,21 @@ impl Engine {
     /// A GGUF model (its bytes, collected in `sink`, which this consumes) and its
     /// `tokenizer.json`, or null/undefined/empty bytes for the tokenizer the GGUF's own metadata
     /// describes. Options: `backend` ("auto" | "gpu" | "cpu"), `maxSeq`, `exact` (CPU path: the
-    /// reference kernels instead of the fast ones).
+    /// reference kernels instead of the fast ones), `threads`. `choice`: the backend chosen
+    /// before the download ([`BackendChoice::choose`]), or undefined to choose now by `backend`.
+    /// On WebGPU the bytes are uploaded, then released.
     #[wasm_bindgen(js_name = loadGguf)]
     pub async fn load_gguf(
         sink: ByteSink,
         tokenizer: Option<Vec<u8>>,
         options: JsValue,
+        choice: Option<BackendChoice>,
     ) -> Result<Engine, JsError> {
-        let opts = LoadOptions::parse(options)?;
+        let opts = LoadOptions::parse(options.clone())?;
+        let choice = match choice {
+            Some(choice) => choice,
+            None => BackendChoice::choose(options).await?,
+        };
         // The header once: for the tokenizer, the chat template and the model.
         let header = Gguf::parse(&sink.buf).map_err(js_err)?;
         let tokenizer = match tokenizer.filter(|b| !b.is_empty()) {
@@ -253,7 +462,6 @@ impl Engine {
         let model = Model::from_bytes_parsed(sink.buf, header).map_err(js_err)?;
         tokenizer.check_fits(model.config.n_vocab).map_err(js_err)?;
         let max_seq = opts.max_seq.unwrap_or(2048).max(1);
-        let backend = opts.backend.as_deref().unwrap_or("auto");
         let precision = if opts.exact { Precision::Exact } else { Precision::Fast };
         let threads = opts.threads.unwrap_or(usize::MAX).clamp(1, crate::cpu::browser_threads());
         let cpu_engine = |model: Model, reason: String| {
@@ -266,21 +474,11 @@ impl Engine {
         };
         let cpu_why =
             |why: &str| format!("{why} (WebAssembly, {})", cpu_kernels(precision, threads));
-        if backend == "cpu" {
-            return Ok(cpu_engine(model, cpu_why("CPU backend chosen")));
-        }
-        let ctx = match webgpu().await {
-            Ok(ctx) => ctx,
-            Err(e) if backend == "gpu" => return Err(JsError::new(&e)),
-            Err(e) => return Ok(cpu_engine(model, cpu_why(&format!("{e}; running on the CPU")))),
+        let Some(ctx) = choice.gpu else {
+            return Ok(cpu_engine(model, cpu_why(&choice.cpu_why)));
         };
-        // Browsers often hide the adapter's name.
-        let f16 = if ctx.shader_f16 { " (shader-f16)" } else { "" };
-        let name = match ctx.info.name.trim() {
-            "" => format!("WebGPU{f16}"),
-            adapter => format!("WebGPU: {adapter}{f16}"),
-        };
-        let fallback = (backend != "gpu").then(|| model.share());
+        let name = adapter_name(&ctx);
+        let fallback = choice.fallback.then(|| model.share());
         match GpuModel::with_context(ctx, model).await {
             Ok(gpu) => {
                 let gpu = gpu.with_max_seq(max_seq);

@@ -380,4 +380,13 @@ pub(super) struct InfoOut {
     pub words: Vec<String>,
     /// The GGUF's chat template (Jinja source), when it has one.
     pub chat_template: Option<String>,
+    /// Bytes of the model file this engine holds in wasm memory: the whole file on the CPU
+    /// path (its kernels read the weights there), 0 on WebGPU (the weights are on the GPU only)
+    /// and for a table model (parsed, not held as bytes).
+    pub weights_in_wasm_bytes: usize,
+    /// How the weights reached their backend: "wasm" (the download into wasm memory: the CPU
+    /// path, and WebGPU for split models or a download of unknown length, whose bytes are
+    /// released once uploaded) or "streamed" (WebGPU: from the download straight into GPU
+    /// buffers, never in wasm memory). "" for table models.
+    pub load_path: &'static str,
 }

@@ -1,10 +1,20 @@
 //! The browser API (wasm-bindgen), used by `www/worker.js` through `www/nexttoken.js`.
 //!
 //! ```js
-//! const sink = new ByteSink(totalBytes);          // the model's bytes go straight into wasm memory
-//! for await (const chunk of download) sink.push(chunk);
+//! // The backend first (WebGPU's device is opened here), then the download:
+//! const choice = await BackendChoice.choose({ backend: "auto" });
 //! // tokenizerBytes: a tokenizer.json, or null to use the one in the GGUF's own metadata
-//! const engine = await Engine.loadGguf(sink, tokenizerBytes, { backend: "auto", maxSeq: 2048 });
+//! let engine;
+//! if (choice.backend === "webgpu") {
+//!   // from the download straight into GPU buffers: the weights never enter wasm memory
+//!   const stream = new GgufStream(choice, totalBytes, tokenizerBytes, { maxSeq: 2048 });
+//!   for await (const chunk of download) stream.push(chunk);
+//!   engine = await stream.finish();
+//! } else {
+//!   const sink = new ByteSink(totalBytes);        // the CPU path reads the bytes in wasm memory
+//!   for await (const chunk of download) sink.push(chunk);
+//!   engine = await Engine.loadGguf(sink, tokenizerBytes, { maxSeq: 2048 }, choice);
+//! }
 //! // or: Engine.loadTable(jsonText)
 //! const session = engine.start("Once upon a time", { temperature: 0, maxTokens: 32 });
 //! let t; while ((t = await session.next()) !== null) console.log(t.text, t.prob, t.top);
@@ -12,9 +22,12 @@
 //! await engine.score("the cat sat");
 //! ```
 //!
-//! A GGUF file is passed as a [`ByteSink`] that the download fills chunk by chunk, so the bytes
-//! exist once (in wasm memory) rather than once in JS and once in wasm; `Model::from_bytes`
-//! then takes that `Vec<u8>` by value and never copies it.
+//! On the CPU path a GGUF file is passed as a [`ByteSink`] that the download fills chunk by
+//! chunk, so the bytes exist once (in wasm memory) rather than once in JS and once in wasm;
+//! `Model::from_bytes` then takes that `Vec<u8>` by value and never copies it. On WebGPU a
+//! [`GgufStream`] writes each chunk to the GPU through a 1 MiB staging buffer, so wasm memory
+//! holds the header's metadata (tokenizer, chat template) and not the weights
+//! (`weightsInWasmBytes` in the model's info says how many bytes of the file are held).
 //!
 //! Modules: `engine` (loading), `session` (stepping generation, beam search and scoring with the
 //! forward pass awaited, so WebGPU runs them all), `js` (the JS shapes). This file holds the
@@ -28,7 +41,7 @@ mod engine;
 mod js;
 mod session;
 
-pub use engine::{ByteSink, Engine};
+pub use engine::{BackendChoice, ByteSink, Engine, GgufStream};
 pub use session::Session;
 
 #[wasm_bindgen(start)]

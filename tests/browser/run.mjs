@@ -43,6 +43,7 @@ const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
 const { embedTests } = await import("./embed.mjs");
 const { elementTests } = await import("./element.mjs");
+const { makeBigModel, streamTests } = await import("./stream.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -187,6 +188,9 @@ if (haveTokenizerTests) {
   makeChatFixture({ dir: path.join(fixtures, "chat"), bin: nativeBin(), vocabGguf: path.join(tokenizerTests, "qwen2", "ggml-vocab-qwen2.gguf") });
 }
 
+// A synthetic model of about 36 MB (tests/browser/stream.mjs): the weights' place in memory shows.
+const bigModel = !process.env.FILTER || /MB model/.test(process.env.FILTER) ? makeBigModel({ dir: path.join(fixtures, "big"), bin: nativeBin() }) : null;
+
 // The server: www/, the fixtures under /test/, and a download that breaks off half way. Requests
 // for anything but the GGUF files in /test/gguf-only/ (a tokenizer.json beside them) are counted.
 let interruptedHits = 0;
@@ -195,9 +199,12 @@ const handler = (req, res) => {
   if (faulty.handler(req, res)) return true;
   if (req.url.startsWith("/test/gguf-only/") && !/^\/test\/gguf-only\/[\w-]+\.gguf$/.test(req.url)) ggufOnlyOthers.push(req.url);
   if (req.url.startsWith("/test/interrupted.gguf")) {
+    // A real model's first megabyte (on WebGPU its header is read and its first tensors go to
+    // the GPU before the connection drops), of the whole file's length.
     interruptedHits++;
-    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": 4_000_000 });
-    res.write(Buffer.alloc(1_000_000, 7));
+    const whole = fs.readFileSync(path.join(www, "models", "default.gguf"));
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": whole.length });
+    res.write(whole.subarray(0, 1_000_000));
     setTimeout(() => res.destroy(), 100);
     return true;
   }
@@ -830,6 +837,8 @@ async function runConfig(mode) {
     // A model bigger than the quota the storage test leaves after the app shell: the chat fixture (16 MB).
     const bigModelUrl = fs.existsSync(path.join(fixtures, "chat", "chat.gguf")) ? "/test/chat/chat.gguf" : null;
     await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText, browser, bigModelUrl });
+
+    await streamTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), www, fixtures, bigModel });
 
     await chatTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), fixtures, outDir, tmp: fixtures, waitLoaded, waitState, errorText, statsOf });
 

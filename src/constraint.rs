@@ -34,8 +34,8 @@ use crate::error::{Error, Result};
 ///   (llguidance's JSON Schema support: types, properties, required, additionalProperties,
 ///   items and prefixItems, min/max items and lengths, enum, const, anyOf, allOf, local `$ref`,
 ///   pattern, common formats, numeric bounds and multipleOf; `oneOf` and `uniqueItems` are
-///   errors). Between JSON tokens at most [`JSON_WHITESPACE`] whitespace characters may appear
-///   (a newline and indentation), so a model cannot loop on whitespace; a schema's own
+///   errors). Between JSON tokens only [`JSON_WHITESPACE`] may appear (a space or two, or a
+///   newline and indentation), so a model cannot loop on whitespace; a schema's own
 ///   `"x-guidance"` object (llguidance's JSON options: `whitespace_pattern`,
 ///   `whitespace_flexible`, `item_separator`, `key_separator`, ...) replaces that default;
 /// - `{"type": "json_object"}`: any JSON object (whitespace as above);
@@ -109,11 +109,11 @@ impl ConstraintSpec {
     }
 }
 
-/// Whitespace allowed between two JSON tokens (llguidance's `whitespace_pattern`): one run of at
-/// most 24 spaces, tabs and newlines, enough for a newline and the indentation of pretty-printed
-/// JSON several levels deep. llguidance's own default allows any amount, which a small model can
-/// fill forever.
-pub const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,24}";
+/// Whitespace allowed between two JSON tokens (llguidance's `whitespace_pattern`): one or two
+/// spaces or tabs (`{"a": 1, "b": 2}`), or a newline and up to 20 of them (pretty-printed JSON,
+/// ten levels deep at two spaces). llguidance's own default allows any amount, which a small
+/// model can fill for hundreds of tokens (a SentencePiece vocabulary spends one token per space).
+pub const JSON_WHITESPACE: &str = r"(?:[\x20\x09]{1,2}|\r?\n[\x20\x09]{0,20})";
 
 /// `schema` with our JSON options unless it brings its own `"x-guidance"`.
 fn with_json_defaults(schema: &mut serde_json::Value) {

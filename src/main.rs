@@ -590,7 +590,8 @@ fn constrained_note<M: LanguageModel>(generation: &Generation<M>, s: &Generation
     }
     let (ms, steps) = generation.constraint_time();
     format!(
-        "; constraint {:.2} ms per token ({steps} tokens); stop: {:?} ({})",
+        "; constraint: built in {:.1} ms, then {:.2} ms per token; stop: {:?} ({})",
+        generation.constraint_build_ms(),
         ms / steps.max(1) as f64,
         s.stop_reason,
         s.stop_reason.describe()

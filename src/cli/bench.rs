@@ -130,9 +130,9 @@ fn constrained<M: LanguageModel>(
             ..GenerateOptions::default()
         };
         let mut g = Generation::new(m, vocab, &prompt, opts)?;
-        let (built, _) = g.constraint_time();
+        let built = g.constraint_build_ms();
         // The first token's step is the prefill's: the decode steps are the ones after it.
-        let mut after_first = built;
+        let mut after_first = 0.0;
         while g.step()?.is_some() {
             if g.generated_ids().len() == 1 {
                 after_first = g.constraint_time().0;

@@ -238,7 +238,9 @@ pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
     step_start: f64,
     /// The structured-output constraint, when there is one.
     constraint: Option<Constraint>,
-    /// Time spent on the constraint (allowed sets and consuming tokens), and its steps.
+    /// Time spent building the constraint (compiling it, the first allowed set), then on its
+    /// steps (consuming a token, the next allowed set), and the steps.
+    constraint_build_ms: f64,
     constraint_ms: f64,
     constraint_steps: usize,
 }
@@ -344,7 +346,8 @@ where
             decode_ms: 0.0,
             ttft_ms: None,
             step_start: 0.0,
-            constraint_ms: if constraint.is_some() { clock() - started } else { 0.0 },
+            constraint_build_ms: if constraint.is_some() { clock() - started } else { 0.0 },
+            constraint_ms: 0.0,
             constraint_steps: 0,
             constraint,
         })
@@ -474,11 +477,17 @@ where
         self.constraint.is_some()
     }
 
-    /// Milliseconds spent on the constraint so far (building it, computing each step's allowed
-    /// set, consuming tokens) and the steps it covered: the cost of structured output, which
-    /// `nexttoken bench` reports as a share of the step time.
+    /// Milliseconds spent on the constraint's steps so far (consuming each token, computing the
+    /// next allowed set) and how many tokens it consumed: the per-step cost of structured
+    /// output, which `nexttoken bench` reports as a share of the step time.
     pub fn constraint_time(&self) -> (f64, usize) {
         (self.constraint_ms, self.constraint_steps)
+    }
+
+    /// Milliseconds spent building the constraint: compiling the schema, regex or grammar, and
+    /// the first token's allowed set (0 without a constraint).
+    pub fn constraint_build_ms(&self) -> f64 {
+        self.constraint_build_ms
     }
 
     /// How many of the model's most likely tokens a constrained step ranks besides the allowed

@@ -318,9 +318,15 @@ impl AllowedSet {
 
     /// Sets every logit outside the set to `-inf`.
     pub fn mask_in_place(&self, logits: &mut [f32]) {
-        for (i, logit) in logits.iter_mut().enumerate() {
-            if !self.contains(i as u32) {
-                *logit = f32::NEG_INFINITY;
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let word = self.words.get(w).copied().unwrap_or(0);
+            if word == u32::MAX {
+                continue;
+            }
+            for (b, logit) in chunk.iter_mut().enumerate() {
+                if word & (1 << b) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
             }
         }
     }

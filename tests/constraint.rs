@@ -790,3 +790,27 @@ fn gpu_constrained_generation_matches_the_cpu() {
         b.iter().map(|x| &x.ids).collect::<Vec<_>>()
     );
 }
+
+/// The option shape JS and files give (`ConstraintSpec`'s serde form), and its errors.
+#[test]
+fn constraint_spec_reads_the_documented_shapes() {
+    use serde_json::json;
+    let read = |v: serde_json::Value| serde_json::from_value::<ConstraintSpec>(v);
+    let s = json!({"type": "object"});
+    assert_eq!(
+        read(json!({"type": "json_schema", "schema": s})).unwrap(),
+        ConstraintSpec::JsonSchema { schema: s }
+    );
+    assert_eq!(read(json!({"type": "json_object"})).unwrap(), ConstraintSpec::JsonObject);
+    assert_eq!(read(json!({"type": "regex", "pattern": "a+"})).unwrap(), regex("a+"));
+    assert_eq!(
+        read(json!({"type": "grammar", "lark": "start: \"a\""})).unwrap(),
+        ConstraintSpec::Grammar { lark: "start: \"a\"".into() }
+    );
+    let e = read(json!({"type": "jsonschema"})).unwrap_err().to_string();
+    assert!(e.contains("unknown variant `jsonschema`") && e.contains("json_schema"), "{e}");
+    let e = read(json!({"type": "regex"})).unwrap_err().to_string();
+    assert!(e.contains("missing field `pattern`"), "{e}");
+    let e = read(json!({"pattern": "a"})).unwrap_err().to_string();
+    assert!(e.contains("missing field `type`"), "{e}");
+}

@@ -107,7 +107,9 @@ fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
 
 /// Constrained generations (sampling at temperature 1, a new seed each, `o.steps` tokens at
 /// most) until at least `4 * o.steps` decode steps are timed: the constraint's time per step
-/// (computing the allowed set, masking, consuming the token) against the whole step's.
+/// (llguidance consuming the token and computing the next allowed set) against the whole
+/// step's, and the whole step against the same generations' steps without the constraint (which
+/// adds masking the logits and the removed tokens' report).
 fn constrained<M: LanguageModel>(
     m: &M,
     vocab: &dyn Vocab,
@@ -151,8 +153,24 @@ fn constrained<M: LanguageModel>(
     if steps == 0 {
         return Err(Error::Input("the constrained runs made no decode step to time".into()));
     }
+    // The same runs' step time without the constraint (the same seeds and lengths).
+    let (mut plain_steps, mut plain_ms) = (0, 0.0);
+    for seed in 0..runs {
+        let opts = GenerateOptions {
+            max_tokens: o.steps.max(2),
+            sampler: SamplerConfig { seed: seed as u64, ..SamplerConfig::default() },
+            stop_at_eos: false,
+            ..GenerateOptions::default()
+        };
+        let mut g = Generation::new(m, vocab, &prompt, opts)?;
+        while g.step()?.is_some() {}
+        let s = g.summary().expect("stopped");
+        plain_steps += s.generated_tokens.saturating_sub(1);
+        plain_ms += s.decode_ms;
+    }
     let per_step = step_ms / steps as f64;
     let per_constraint = constraint_ms / steps as f64;
+    let plain_step = plain_ms / plain_steps.max(1) as f64;
     Ok(json!({
         "kind": spec.kind(),
         "runs": runs,
@@ -161,6 +179,8 @@ fn constrained<M: LanguageModel>(
         "step_ms": per_step,
         "constraint_ms_per_step": per_constraint,
         "constraint_share": per_constraint / per_step,
+        "plain_step_ms": plain_step,
+        "overhead_share": (per_step - plain_step) / plain_step,
         "compile_ms_per_run": build_ms / runs as f64,
         "vocab_index_ms": vocab_ms,
     }))
@@ -380,19 +400,22 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             );
         }
         if let Some(c) = r.get("constraint") {
+            let f = |key: &str| c[key].as_f64().unwrap_or(0.0);
             println!(
-                "constraint     {}: {:.3} ms per decode step of {:.2} ms = {:.1}% ({} steps in {} \
-                 sampled runs, {} complete; compiling it {:.1} ms per run, indexing the \
-                 vocabulary {:.0} ms once)",
+                "constraint     {}: the mask {:.3} ms per decode step of {:.2} ms = {:.1}%; the \
+                 step {:+.1}% against {:.2} ms unconstrained ({} steps in {} sampled runs, {} \
+                 complete; compiling it {:.1} ms per run, indexing the vocabulary {:.0} ms once)",
                 c["kind"].as_str().unwrap_or("?"),
-                c["constraint_ms_per_step"].as_f64().unwrap_or(0.0),
-                c["step_ms"].as_f64().unwrap_or(0.0),
-                100.0 * c["constraint_share"].as_f64().unwrap_or(0.0),
+                f("constraint_ms_per_step"),
+                f("step_ms"),
+                100.0 * f("constraint_share"),
+                100.0 * f("overhead_share"),
+                f("plain_step_ms"),
                 c["decode_steps"],
                 c["runs"],
                 c["complete_runs"],
-                c["compile_ms_per_run"].as_f64().unwrap_or(0.0),
-                c["vocab_index_ms"].as_f64().unwrap_or(0.0),
+                f("compile_ms_per_run"),
+                f("vocab_index_ms"),
             );
         }
         if let Some(d) = r["dispatches_per_step"].as_u64() {

@@ -298,6 +298,19 @@ where
         prompt_ids: &[u32],
         opts: GenerateOptions,
     ) -> Result<Self> {
+        Generation::resume_with_clock(model, vocab, state, prompt_ids, opts, default_clock)
+    }
+
+    /// [`resume_with_handles`](Generation::resume_with_handles) timed by `clock` from the start
+    /// (building a constraint included), as [`with_clock`](Generation::with_clock) would after.
+    pub fn resume_with_clock(
+        model: R,
+        vocab: V,
+        state: M::State,
+        prompt_ids: &[u32],
+        opts: GenerateOptions,
+        clock: Clock,
+    ) -> Result<Self> {
         let m: &M = Borrow::<M>::borrow(&model);
         check_prompt(m, prompt_ids)?;
         let reused = m.position(&state);
@@ -317,7 +330,6 @@ where
         if opts.stop_strings.iter().any(String::is_empty) {
             return Err(Error::Input("a stop string is empty (it would match at once)".into()));
         }
-        let clock: Clock = default_clock;
         let started = clock();
         let constraint =
             start_constraint(m, Borrow::<dyn Vocab + 'm>::borrow(&vocab), prompt_ids, &opts)?;
@@ -341,7 +353,7 @@ where
             anchor_text,
             text: String::new(),
             stop: None,
-            clock: default_clock,
+            clock,
             prefill_ms: 0.0,
             decode_ms: 0.0,
             ttft_ms: None,
@@ -446,7 +458,11 @@ where
         })?;
         if let Some(allowed) = &allowed {
             let shown = top_n(&self.logits, self.shown_needed());
-            let lse = logsumexp(&self.logits);
+            // The log-sum-exp the pick's probability came from (no second pass over the row).
+            let lse = match self.logits.get(event.id as usize) {
+                Some(&logit) if event.logprob.is_finite() => logit as f64 - event.logprob as f64,
+                _ => logsumexp(&self.logits),
+            };
             event.removed = removed(&shown, allowed, |logit| (logit as f64 - lse).exp() as f32);
         }
         if self.opts.keep_candidates > 0 {

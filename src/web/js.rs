@@ -340,10 +340,28 @@ pub(super) struct SummaryOut {
     decode_tok_s: f64,
     /// What computed the tokens: "table", "cpu" or "webgpu".
     backend: &'static str,
+    /// Under a constraint: milliseconds spent compiling it (and the first step's allowed set),
+    /// then on all its steps (consuming each token and computing the next allowed set), and the
+    /// steps; absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    constraint: Option<ConstraintTimeOut>,
 }
 
-pub(super) fn summary_out(s: GenerationSummary, backend: &'static str) -> SummaryOut {
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ConstraintTimeOut {
+    pub build_ms: f64,
+    pub steps_ms: f64,
+    pub steps: usize,
+}
+
+pub(super) fn summary_out(
+    s: GenerationSummary,
+    backend: &'static str,
+    constraint: Option<ConstraintTimeOut>,
+) -> SummaryOut {
     SummaryOut {
+        constraint,
         prompt_tokens: s.prompt_tokens,
         reused_tokens: s.reused_tokens,
         generated_tokens: s.generated_tokens,

@@ -240,9 +240,15 @@ impl<M: Backend> Stepper<M> {
                     }
                     None => model.new_state(),
                 };
-                let generation =
-                    Generation::resume_with_handles(model.clone(), vocab, state, ids, gen_opts)?;
-                Stepper::Sample(Box::new(generation.with_clock(clock)), model.clone())
+                let generation = Generation::resume_with_clock(
+                    model.clone(),
+                    vocab,
+                    state,
+                    ids,
+                    gen_opts,
+                    clock,
+                )?;
+                Stepper::Sample(Box::new(generation), model.clone())
             }
         })
     }
@@ -416,6 +422,17 @@ impl Gen {
         each!(self, s, M => s.summary().map(|summary| (summary, M::NAME)))
     }
 
+    /// A constrained sampling run's time on its constraint.
+    fn constraint_time(&self) -> Option<js::ConstraintTimeOut> {
+        each!(self, s, _M => match s {
+            Stepper::Sample(g, _) if g.is_constrained() => {
+                let (steps_ms, steps) = g.constraint_time();
+                Some(js::ConstraintTimeOut { build_ms: g.constraint_build_ms(), steps_ms, steps })
+            }
+            _ => None,
+        })
+    }
+
     /// A beam search's tree once it has run (the nodes and the best beam's last node).
     fn beam_tree(&self) -> Option<(&[BeamNode], Option<usize>)> {
         each!(self, s, _M => match s {
@@ -543,12 +560,15 @@ impl Session {
 
     /// Totals once stopped (`null` before): `promptTokens`, `generatedTokens`, `text`,
     /// `stopReason`, `prefillMs`, `decodeMs`, `ttftMs`, `prefillTokS`, `decodeTokS`, and
-    /// `backend` ("table", "cpu" or "webgpu": what computed the tokens).
+    /// `backend` ("table", "cpu" or "webgpu": what computed the tokens); under a constraint,
+    /// `constraint: {buildMs, stepsMs, steps}` (its cost).
     pub fn summary(&self) -> std::result::Result<JsValue, JsError> {
         let slot = self.gen.borrow();
         let gen = slot.as_ref().ok_or_else(|| JsError::new(BUSY))?;
         match gen.summary() {
-            Some((summary, backend)) => js::to_js(&js::summary_out(summary, backend)),
+            Some((summary, backend)) => {
+                js::to_js(&js::summary_out(summary, backend, gen.constraint_time()))
+            }
             None => Ok(JsValue::NULL),
         }
     }

@@ -885,3 +885,27 @@ fn structured_output_errors_name_the_problem() {
     let summary: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert_eq!(summary["stop_reason"], "Incomplete");
 }
+
+/// `chat` takes the same constraint flags: the reply is constrained, and the template's end of
+/// turn (`<|im_end|>`) ends it only once the output is complete.
+#[test]
+fn chat_reply_follows_a_constraint() {
+    let Some(f) = chat_fixture("constrained", true) else { return };
+    let messages = f.dir.join("conversation.json");
+    std::fs::write(&messages, r#"[{"role": "user", "content": "Is it raining?"}]"#).unwrap();
+    let m = messages.to_str().unwrap();
+    for pattern in ["(yes|no)", r"(Yes|No), [a-z]{1,12}\."] {
+        let args = chat_args(&f, &["--messages", m, "--regex", pattern, "--json"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out: Value = serde_json::from_str(stdout(&nexttoken(&args)).trim()).unwrap();
+        let content = out["content"].as_str().unwrap();
+        let re = regex::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+        assert!(re.is_match(content), "{pattern}: {content:?}");
+        let ids = ids(&out["ids"]);
+        match out["stop_reason"].as_str().unwrap() {
+            "Eos" => assert_eq!(ids.last(), Some(&(QWEN_IM_END as u64))),
+            "ConstraintComplete" => assert!(!ids.contains(&(QWEN_IM_END as u64))),
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -33,8 +33,9 @@ use crate::error::{Error, Result};
 /// - `{"type": "json_schema", "schema": {...}}`: one JSON value valid against the schema
 ///   (llguidance's JSON Schema support: types, properties, required, additionalProperties,
 ///   items and prefixItems, min/max items and lengths, enum, const, anyOf, allOf, local `$ref`,
-///   pattern, common formats, numeric bounds and multipleOf; `oneOf` and `uniqueItems` are
-///   errors). Between JSON tokens only [`JSON_WHITESPACE`] may appear (a space or two, or a
+///   pattern, common formats, numeric bounds and multipleOf; `oneOf` when its alternatives
+///   cannot overlap; a keyword it does not implement, such as `uniqueItems`, is an error naming
+///   it). Between JSON tokens only [`JSON_WHITESPACE`] may appear (a space or two, or a
 ///   newline and indentation), so a model cannot loop on whitespace; a schema's own
 ///   `"x-guidance"` object (llguidance's JSON options: `whitespace_pattern`,
 ///   `whitespace_flexible`, `item_separator`, `key_separator`, ...) replaces that default;

@@ -627,6 +627,9 @@ fn bad_schemas_regexes_and_grammars_are_named_errors() {
         schema(serde_json::json!({"type": "integer", "minimum": 5, "maximum": 1})),
     );
     assert!(e.contains("invalid JSON schema"), "{e}");
+    let unique = serde_json::json!({"type": "array", "uniqueItems": true});
+    let e = constraint_error(f, schema(unique));
+    assert!(e.contains("invalid JSON schema") && e.contains("uniqueItems"), "{e}");
     // The regex's error points at the character.
     let e = constraint_error(f, regex("ab(c"));
     assert!(e.contains("invalid regex") && e.contains("unclosed group"), "{e}");

@@ -822,3 +822,75 @@ fn constraint_spec_reads_the_documented_shapes() {
     let e = read(json!({"pattern": "a"})).unwrap_err().to_string();
     assert!(e.contains("missing field `type`"), "{e}");
 }
+
+/// A model of fixed logits, ranking on its "device" or not: for the edge cases of a constrained
+/// step whatever the model.
+struct Fixed {
+    logits: Vec<f32>,
+    on_device: bool,
+}
+
+impl LanguageModel for Fixed {
+    type State = usize;
+    fn vocab_size(&self) -> usize {
+        self.logits.len()
+    }
+    fn context_length(&self) -> usize {
+        64
+    }
+    fn bos_token(&self) -> Option<u32> {
+        None
+    }
+    fn eos_tokens(&self) -> &[u32] {
+        &[2]
+    }
+    fn new_state(&self) -> usize {
+        0
+    }
+    fn position(&self, state: &usize) -> usize {
+        *state
+    }
+    fn truncate(&self, state: &mut usize, len: usize) -> nexttoken::Result<()> {
+        *state = len;
+        Ok(())
+    }
+    fn forward(&self, state: &mut usize, tokens: &[u32], _: bool) -> nexttoken::Result<Vec<f32>> {
+        *state += tokens.len();
+        Ok(self.logits.clone())
+    }
+    fn top_on_device(&self) -> Option<usize> {
+        self.on_device.then_some(64)
+    }
+}
+
+/// When every token the constraint allows has a `-inf` logit there is nothing to choose: an
+/// error saying so on both paths (the full row, and the ranking a device returns), never a
+/// disallowed token; NaN logits stay the NaN error.
+#[test]
+fn nothing_allowed_with_probability_is_an_error() {
+    let tok =
+        HfTokenizer::from_file(&common::repo().join("www/models/default-tokenizer.json")).unwrap();
+    let bytes = tok.token_bytes().unwrap();
+    let digits: Vec<bool> =
+        bytes.iter().map(|b| !b.is_empty() && b.iter().all(u8::is_ascii_digit)).collect();
+    assert!(digits.iter().any(|&d| d));
+    let logits: Vec<f32> = digits
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if d { f32::NEG_INFINITY } else { i as f32 / 100.0 })
+        .collect();
+    for on_device in [false, true] {
+        for sampler in [SamplerConfig::greedy(), SamplerConfig { top_k: 5, ..Default::default() }] {
+            let model = Fixed { logits: logits.clone(), on_device };
+            let opts = constrained(regex("[0-9]+"), sampler.clone(), 4);
+            let e = run(&model, &tok, &[5], opts).unwrap_err().to_string();
+            assert!(e.contains("probability 0"), "{on_device} {sampler:?}: {e}");
+            let mut nan = logits.clone();
+            nan[7] = f32::NAN;
+            let model = Fixed { logits: nan, on_device };
+            let opts = constrained(regex("[0-9]+"), sampler.clone(), 4);
+            let e = run(&model, &tok, &[5], opts).unwrap_err().to_string();
+            assert!(e.contains("NaN"), "{on_device} {sampler:?}: {e}");
+        }
+    }
+}

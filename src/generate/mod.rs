@@ -453,7 +453,7 @@ where
             (None, None) => Ok(g.sampler.sample(&g.logits, &g.tokens)),
             (None, Some(allowed)) => {
                 let pick = g.sampler.sample_allowed(&g.logits, allowed, &g.tokens);
-                g.check_possible(pick)
+                g.check_possible(pick, allowed)
             }
         })?;
         if let Some(allowed) = &allowed {
@@ -557,12 +557,17 @@ where
         };
         let shown = self.sampler.config().alternatives.min(MAX_SHOWN);
         let mut event = self.finish_step(|g| {
+            if top.allowed.ids.is_empty() && !top.all.logsumexp.is_nan() {
+                // Every allowed token has a -inf logit (NaN logits are reported as such below).
+                let none = Pick { id: 0, prob: 0.0, logprob: f32::NEG_INFINITY, top: Vec::new() };
+                return g.check_possible(none, &allowed);
+            }
             let mut pick = g.sampler.sample_top(&top.allowed);
             // The model's own alternatives, not only the allowed ones.
             let lse = top.all.logsumexp;
             let all = top.all.ids.iter().zip(&top.all.logits).take(shown);
             pick.top = all.map(|(&id, &logit)| (id, (logit as f64 - lse).exp() as f32)).collect();
-            g.check_possible(pick)
+            g.check_possible(pick, &allowed)
         })?;
         let all: Vec<(u32, f32)> =
             top.all.ids.iter().copied().zip(top.all.logits.iter().copied()).collect();
@@ -667,10 +672,14 @@ where
         })
     }
 
-    /// `pick`, unless it is a constrained pick of probability 0: every token the constraint
-    /// allows has a `-inf` logit, so there is nothing to choose.
-    fn check_possible(&self, pick: Pick) -> Result<Pick> {
-        if pick.logprob == f32::NEG_INFINITY {
+    /// `pick`, unless it is a constrained pick of probability 0 or outside `allowed`: every
+    /// token the constraint allows has a `-inf` logit, so there is nothing to choose. (A NaN
+    /// pick goes on, to be reported as broken logits.)
+    fn check_possible(&self, pick: Pick, allowed: &AllowedSet) -> Result<Pick> {
+        if pick.logprob.is_nan() {
+            return Ok(pick);
+        }
+        if pick.logprob == f32::NEG_INFINITY || !allowed.contains(pick.id) {
             return Err(Error::Constraint(format!(
                 "every token the constraint allows at position {} has probability 0 (-inf \
                  logits): nothing can be chosen",

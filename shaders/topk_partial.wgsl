@@ -2,17 +2,27 @@
 // (at X[x_off..]) and writes to C[g * (2 + 2k) ..]: the slice's max m, sum of exp(x - m), then
 // its k best (index, value) pairs in order (index NONE past the slice's end). The top-k of the
 // row is among these, and log-sum-exp of the row follows from the (m, sum) pairs.
+//
+// With `masked`, only tokens whose bit is set in MASK (token p: bit p % 32 of word p / 32, the
+// allowed set of a structured-output constraint) are ranked; the (m, sum) pair is then 0, 0
+// (a masked ranking's log-sum-exp comes from an unmasked pass over the same row).
 
 struct Params {
     n: u32,
     x_off: u32,
     k: u32,
     slice: u32,
+    masked: u32,
 }
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
-@group(0) @binding(1) var<storage, read_write> C: array<u32>;
-@group(0) @binding(2) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> MASK: array<u32>;
+@group(0) @binding(2) var<storage, read_write> C: array<u32>;
+@group(0) @binding(3) var<uniform> P: Params;
+
+fn ranked(p: u32) -> bool {
+    return P.masked == 0u || (MASK[p >> 5u] & (1u << (p & 31u))) != 0u;
+}
 
 @compute @workgroup_size(256)
 fn partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -27,7 +37,7 @@ fn partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         var bi = NONE;
         for (var p = lo + lid; p < hi; p += WG) {
             let v = X[P.x_off + p];
-            if (after(v, p, pv, pi, r == 0u) && before(v, p, bv, bi)) {
+            if (ranked(p) && after(v, p, pv, pi, r == 0u) && before(v, p, bv, bi)) {
                 bv = v;
                 bi = p;
             }
@@ -42,6 +52,13 @@ fn partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             C[base + 2u + 2u * r] = pi;
             C[base + 3u + 2u * r] = b.x;
         }
+    }
+    if (P.masked != 0u) {
+        if (lid == 0u) {
+            C[base] = 0u;
+            C[base + 1u] = 0u;
+        }
+        return;
     }
     var s = 0.0;
     for (var p = lo + lid; p < hi; p += WG) {

@@ -15,6 +15,10 @@ pub enum Error {
     /// A chat template that is missing, does not compile or fails to render.
     #[error("chat template: {0}")]
     Template(String),
+    /// An invalid JSON schema, regex or grammar, or a structured-output constraint that cannot be
+    /// followed (a forced token it refuses, a tokenizer it cannot read).
+    #[error("constraint: {0}")]
+    Constraint(String),
     /// A request the model cannot serve (prompt longer than the context, empty prompt, ...).
     #[error("{0}")]
     Input(String),

@@ -2,13 +2,15 @@
 //! and fast int8 kernels) and on the GPU through wgpu (WebGPU in the browser, Vulkan/Metal/DX12
 //! natively). Read in this order: `gguf` (the file), `quant` (tensor types), `model` (the
 //! description: config + weights), `cpu` (the forward pass), `gpu` (the same on the GPU), `lm`
-//! (the interface every model implements), `sampling`, `generate` (the loop, beam search,
-//! scoring), `table` (the lesson models), `tokenizer`, `chat` (chat templates, multi-turn KV
-//! reuse). `backend` and `timing` hold what the front
-//! ends share: the command line (`main.rs`, `cli/`) and the browser API (`web/`).
+//! (the interface every model implements), `sampling`, `constraint` (structured output: the
+//! tokens a JSON schema, regex or grammar allows), `generate` (the loop, beam search, scoring),
+//! `table` (the lesson models), `tokenizer`, `chat` (chat templates, multi-turn KV reuse).
+//! `backend` and `timing` hold what the front ends share: the command line (`main.rs`, `cli/`)
+//! and the browser API (`web/`).
 
 pub mod backend;
 pub mod chat;
+pub mod constraint;
 pub mod cpu;
 pub mod error;
 #[cfg(not(target_arch = "wasm32"))]

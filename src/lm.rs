@@ -2,7 +2,10 @@
 //! the generation loop, the samplers, beam search and the scorer. A transformer (CPU or GPU) and
 //! a lesson's table model both implement it, so the same loop runs them all.
 
-use crate::error::Result;
+use std::sync::Arc;
+
+use crate::constraint::{AllowedSet, ConstraintVocab};
+use crate::error::{Error, Result};
 use crate::sampling::{logsumexp, top_n};
 
 /// A model of P(x_t | x_<t): given the tokens so far (held in `State`), the logits of the next.
@@ -57,6 +60,22 @@ pub trait LanguageModel {
     fn top_on_device(&self) -> Option<usize> {
         None
     }
+
+    /// Append `tokens` like [`forward`](LanguageModel::forward) and rank for a constrained step:
+    /// the `k` most likely tokens of the `allowed` set, and the `shown` most likely of all (what
+    /// the model itself believed, so a view can show what the constraint removed), both with the
+    /// log-sum-exp of all the logits. This default reads the whole logits row; the GPU masks in
+    /// its top-k kernel so only the pairs come back.
+    fn forward_top_allowed(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> Result<AllowedTop> {
+        Ok(AllowedTop::from_logits(&self.forward(state, tokens, false)?, k, shown, allowed))
+    }
 }
 
 /// The error of [`LanguageModel::truncate`] when a state holding `held` tokens is asked to keep
@@ -94,6 +113,27 @@ impl TopK {
     }
 }
 
+/// What a constrained step ranks ([`LanguageModel::forward_top_allowed`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllowedTop {
+    /// The most likely tokens the constraint allows, best first (fewer when fewer are allowed).
+    pub allowed: TopK,
+    /// The most likely tokens of all, allowed or not: the model's own view.
+    pub all: TopK,
+}
+
+impl AllowedTop {
+    /// The `k` best allowed and the `shown` best of one row of logits.
+    pub fn from_logits(logits: &[f32], k: usize, shown: usize, allowed: &AllowedSet) -> AllowedTop {
+        let all = TopK::from_logits(logits, shown);
+        let (ids, top_logits) = top_n(&allowed.mask(logits), k)
+            .into_iter()
+            .filter(|&(_, logit)| logit > f32::NEG_INFINITY)
+            .unzip();
+        AllowedTop { allowed: TopK { ids, logits: top_logits, logsumexp: all.logsumexp }, all }
+    }
+}
+
 /// Turns text into token ids and back. Tokenizer-backed for transformers, word lists for tables.
 pub trait Vocab {
     /// Ids of `text` without special tokens (the caller adds BOS).
@@ -112,5 +152,18 @@ pub trait Vocab {
             &[id] if self.token_text(id) == token => Some(id),
             _ => None,
         }
+    }
+
+    /// Every token's bytes, as structured output needs them
+    /// ([`constraint`](crate::constraint)), for a model with `n_vocab` logits: built on first
+    /// use and kept. This default has none (a lesson's word list is not a byte-level
+    /// vocabulary).
+    fn constraint_vocab(&self, n_vocab: usize) -> Result<Arc<ConstraintVocab>> {
+        let _ = n_vocab;
+        Err(Error::Constraint(
+            "structured output needs a tokenizer whose tokens are bytes (a GGUF model's); \
+             this vocabulary has none"
+                .into(),
+        ))
     }
 }

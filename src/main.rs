@@ -12,8 +12,11 @@ use serde_json::json;
 use cli::{bench, synth};
 use nexttoken::backend::{self, BackendChoice, BackendRequest};
 use nexttoken::chat::{Chat, ChatTemplate, Message, Overflow};
+use nexttoken::constraint::ConstraintSpec;
 use nexttoken::cpu::{kernels::Isa, CpuModel, Precision};
-use nexttoken::generate::{self, prompt_ids, BeamOptions, GenerateOptions, Generation};
+use nexttoken::generate::{
+    self, prompt_ids, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason,
+};
 use nexttoken::gguf::Gguf;
 use nexttoken::gpu::GpuModel;
 use nexttoken::model::{Model, Storage};
@@ -164,14 +167,70 @@ struct SamplingArgs {
     repeat_window: usize,
     #[arg(long, default_value_t = SamplerConfig::default().seed)]
     seed: u64,
-    /// Stop when the text contains this string (repeatable).
+    /// Stop when the text contains this string (repeatable; not with a constraint).
     #[arg(long = "stop")]
     stop: Vec<String>,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
+}
+
+/// Structured output: at most one of these. Only tokens that keep the output valid are sampled;
+/// output that runs out of --max-tokens (or context) before it is complete is an error.
+#[derive(Args, Clone)]
+#[group(multiple = false)]
+struct ConstraintArgs {
+    /// The output is one JSON value valid against the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// The output is a JSON object (any keys and values).
+    #[arg(long)]
+    json_object: bool,
+    /// The whole output matches the regular expression RE (Rust regex syntax).
+    #[arg(long, value_name = "RE")]
+    regex: Option<String>,
+    /// The output is a sentence of the Lark-style grammar in FILE (llguidance's dialect: rules,
+    /// regex terminals, %import common, %json; generation starts at `start`).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
+}
+
+impl ConstraintArgs {
+    pub(crate) fn spec(&self) -> Result<Option<ConstraintSpec>> {
+        if let Some(path) = &self.json_schema {
+            let text = read_text(path, "JSON schema")?;
+            let schema = serde_json::from_str(&text).map_err(|e| {
+                Error::Constraint(format!("invalid JSON schema: {}: not JSON: {e}", path.display()))
+            })?;
+            return Ok(Some(ConstraintSpec::JsonSchema { schema }));
+        }
+        if self.json_object {
+            return Ok(Some(ConstraintSpec::JsonObject));
+        }
+        if let Some(pattern) = &self.regex {
+            return Ok(Some(ConstraintSpec::Regex { pattern: pattern.clone() }));
+        }
+        if let Some(path) = &self.grammar {
+            return Ok(Some(ConstraintSpec::Grammar { lark: read_text(path, "grammar")? }));
+        }
+        Ok(None)
+    }
+}
+
+/// An error for constrained output that ran out of tokens or context before it was complete
+/// (after it has been shown, so the user sees how far it got).
+fn check_complete(stop: StopReason, max_tokens: usize) -> Result<()> {
+    if stop == StopReason::Incomplete {
+        return Err(Error::Constraint(format!(
+            "the output does not match the constraint: --max-tokens {max_tokens} or the context \
+             ran out before it was complete, so it is not valid output"
+        )));
+    }
+    Ok(())
 }
 
 impl SamplingArgs {
-    fn options(&self) -> GenerateOptions {
-        GenerateOptions {
+    fn options(&self) -> Result<GenerateOptions> {
+        Ok(GenerateOptions {
             max_tokens: self.max_tokens,
             sampler: SamplerConfig {
                 temperature: self.temperature,
@@ -184,8 +243,9 @@ impl SamplingArgs {
                 ..SamplerConfig::default()
             },
             stop_strings: self.stop.clone(),
+            constraint: self.constraint.spec()?,
             ..GenerateOptions::default()
-        }
+        })
     }
 }
 
@@ -455,11 +515,13 @@ fn generate_to<M: LanguageModel>(
             max_tokens: args.sampling.max_tokens,
             length_normalise: args.length_normalise,
         };
-        let beams = generate::beam_search(model, &ids, opts)?;
+        let spec = args.sampling.constraint.spec()?;
+        let constraint = spec.as_ref().map(|spec| (vocab, spec));
+        let beams = generate::beam_search_constrained(model, &ids, opts, constraint)?;
         if args.model.json {
             let list: Vec<_> = beams
                 .iter()
-                .map(|b| json!({"ids": b.ids, "text": vocab.decode(&b.ids), "logprob": b.logprob, "score": b.score, "finished": b.finished}))
+                .map(|b| json!({"ids": b.ids, "text": continuation(vocab, &ids, &b.ids), "logprob": b.logprob, "score": b.score, "finished": b.finished, "stop_reason": format!("{:?}", b.stop_reason)}))
                 .collect();
             writeln!(out, "{}", json!({"prompt_tokens": ids.len(), "beams": list}))
                 .map_err(write_err)?;
@@ -471,10 +533,13 @@ fn generate_to<M: LanguageModel>(
                 .map_err(write_err)?;
             eprintln!("beam log P = {:.4}, P = {:.4}", best.logprob, best.logprob.exp());
         }
+        if let Some(best) = beams.first() {
+            check_complete(best.stop_reason, args.sampling.max_tokens)?;
+        }
         return Ok(());
     }
 
-    let opts = args.sampling.options();
+    let opts = args.sampling.options()?;
     if !args.model.json {
         write!(out, "{}", args.prompt).map_err(write_err)?;
         out.flush().map_err(write_err)?;
@@ -482,7 +547,10 @@ fn generate_to<M: LanguageModel>(
     let mut generation = Generation::new(model, vocab, &ids, opts)?;
     while let Some(ev) = generation.step()? {
         if args.model.json {
-            let line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
+            let mut line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
+            if generation.is_constrained() {
+                line["removed"] = top_json(vocab, &ev.removed);
+            }
             writeln!(out, "{line}").map_err(write_err)?;
         } else {
             write!(out, "{}", ev.text).map_err(write_err)?;
@@ -504,14 +572,30 @@ fn generate_to<M: LanguageModel>(
     } else {
         writeln!(out).map_err(write_err)?;
         eprintln!(
-            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s",
+            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s{}",
             s.prompt_tokens,
             s.generated_tokens,
             s.prefill_tokens_per_second(),
             s.decode_tokens_per_second(),
+            constrained_note(&generation, &s),
         );
     }
-    Ok(())
+    check_complete(s.stop_reason, args.sampling.max_tokens)
+}
+
+/// The constraint's share of the time and why generation stopped, for stderr.
+fn constrained_note<M: LanguageModel>(generation: &Generation<M>, s: &GenerationSummary) -> String {
+    if !generation.is_constrained() {
+        return String::new();
+    }
+    let (ms, steps) = generation.constraint_time();
+    format!(
+        "; constraint: built in {:.1} ms, then {:.2} ms per token; stop: {:?} ({})",
+        generation.constraint_build_ms(),
+        ms / steps.max(1) as f64,
+        s.stop_reason,
+        s.stop_reason.describe()
+    )
 }
 
 fn chat_with<M: LanguageModel>(
@@ -588,7 +672,7 @@ fn chat_turn<M: LanguageModel>(
     out: &mut impl Write,
 ) -> Result<()> {
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
-    let (mut generation, stats) = chat.start_reply(model, vocab, args.sampling.options())?;
+    let (mut generation, stats) = chat.start_reply(model, vocab, args.sampling.options()?)?;
     eprintln!("{stats}");
     while let Some(ev) = generation.step()? {
         if !args.model.json {
@@ -620,7 +704,7 @@ fn chat_turn<M: LanguageModel>(
         s.prefill_tokens_per_second(),
         s.decode_tokens_per_second(),
     );
-    Ok(())
+    check_complete(s.stop_reason, args.sampling.max_tokens)
 }
 
 /// Text the generated ids add after the prompt (decoded together so joins come out right).

@@ -20,6 +20,7 @@
 //! The probability reported in [`Pick`] is not the reshaped one: it is what the model itself
 //! believes, the plain softmax of the logits at temperature 1.
 
+use crate::constraint::AllowedSet;
 use crate::error::{Error, Result};
 use crate::lm::TopK;
 use rand_core::{RngCore, SeedableRng};
@@ -198,14 +199,32 @@ impl Sampler {
     /// which only the repetition penalty looks at. A row holding NaN or +inf gives a pick whose
     /// `logprob` is NaN (see [`logsumexp`]): callers check that, not every logit.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Pick {
-        let id = self.choose(logits, history);
+        let id = self.choose(logits, None, history);
         describe(logits, id, self.shown())
     }
 
-    fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    /// [`sample`](Sampler::sample) among the `allowed` tokens only (structured output): the
+    /// others get `-inf` before step 1, so every step of the module docs sees only allowed
+    /// tokens. The pick's probability and alternatives are still the model's own (the plain
+    /// softmax of all the logits). When every allowed token has a `-inf` logit the pick is the
+    /// lowest id, allowed or not: the caller checks.
+    pub fn sample_allowed(
+        &mut self,
+        logits: &[f32],
+        allowed: &AllowedSet,
+        history: &[u32],
+    ) -> Pick {
+        let id = self.choose(logits, Some(allowed), history);
+        describe(logits, id, self.shown())
+    }
+
+    fn choose(&mut self, logits: &[f32], allowed: Option<&AllowedSet>, history: &[u32]) -> u32 {
         let mut adjusted = std::mem::take(&mut self.adjusted);
         adjusted.clear();
         adjusted.extend_from_slice(logits);
+        if let Some(allowed) = allowed {
+            allowed.mask_in_place(&mut adjusted);
+        }
         self.penalise_repeats(&mut adjusted, history);
         let id = if self.cfg.is_greedy() { argmax(&adjusted) } else { self.draw(&adjusted) };
         self.adjusted = adjusted;
@@ -368,11 +387,15 @@ impl Sampler {
     fn filter(&mut self) {
         let c = &mut self.candidates;
         let top_k = self.cfg.top_k;
-        if top_k > 0 && top_k < c.len() {
+        if top_k > 0 {
             // Partition instead of sorting the whole vocabulary; then sort the few kept so the
-            // draw below sees them in an order that does not depend on the partition algorithm.
-            c.select_nth_unstable_by(top_k - 1, most_probable_first);
-            c.truncate(top_k);
+            // draw below sees them in an order that does not depend on the partition algorithm
+            // (nor on whether there were more than k: a constraint can leave fewer, and the
+            // GPU's ranked top-k must draw the same token).
+            if top_k < c.len() {
+                c.select_nth_unstable_by(top_k - 1, most_probable_first);
+                c.truncate(top_k);
+            }
             c.sort_unstable_by(most_probable_first);
         }
 

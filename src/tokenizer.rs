@@ -6,6 +6,9 @@
 //!   of `tokenizers::Tokenizer`, assembled from the vocabulary llama.cpp's converter wrote (see
 //!   `tokenizer/gguf.rs`), so a GGUF file alone is enough.
 
+use std::sync::{Arc, Mutex};
+
+use crate::constraint::{ConstraintVocab, SPECIAL};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Value};
 use crate::lm::Vocab;
@@ -16,6 +19,9 @@ mod gguf;
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     special: SpecialTokens,
+    /// The byte vocabulary structured output uses, once built (for the model size it was built
+    /// for).
+    constraint: Mutex<Option<Arc<ConstraintVocab>>>,
 }
 
 /// The special token ids a GGUF file names (`tokenizer.ggml.*_token_id`) and whether prompts
@@ -109,7 +115,7 @@ impl HfTokenizer {
         })?;
         inner.with_truncation(None).map_err(|e| Error::Tokenizer(e.to_string()))?;
         inner.with_padding(None);
-        Ok(HfTokenizer { inner, special: SpecialTokens::default() })
+        Ok(HfTokenizer::with(inner, SpecialTokens::default()))
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -123,7 +129,7 @@ impl HfTokenizer {
     /// file without tensors is fine). Errors name what is missing or unsupported.
     pub fn from_gguf(g: &Gguf) -> Result<HfTokenizer> {
         let (inner, special) = gguf::build(g)?;
-        Ok(HfTokenizer { inner, special })
+        Ok(HfTokenizer::with(inner, special))
     }
 
     /// [`from_gguf`](HfTokenizer::from_gguf) on a whole GGUF file's bytes.
@@ -131,8 +137,50 @@ impl HfTokenizer {
         HfTokenizer::from_gguf(&Gguf::parse(bytes)?)
     }
 
+    fn with(inner: tokenizers::Tokenizer, special: SpecialTokens) -> HfTokenizer {
+        HfTokenizer { inner, special, constraint: Mutex::new(None) }
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// Every token's bytes, indexed by id: what the tokenizer's decoder makes of the token
+    /// alone, so that decoding any sequence of ordinary tokens gives the concatenation of their
+    /// bytes (up to the decoder's cosmetic edits of the whole text: SentencePiece drops the
+    /// first leading space, and invalid UTF-8 comes out as U+FFFD). Special tokens (added
+    /// tokens marked special: BOS, EOS, `<|im_end|>`, ...) are their name after the byte
+    /// [`SPECIAL`] (0xFF, which no UTF-8 text contains), so no constraint on text allows them.
+    ///
+    /// Two decoder families are understood, which cover GGUF's `llama` and `gpt2` tokenizers
+    /// and the `tokenizer.json`s of byte-level BPE and SentencePiece models:
+    /// - byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM): each character of a token stands for
+    ///   one byte through GPT-2's byte-to-character table;
+    /// - SentencePiece (`Metaspace`, or `Replace` of `▁` by a space, with or without
+    ///   `ByteFallback`): `▁` is a space, `<0xNN>` pieces are the byte NN.
+    ///
+    /// Any other decoder (WordPiece, CTC, ...) is an error naming it.
+    pub fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        let decoding = PieceDecoding::of(self.inner.get_decoder())?;
+        let n = self.vocab_size();
+        let added = self.inner.get_added_tokens_decoder();
+        let mut bytes = Vec::with_capacity(n);
+        for id in 0..n as u32 {
+            let piece = match added.get(&id) {
+                Some(token) if token.special => {
+                    let mut b = vec![SPECIAL];
+                    b.extend_from_slice(token.content.as_bytes());
+                    b
+                }
+                _ => match self.inner.id_to_token(id) {
+                    Some(token) => decoding.bytes(&token),
+                    // A hole in the ids: no text decodes to it.
+                    None => format!("{}<[{id}]>", SPECIAL as char).into_bytes(),
+                },
+            };
+            bytes.push(piece);
+        }
+        Ok(bytes)
     }
 
     /// An error unless every id of this tokenizer is a row of a model's `n_vocab` logits: a
@@ -175,6 +223,129 @@ impl Vocab for HfTokenizer {
 
     fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    fn constraint_vocab(&self, n_vocab: usize) -> Result<Arc<ConstraintVocab>> {
+        let mut cached = self.constraint.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(vocab) = cached.as_ref().filter(|v| v.n_vocab() == n_vocab) {
+            return Ok(vocab.clone());
+        }
+        let vocab = Arc::new(ConstraintVocab::new(self.token_bytes()?, n_vocab)?);
+        *cached = Some(vocab.clone());
+        Ok(vocab)
+    }
+}
+
+/// How a tokenizer's decoder turns one token's string into bytes ([`HfTokenizer::token_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum PieceDecoding {
+    /// Byte-level BPE: each character is a byte through GPT-2's table. A token with a character
+    /// outside the table (an added token written as plain text) is its UTF-8, as `tokenizers`'
+    /// `ByteLevel` decoder has it.
+    ByteLevel,
+    /// SentencePiece: `space` (`▁`) stands for a space; with `byte_fallback`, `<0xNN>` is byte NN.
+    SentencePiece { space: char, byte_fallback: bool },
+}
+
+impl PieceDecoding {
+    /// What the decoder does, read from its serialised form (the only way to see a `Replace`'s
+    /// pattern).
+    fn of(decoder: Option<&tokenizers::DecoderWrapper>) -> Result<PieceDecoding> {
+        let unsupported = |what: &str| {
+            Error::Constraint(format!(
+                "structured output needs a byte-level BPE or SentencePiece tokenizer; this one's \
+                 decoder is {what}"
+            ))
+        };
+        let Some(decoder) = decoder else {
+            return Err(unsupported("missing (tokens joined by spaces)"));
+        };
+        let json = serde_json::to_value(decoder).map_err(|e| unsupported(&e.to_string()))?;
+        let parts = match json.get("decoders").and_then(|d| d.as_array()) {
+            Some(list) => list.clone(),
+            None => vec![json.clone()],
+        };
+        let (mut byte_level, mut byte_fallback, mut space) = (false, false, None);
+        for part in &parts {
+            let kind = part.get("type").and_then(|t| t.as_str()).unwrap_or("?");
+            match kind {
+                "ByteLevel" => byte_level = true,
+                "ByteFallback" => byte_fallback = true,
+                "Fuse" | "Strip" => {}
+                "Metaspace" => {
+                    space = part.get("replacement").and_then(|r| r.as_str()).and_then(one_char);
+                }
+                "Replace" if part.get("content").and_then(|c| c.as_str()) == Some(" ") => {
+                    let pattern = part.pointer("/pattern/String").and_then(|p| p.as_str());
+                    space = pattern.and_then(one_char);
+                    if space.is_none() {
+                        return Err(unsupported(&format!("a Replace of {}", part["pattern"])));
+                    }
+                }
+                other => return Err(unsupported(&format!("{other} ({part})"))),
+            }
+        }
+        match (byte_level, space) {
+            (true, None) if !byte_fallback => Ok(PieceDecoding::ByteLevel),
+            (false, Some(space)) => Ok(PieceDecoding::SentencePiece { space, byte_fallback }),
+            (false, None) if byte_fallback => {
+                Ok(PieceDecoding::SentencePiece { space: '\u{2581}', byte_fallback })
+            }
+            _ => Err(unsupported(&json.to_string())),
+        }
+    }
+
+    fn bytes(self, token: &str) -> Vec<u8> {
+        match self {
+            PieceDecoding::ByteLevel => {
+                let mapped: Option<Vec<u8>> = token.chars().map(byte_of_char).collect();
+                mapped.unwrap_or_else(|| token.as_bytes().to_vec())
+            }
+            PieceDecoding::SentencePiece { space, byte_fallback } => {
+                let hex = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>'));
+                match hex.filter(|h| byte_fallback && h.len() == 2) {
+                    Some(h) => match u8::from_str_radix(h, 16) {
+                        Ok(b) => vec![b],
+                        Err(_) => token.replace(space, " ").into_bytes(),
+                    },
+                    None => token.replace(space, " ").into_bytes(),
+                }
+            }
+        }
+    }
+}
+
+fn one_char(s: &str) -> Option<char> {
+    let mut chars = s.chars();
+    match (chars.next(), chars.next()) {
+        (Some(c), None) => Some(c),
+        _ => None,
+    }
+}
+
+/// GPT-2's byte-level table, inverted: the byte a character stands for. Printable bytes
+/// (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand for themselves; the other 68 bytes, in order, are the
+/// characters from U+0100 on.
+fn byte_of_char(c: char) -> Option<u8> {
+    const fn self_mapped(b: u8) -> bool {
+        matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF)
+    }
+    /// The bytes that do not stand for themselves, in order: U+0100 + k stands for `SHIFTED[k]`.
+    const SHIFTED: [u8; 68] = {
+        let mut out = [0u8; 68];
+        let (mut b, mut k) = (0usize, 0usize);
+        while b < 256 {
+            if !self_mapped(b as u8) {
+                out[k] = b as u8;
+                k += 1;
+            }
+            b += 1;
+        }
+        out
+    };
+    match c as u32 {
+        c @ 0..=0xFF => self_mapped(c as u8).then_some(c as u8),
+        c => SHIFTED.get((c - 0x100) as usize).copied(),
     }
 }
 

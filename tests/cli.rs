@@ -743,3 +743,169 @@ fn the_gpu_probe_is_quiet_without_a_session() {
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Structured output: --json-schema, --json-object, --regex, --grammar on the embedded default
+// model (trained, with its real SentencePiece tokenizer); outputs checked by the jsonschema and
+// regex crates, not by the constraint engine that produced them.
+// ---------------------------------------------------------------------------------------------
+
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("nexttoken-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn file(&self, name: &str, text: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+const PROMPT: &str = "And God said";
+
+/// `generate --json` on the default model with `extra`: the token lines and the summary.
+fn generate_json(extra: &[&str]) -> (Vec<Value>, Value) {
+    let args = ["generate", "--backend", "cpu", "--prompt", PROMPT, "--json"];
+    let out = stdout(&nexttoken(&[&args[..], extra].concat()));
+    let mut lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let summary = lines.pop().unwrap();
+    (lines, summary)
+}
+
+#[test]
+fn json_schema_output_validates() {
+    let tmp = TempDir::new("schema");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 2}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false
+    });
+    let file = tmp.file("schema.json", &schema.to_string());
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for sampling in
+        [&["--temperature", "0"][..], &["--seed", "4"], &["--top-k", "5", "--seed", "9"]]
+    {
+        let (tokens, summary) = generate_json(&[&["--json-schema", &file], sampling].concat());
+        let text = summary["text"].as_str().unwrap();
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(validator.is_valid(&value), "{text:?}");
+        let stop = summary["stop_reason"].as_str().unwrap();
+        assert!(stop == "ConstraintComplete" || stop == "Eos", "{stop}");
+        // Each token line says what the constraint removed from the model's top tokens.
+        assert!(tokens.iter().all(|t| t["removed"].is_array()));
+        assert!(tokens.iter().any(|t| !t["removed"].as_array().unwrap().is_empty()));
+    }
+    // Beam search under the schema: the best beam, as text.
+    let out = stdout(&nexttoken(&[
+        "generate",
+        "--backend",
+        "cpu",
+        "--prompt",
+        PROMPT,
+        "--json-schema",
+        &file,
+        "--beams",
+        "3",
+    ]));
+    let value: Value = serde_json::from_str(out.trim_end().strip_prefix(PROMPT).unwrap()).unwrap();
+    assert!(validator.is_valid(&value), "{out:?}");
+}
+
+#[test]
+fn regex_grammar_and_json_object_outputs_match() {
+    let tmp = TempDir::new("regex");
+    for (pattern, sampling) in [
+        (r"[0-9]{3}-[0-9]{4}", &["--temperature", "0"][..]),
+        (r"(Yea|Nay), [a-z]{2,10}\.", &["--seed", "2"][..]),
+        (r"[A-Z][a-z]+( [a-z]+){2,5}\.", &["--seed", "3", "--min-p", "0.05"][..]),
+    ] {
+        let (_, summary) = generate_json(&[&["--regex", pattern], sampling].concat());
+        let text = summary["text"].as_str().unwrap();
+        let re = regex::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+        assert!(re.is_match(text), "{pattern}: {text:?}");
+    }
+    let grammar = tmp.file(
+        "list.lark",
+        "start: \"[\" item (\", \" item)? (\", \" item)? \"]\"\nitem: /[0-9]{1,3}/ | /[a-z]{1,8}/\n",
+    );
+    let (_, summary) = generate_json(&["--grammar", &grammar, "--seed", "1"]);
+    let text = summary["text"].as_str().unwrap();
+    let re = regex::Regex::new(r"^\[([0-9]{1,3}|[a-z]{1,8})(, ([0-9]{1,3}|[a-z]{1,8})){0,2}\]$");
+    assert!(re.unwrap().is_match(text), "{text:?}");
+    let (_, summary) = generate_json(&["--json-object", "--temperature", "0"]);
+    let text = summary["text"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text:?}");
+}
+
+#[test]
+fn structured_output_errors_name_the_problem() {
+    let tmp = TempDir::new("constraint-errors");
+    fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["generate", "--backend", "cpu", "--prompt", PROMPT];
+        args.extend_from_slice(extra);
+        args
+    }
+    let not_json = tmp.file("bad.json", "{\"type\": \"object\",\n \"properties\": }");
+    fails_with(&with(&["--json-schema", &not_json]), "not JSON: expected value at line 2");
+    let bad_type = tmp.file("type.json", r#"{"type": "strng"}"#);
+    fails_with(&with(&["--json-schema", &bad_type]), "invalid JSON schema");
+    fails_with(&with(&["--json-schema", &bad_type]), "strng");
+    fails_with(&with(&["--json-schema", "/nonexistent/schema.json"]), "schema.json");
+    fails_with(&with(&["--regex", "[0-9"]), "unclosed character class");
+    let bad_grammar = tmp.file("bad.lark", "start: item\n");
+    fails_with(&with(&["--grammar", &bad_grammar]), "invalid grammar");
+    fails_with(&with(&["--grammar", &bad_grammar]), "item");
+    // One constraint at a time; none with stop strings.
+    fails_with(&with(&["--regex", "a", "--json-object"]), "cannot be used with");
+    fails_with(&with(&["--json-object", "--stop", "}"]), "stop strings cannot be combined");
+    // Out of tokens before the output is complete: the text so far, then an error (exit 1).
+    let o = nexttoken(&with(&["--json-object", "--max-tokens", "2"]));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Incomplete") && err.contains("does not match the constraint"), "{err}");
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with(&format!("{PROMPT}{{")));
+    let o = nexttoken(&with(&["--json-object", "--max-tokens", "2", "--json"]));
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    let summary: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["stop_reason"], "Incomplete");
+}
+
+/// `chat` takes the same constraint flags: the reply is constrained, and the template's end of
+/// turn (`<|im_end|>`) ends it only once the output is complete.
+#[test]
+fn chat_reply_follows_a_constraint() {
+    let Some(f) = chat_fixture("constrained", true) else { return };
+    let messages = f.dir.join("conversation.json");
+    std::fs::write(&messages, r#"[{"role": "user", "content": "Is it raining?"}]"#).unwrap();
+    let m = messages.to_str().unwrap();
+    for pattern in ["(yes|no)", r"(Yes|No), [a-z]{1,12}\."] {
+        let args = chat_args(&f, &["--messages", m, "--regex", pattern, "--json"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out: Value = serde_json::from_str(stdout(&nexttoken(&args)).trim()).unwrap();
+        let content = out["content"].as_str().unwrap();
+        let re = regex::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+        assert!(re.is_match(content), "{pattern}: {content:?}");
+        let ids = ids(&out["ids"]);
+        match out["stop_reason"].as_str().unwrap() {
+            "Eos" => assert_eq!(ids.last(), Some(&(QWEN_IM_END as u64))),
+            "ConstraintComplete" => assert!(!ids.contains(&(QWEN_IM_END as u64))),
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -654,6 +654,43 @@ fn topk_kernel_matches_a_stable_sort() {
     }
 }
 
+/// The masked top-k (structured output's allowed set applied in the kernel) against a stable
+/// sort of the allowed values: sparse and dense masks, masks allowing fewer than k, none, or
+/// only the last id; ties by smaller index.
+#[test]
+fn masked_topk_kernel_matches_a_sort_of_the_allowed() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(12);
+    for n in [1usize, 33, 300, 1025, 5000, 70_001] {
+        let x: Vec<f32> = (0..n).map(|_| (rng.f() * 40.0).round() / 4.0).collect();
+        let words = n.div_ceil(32);
+        let masks: Vec<Vec<bool>> = vec![
+            (0..n).map(|_| rng.f() < 0.5).collect(),
+            (0..n).map(|_| rng.f() < 0.001).collect(),
+            (0..n).map(|i| i % 97 == 3).collect(),
+            (0..n).map(|i| i + 1 == n).collect(),
+            vec![false; n],
+            vec![true; n],
+        ];
+        for allowed in &masks {
+            let mut mask = vec![0u32; words];
+            for (i, _) in allowed.iter().enumerate().filter(|(_, &a)| a) {
+                mask[i / 32] |= 1 << (i % 32);
+            }
+            for top in [1, 5, 64] {
+                let got = host::topk_masked(&k, &x, top, &mask).unwrap();
+                let want: Vec<(u32, f32)> = sorted_desc(&x)
+                    .into_iter()
+                    .filter(|&i| allowed[i as usize])
+                    .take(top)
+                    .map(|i| (i, x[i as usize]))
+                    .collect();
+                assert_eq!(got, want, "top-{top} of {n}");
+            }
+        }
+    }
+}
+
 #[test]
 fn stories260k_picks_on_the_gpu() {
     let Some(ctx) = context() else { return };

@@ -10,11 +10,16 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use nexttoken::constraint::ConstraintSpec;
 use nexttoken::cpu::{CpuModel, Precision};
+use nexttoken::generate::{prompt_ids, GenerateOptions, Generation};
+use nexttoken::gguf::Gguf;
 use nexttoken::gpu::GpuModel;
 use nexttoken::model::Model;
+use nexttoken::sampling::SamplerConfig;
 use nexttoken::timing::{default_clock, memcpy_bandwidth, per_second};
-use nexttoken::{LanguageModel, Result};
+use nexttoken::tokenizer::HfTokenizer;
+use nexttoken::{Error, LanguageModel, Result, Vocab};
 
 /// The `bench` command's options (its command-line arguments).
 #[derive(clap::Args)]
@@ -44,6 +49,14 @@ pub struct BenchOptions {
     pub profile: bool,
     #[arg(long)]
     pub json: bool,
+    /// Structured output: also time constrained generations (--json-schema, --json-object,
+    /// --regex or --grammar) and report the constraint's cost per decode step as a share of
+    /// the step.
+    #[command(flatten)]
+    pub constraint: crate::ConstraintArgs,
+    /// The tokenizer a constraint reads (default: the GGUF's own).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Token `i` of the benchmark sequence: ids spread over the vocabulary, avoiding the first 3.
@@ -90,6 +103,97 @@ fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
         decode.insert(ctx.to_string(), json!(per_second(o.steps, default_clock() - start)));
     }
     Ok(json!({"prefill_tok_s": prefill, "fill_tok_s": fill, "decode_tok_s": decode}))
+}
+
+/// Constrained generations (sampling at temperature 1, a new seed each, `o.steps` tokens at
+/// most) until at least `4 * o.steps` decode steps are timed: the constraint's time per step
+/// (llguidance consuming the token and computing the next allowed set) against the whole
+/// step's, and the whole step against the same generations' steps without the constraint (which
+/// adds masking the logits and the removed tokens' report).
+fn constrained<M: LanguageModel>(
+    m: &M,
+    vocab: &dyn Vocab,
+    spec: &ConstraintSpec,
+    o: &BenchOptions,
+) -> Result<Value> {
+    let prompt = prompt_ids(m.bos_token(), vocab, "Here is the answer as JSON:")?;
+    let (mut steps, mut step_ms, mut constraint_ms, mut build_ms, mut runs) = (0, 0.0, 0.0, 0.0, 0);
+    let mut complete = 0;
+    let vocab_ms = {
+        let start = default_clock();
+        vocab.constraint_vocab(m.vocab_size())?;
+        default_clock() - start
+    };
+    while steps < 4 * o.steps && runs < 64 {
+        let opts = GenerateOptions {
+            max_tokens: o.steps.max(2),
+            sampler: SamplerConfig { seed: runs as u64, ..SamplerConfig::default() },
+            constraint: Some(spec.clone()),
+            ..GenerateOptions::default()
+        };
+        let mut g = Generation::new(m, vocab, &prompt, opts)?;
+        let built = g.constraint_build_ms();
+        // The first token's step is the prefill's: the decode steps are the ones after it.
+        let mut after_first = 0.0;
+        while g.step()?.is_some() {
+            if g.generated_ids().len() == 1 {
+                after_first = g.constraint_time().0;
+            }
+        }
+        let s = g.summary().expect("stopped");
+        if s.generated_tokens > 1 {
+            steps += s.generated_tokens - 1;
+            step_ms += s.decode_ms;
+            constraint_ms += g.constraint_time().0 - after_first;
+        }
+        build_ms += built;
+        complete += s.stop_reason.is_complete() as usize;
+        runs += 1;
+    }
+    if steps == 0 {
+        return Err(Error::Input("the constrained runs made no decode step to time".into()));
+    }
+    // The same runs' step time without the constraint (the same seeds and lengths).
+    let (mut plain_steps, mut plain_ms) = (0, 0.0);
+    for seed in 0..runs {
+        let opts = GenerateOptions {
+            max_tokens: o.steps.max(2),
+            sampler: SamplerConfig { seed: seed as u64, ..SamplerConfig::default() },
+            stop_at_eos: false,
+            ..GenerateOptions::default()
+        };
+        let mut g = Generation::new(m, vocab, &prompt, opts)?;
+        while g.step()?.is_some() {}
+        let s = g.summary().expect("stopped");
+        plain_steps += s.generated_tokens.saturating_sub(1);
+        plain_ms += s.decode_ms;
+    }
+    let per_step = step_ms / steps as f64;
+    let per_constraint = constraint_ms / steps as f64;
+    let plain_step = plain_ms / plain_steps.max(1) as f64;
+    Ok(json!({
+        "kind": spec.kind(),
+        "runs": runs,
+        "complete_runs": complete,
+        "decode_steps": steps,
+        "step_ms": per_step,
+        "constraint_ms_per_step": per_constraint,
+        "constraint_share": per_constraint / per_step,
+        "plain_step_ms": plain_step,
+        "overhead_share": (per_step - plain_step) / plain_step,
+        "compile_ms_per_run": build_ms / runs as f64,
+        "vocab_index_ms": vocab_ms,
+    }))
+}
+
+/// The tokenizer for a constraint: `--tokenizer`, else the GGUF's own.
+fn bench_tokenizer(o: &BenchOptions, model: &Model) -> Result<HfTokenizer> {
+    let tokenizer = match &o.tokenizer {
+        Some(path) => HfTokenizer::from_file(path)?,
+        None => HfTokenizer::from_gguf(&Gguf::parse(&model.storage)?)?,
+    };
+    tokenizer.check_fits(model.config.n_vocab)?;
+    Ok(tokenizer)
 }
 
 /// Per-kernel times of one decode step after filling the cache to each context: per label
@@ -155,7 +259,10 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         exact: o.exact,
         profile: o.profile,
         json: o.json,
+        constraint: o.constraint.clone(),
+        tokenizer: o.tokenizer.clone(),
     };
+    let spec = o.constraint.spec()?;
     let max_ctx = o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps + 8;
     let mut results = Vec::new();
     let backends: Vec<&str> = match o.backend.as_str() {
@@ -170,6 +277,16 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         let model = Model::open(&o.model)?;
         model_bytes = model.tensors.iter().map(|t| t.size_bytes).sum();
         params = model.parameter_count();
+        let tokenizer = match &spec {
+            Some(_) => Some(bench_tokenizer(o, &model)?),
+            None => None,
+        };
+        let with_constraint = |r: &mut Value, m: &dyn ConstrainedBench| -> Result<()> {
+            if let (Some(spec), Some(tokenizer)) = (&spec, &tokenizer) {
+                r["constraint"] = m.constrained(tokenizer, spec, o)?;
+            }
+            Ok(())
+        };
         let mut r = if backend == "gpu" {
             let gm = GpuModel::new(model)?.with_max_seq(max_ctx);
             let load_s = t.elapsed().as_secs_f64();
@@ -177,6 +294,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             let mut r = measure(&gm, o)?;
             r["load_s"] = json!(load_s);
             r["device"] = json!(desc);
+            with_constraint(&mut r, &gm)?;
             // Counters of the last forward, which `measure` left at a one-token decode step.
             let st = gm.stats();
             r["dispatches_per_step"] = json!(st.dispatches_last);
@@ -203,6 +321,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             let load_s = t.elapsed().as_secs_f64();
             per_token = cm.weight_bytes_per_token();
             let mut r = measure(&cm, o)?;
+            with_constraint(&mut r, &cm)?;
             r["load_s"] = json!(load_s);
             r["threads"] = json!(cm.threads());
             r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
@@ -280,6 +399,25 @@ pub fn run(o: &BenchOptions) -> Result<()> {
                 fill
             );
         }
+        if let Some(c) = r.get("constraint") {
+            let f = |key: &str| c[key].as_f64().unwrap_or(0.0);
+            println!(
+                "constraint     {}: the mask {:.3} ms per decode step of {:.2} ms = {:.1}%; the \
+                 step {:+.1}% against {:.2} ms unconstrained ({} steps in {} sampled runs, {} \
+                 complete; compiling it {:.1} ms per run, indexing the vocabulary {:.0} ms once)",
+                c["kind"].as_str().unwrap_or("?"),
+                f("constraint_ms_per_step"),
+                f("step_ms"),
+                100.0 * f("constraint_share"),
+                100.0 * f("overhead_share"),
+                f("plain_step_ms"),
+                c["decode_steps"],
+                c["runs"],
+                c["complete_runs"],
+                f("compile_ms_per_run"),
+                f("vocab_index_ms"),
+            );
+        }
         if let Some(d) = r["dispatches_per_step"].as_u64() {
             println!(
                 "per step       {d} dispatches (budget {}), {} submission, {} bytes read back; GPU memory {:.1} MiB (f16 KV: {})",
@@ -332,4 +470,25 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         println!("peak RSS       {:.1} MiB (VmHWM, before the memcpy test)", mib(rss as f64));
     }
     Ok(())
+}
+
+/// [`constrained`] for either backend behind one reference.
+trait ConstrainedBench {
+    fn constrained(
+        &self,
+        vocab: &dyn Vocab,
+        spec: &ConstraintSpec,
+        o: &BenchOptions,
+    ) -> Result<Value>;
+}
+
+impl<M: LanguageModel> ConstrainedBench for M {
+    fn constrained(
+        &self,
+        vocab: &dyn Vocab,
+        spec: &ConstraintSpec,
+        o: &BenchOptions,
+    ) -> Result<Value> {
+        constrained(self, vocab, spec, o)
+    }
 }

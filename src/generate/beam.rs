@@ -5,10 +5,13 @@
 //! drives it with [`LanguageModel::forward_top`]. Each pass needs only the hypothesis's best tokens
 //! and the log-sum-exp of its logits ([`TopK`]), not the whole row.
 
+use std::sync::Arc;
+
 use super::{check_prompt, common_prefix_len, text_after_anchor, visible_end, ANCHOR_TOKENS};
 use super::{GenerationSummary, StopReason, TokenEvent};
+use crate::constraint::{AllowedSet, Constraint, ConstraintSpec};
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, TopK, Vocab};
+use crate::lm::{AllowedTop, LanguageModel, TopK, Vocab};
 use crate::sampling::{bad_logits, TOP_SHOWN};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,8 +41,14 @@ pub struct Beam {
     /// What beams are ranked by: `logprob`, or `logprob / length^α` with length normalisation
     /// (length counting the end token).
     pub score: f64,
-    /// Ended with an end token (rather than at `max_tokens` or the context's end).
+    /// Ended by itself: an end token, or (under a constraint) output that nothing can follow;
+    /// rather than at `max_tokens` or the context's end.
     pub finished: bool,
+    /// Why it ended: [`StopReason::Eos`], [`StopReason::ConstraintComplete`],
+    /// [`StopReason::MaxTokens`] (also at the context's end), or under a constraint
+    /// [`StopReason::Incomplete`] when its output does not match yet (such beams rank after
+    /// every beam whose output does).
+    pub stop_reason: StopReason,
     /// Each token as it was chosen, the end token included when finished: what the model
     /// thought at that step (for showing the beam token by token, see [`replay`]).
     pub tokens: Vec<BeamToken>,
@@ -90,6 +99,12 @@ struct Hypothesis<S> {
     /// hypothesis's last token.
     input: Vec<u32>,
     top: Option<TopK>,
+    /// Under a constraint: its state after this hypothesis's tokens, and the model's own
+    /// ranking (allowed or not) for the alternatives a token shows.
+    constraint: Option<Constraint>,
+    alts: Option<TopK>,
+    /// Set when the hypothesis cannot grow: why it ended.
+    ended: Option<StopReason>,
 }
 
 /// A beam search in progress. At each step every live hypothesis is extended by its `beams` most
@@ -112,6 +127,7 @@ pub struct BeamSearch<S> {
     over: bool,
     /// Every extension considered, kept or pruned: the search as a tree.
     nodes: Vec<BeamNode>,
+    n_vocab: usize,
 }
 
 impl<S: Clone> BeamSearch<S> {
@@ -135,6 +151,9 @@ impl<S: Clone> BeamSearch<S> {
             state: model.new_state(),
             input: prompt_ids.to_vec(),
             top: None,
+            constraint: None,
+            alts: None,
+            ended: None,
         };
         Ok(BeamSearch {
             opts,
@@ -146,7 +165,46 @@ impl<S: Clone> BeamSearch<S> {
             extensions: 0,
             over: false,
             nodes: Vec::new(),
+            n_vocab: model.vocab_size(),
         })
+    }
+
+    /// Search only among outputs valid under `spec` (structured output, see
+    /// [`constraint`](crate::constraint)): each hypothesis extends by the best tokens the
+    /// constraint allows it, the end tokens only once its output is complete, and a hypothesis
+    /// whose output nothing can follow is finished. Drive the forward passes with
+    /// [`allowed`](BeamSearch::allowed), [`LanguageModel::forward_top_allowed`] and
+    /// [`step_output_allowed`](BeamSearch::step_output_allowed).
+    pub fn with_constraint(mut self, vocab: &dyn Vocab, spec: &ConstraintSpec) -> Result<Self> {
+        let constraint = Constraint::new(spec, vocab.constraint_vocab(self.n_vocab)?)?
+            .with_end_tokens(&self.eos);
+        if constraint.clone().allowed()?.count() == 0 {
+            return Err(Error::Constraint(format!(
+                "the {} allows no token of this vocabulary to start the output",
+                constraint.kind()
+            )));
+        }
+        for hyp in &mut self.live {
+            hyp.constraint = Some(constraint.clone());
+        }
+        Ok(self)
+    }
+
+    /// Whether a constraint shapes this search.
+    pub fn is_constrained(&self) -> bool {
+        self.live.first().is_some_and(|h| h.constraint.is_some())
+    }
+
+    /// Under a constraint, the tokens it allows after the pending forward pass's hypothesis
+    /// (pass them to [`LanguageModel::forward_top_allowed`]); `None` without one.
+    ///
+    /// # Panics
+    /// When no forward pass is pending (`step_input` gave `None`).
+    pub fn allowed(&mut self) -> Result<Option<Arc<AllowedSet>>> {
+        match self.pending().constraint.as_mut() {
+            None => Ok(None),
+            Some(c) => c.allowed().map(Some),
+        }
     }
 
     /// The search so far as a tree: every extension considered, in the order they were made
@@ -164,15 +222,10 @@ impl<S: Clone> BeamSearch<S> {
     /// The tokens of the next forward pass, or `None` once the search is over. If a forward pass
     /// fails, nothing has changed and it can be tried again.
     pub fn step_input(&mut self) -> Option<Vec<u32>> {
-        loop {
-            if self.over {
-                return None;
-            }
-            if let Some(hyp) = self.live.iter().find(|h| h.top.is_none()) {
-                return Some(hyp.input.clone());
-            }
-            self.extend();
+        if self.over {
+            return None;
         }
+        self.live.iter().find(|h| h.top.is_none()).map(|hyp| hyp.input.clone())
     }
 
     /// The model state the tokens of [`step_input`](BeamSearch::step_input) go into.
@@ -189,14 +242,47 @@ impl<S: Clone> BeamSearch<S> {
     /// # Panics
     /// When no forward pass is pending (`step_input` gave `None`).
     pub fn step_output(&mut self, top: TopK) -> Result<()> {
+        if self.pending().constraint.is_some() {
+            self.over = true;
+            return Err(Error::Input(
+                "a constrained search needs the allowed tokens' ranking (step_output_allowed)"
+                    .into(),
+            ));
+        }
+        self.rank(top, None)
+    }
+
+    /// [`step_output`](BeamSearch::step_output) under a constraint: the ranking of
+    /// [`LanguageModel::forward_top_allowed`] with [`top_k`](BeamSearch::top_k) allowed tokens,
+    /// [`TOP_SHOWN`] of all, and the set from [`allowed`](BeamSearch::allowed).
+    ///
+    /// # Panics
+    /// When no forward pass is pending (`step_input` gave `None`).
+    pub fn step_output_allowed(&mut self, top: AllowedTop) -> Result<()> {
+        if self.pending().constraint.is_none() {
+            return self.rank(top.all, None);
+        }
+        self.rank(top.allowed, Some(top.all))
+    }
+
+    fn rank(&mut self, top: TopK, alts: Option<TopK>) -> Result<()> {
         // NaN or +inf logits make the log-sum-exp NaN, or (on a GPU) leave nothing ranked.
-        if top.ids.is_empty() || top.logsumexp.is_nan() || top.logsumexp == f64::INFINITY {
+        let all = alts.as_ref().unwrap_or(&top);
+        if all.ids.is_empty() || all.logsumexp.is_nan() || all.logsumexp == f64::INFINITY {
             let hyp = self.pending();
             let position = hyp.tokens.len();
             self.over = true;
             return Err(bad_logits(self.prompt_len + position));
         }
-        self.pending().top = Some(top);
+        let hyp = self.pending();
+        hyp.top = Some(top);
+        hyp.alts = alts;
+        if self.live.iter().all(|h| h.top.is_some()) {
+            if let Err(e) = self.extend() {
+                self.over = true;
+                return Err(e);
+            }
+        }
         Ok(())
     }
 
@@ -217,26 +303,31 @@ impl<S: Clone> BeamSearch<S> {
         let opts = self.opts;
         let mut done = self.done;
         // Hypotheses still alive when max_tokens or the context ran out.
-        for hyp in self.live {
+        for mut hyp in self.live {
+            let stop_reason = match hyp.constraint.as_mut().map(|c| c.is_complete()) {
+                Some(false) => StopReason::Incomplete,
+                _ => StopReason::MaxTokens,
+            };
             done.push(Beam {
                 node: hyp.node,
                 score: rank_score(opts, hyp.logprob, hyp.tokens.len()),
                 ids: hyp.ids,
                 logprob: hyp.logprob,
                 finished: false,
+                stop_reason,
                 tokens: hyp.tokens,
             });
         }
-        done.sort_by(|a, b| b.score.total_cmp(&a.score));
+        sort_beams(&mut done);
         done.truncate(opts.beams);
         done
     }
 
     /// One step of the search, once every live hypothesis has its ranking.
-    fn extend(&mut self) {
+    fn extend(&mut self) -> Result<()> {
         if self.extensions == self.opts.max_tokens {
             self.over = true;
-            return;
+            return Ok(());
         }
         self.extensions += 1;
         let last_step = self.extensions == self.opts.max_tokens;
@@ -270,40 +361,53 @@ impl<S: Clone> BeamSearch<S> {
         candidates.truncate(beams);
 
         // The children, before any parent state is moved into one of them.
-        let children: Vec<(usize, Hypothesis<()>)> = candidates
-            .iter()
-            .enumerate()
-            .map(|(i, &(h, rank, logprob))| {
-                let parent = &self.live[h];
-                let top = parent.top.as_ref().expect("ranked above");
-                let id = top.ids[rank];
-                let mut tokens = parent.tokens.clone();
-                tokens.push(BeamToken { id, logprob: top.logprob(rank), top: alternatives(top) });
-                let mut ids = parent.ids.clone();
-                if !self.eos.contains(&id) {
-                    ids.push(id);
+        let mut children: Vec<(usize, Hypothesis<()>)> = Vec::with_capacity(candidates.len());
+        for (i, &(h, rank, logprob)) in candidates.iter().enumerate() {
+            let parent = &self.live[h];
+            let top = parent.top.as_ref().expect("ranked above");
+            let id = top.ids[rank];
+            let mut tokens = parent.tokens.clone();
+            let shown = alternatives(parent.alts.as_ref().unwrap_or(top));
+            tokens.push(BeamToken { id, logprob: top.logprob(rank), top: shown });
+            let mut ids = parent.ids.clone();
+            let mut ended = None;
+            let mut constraint = parent.constraint.clone();
+            if self.eos.contains(&id) {
+                ended = Some(StopReason::Eos);
+            } else {
+                ids.push(id);
+                if let Some(c) = constraint.as_mut() {
+                    c.consume(id)?;
+                    if c.is_finished()? {
+                        ended = Some(match c.is_complete() {
+                            true => StopReason::ConstraintComplete,
+                            // A dead end: nothing can follow, and the output is not valid.
+                            false => StopReason::Incomplete,
+                        });
+                    }
                 }
-                let node = Some(first_node + i);
-                (
-                    h,
-                    Hypothesis {
-                        node,
-                        ids,
-                        tokens,
-                        logprob,
-                        state: (),
-                        input: vec![id],
-                        top: None,
-                    },
-                )
-            })
-            .collect();
+            }
+            let node = Some(first_node + i);
+            let input = vec![id];
+            let child = Hypothesis {
+                node,
+                ids,
+                tokens,
+                logprob,
+                state: (),
+                input,
+                top: None,
+                constraint,
+                alts: None,
+                ended,
+            };
+            children.push((h, child));
+        }
         let grows = |child: &Hypothesis<()>| {
-            let ended = child.ids.len() < child.tokens.len();
             // Out of room: nothing more will be generated, so skip the forward pass that would
             // predict it.
             let full = self.prompt_len + child.ids.len() >= self.context;
-            !ended && !full && !last_step
+            child.ended.is_none() && !full && !last_step
         };
         // Each parent's state goes to its last growing child, the others get copies (forks).
         let mut forks_left = vec![0usize; self.live.len()];
@@ -313,9 +417,16 @@ impl<S: Clone> BeamSearch<S> {
         let growing: Vec<bool> = children.iter().map(|(_, c)| grows(c)).collect();
         let mut states: Vec<Option<S>> =
             std::mem::take(&mut self.live).into_iter().map(|h| Some(h.state)).collect();
-        for ((h, child), grows) in children.into_iter().zip(growing) {
+        for ((h, mut child), grows) in children.into_iter().zip(growing) {
             if !grows {
-                let finished = child.ids.len() < child.tokens.len();
+                let complete = child.constraint.as_mut().map(|c| c.is_complete());
+                let stop_reason = match (child.ended, complete) {
+                    (Some(reason), _) => reason,
+                    (None, Some(false)) => StopReason::Incomplete,
+                    (None, _) => StopReason::MaxTokens,
+                };
+                let finished =
+                    matches!(stop_reason, StopReason::Eos | StopReason::ConstraintComplete);
                 if let Some(node) = child.node {
                     self.nodes[node].finished = true;
                 }
@@ -325,6 +436,7 @@ impl<S: Clone> BeamSearch<S> {
                     ids: child.ids,
                     logprob: child.logprob,
                     finished,
+                    stop_reason,
                     tokens: child.tokens,
                 });
                 continue;
@@ -335,8 +447,21 @@ impl<S: Clone> BeamSearch<S> {
             } else {
                 states[h].clone().expect("moved only to the last child")
             };
-            let Hypothesis { node, ids, tokens, logprob, input, top, .. } = child;
-            self.live.push(Hypothesis { node, ids, tokens, logprob, state, input, top });
+            let Hypothesis {
+                node, ids, tokens, logprob, input, top, constraint, alts, ended, ..
+            } = child;
+            self.live.push(Hypothesis {
+                node,
+                ids,
+                tokens,
+                logprob,
+                state,
+                input,
+                top,
+                constraint,
+                alts,
+                ended,
+            });
         }
 
         if self.live.is_empty()
@@ -344,6 +469,7 @@ impl<S: Clone> BeamSearch<S> {
         {
             self.over = true;
         }
+        Ok(())
     }
 }
 
@@ -361,13 +487,21 @@ fn alternatives(top: &TopK) -> Vec<(u32, f32)> {
     (0..top.ids.len().min(TOP_SHOWN)).map(|i| (top.ids[i], top.logprob(i).exp() as f32)).collect()
 }
 
+/// Beams whose output is valid first (all of them, without a constraint), then by score.
+fn sort_beams(beams: &mut [Beam]) {
+    let invalid = |b: &Beam| b.stop_reason == StopReason::Incomplete;
+    beams.sort_by(|a, b| invalid(a).cmp(&invalid(b)).then(b.score.total_cmp(&a.score)));
+}
+
 /// Without length normalisation a hypothesis's log P only falls as it grows, so once `beams`
-/// finished ones all beat the best live one, nothing live can enter the result.
+/// finished ones with valid output all beat the best live one, nothing live can enter the
+/// result.
 fn cannot_improve<S>(live: &[Hypothesis<S>], done: &mut [Beam], beams: usize) -> bool {
-    if done.len() < beams {
+    sort_beams(done);
+    let valid = done.iter().filter(|b| b.stop_reason != StopReason::Incomplete).count();
+    if valid < beams {
         return false;
     }
-    done.sort_by(|a, b| b.score.total_cmp(&a.score));
     let worst_kept = done[beams - 1].score;
     live.iter().all(|hyp| hyp.logprob <= worst_kept)
 }
@@ -379,11 +513,39 @@ pub fn beam_search<M: LanguageModel>(
     prompt_ids: &[u32],
     opts: BeamOptions,
 ) -> Result<Vec<Beam>> {
+    beam_search_constrained(model, prompt_ids, opts, None)
+}
+
+/// [`beam_search`] among the outputs valid under a constraint (see
+/// [`BeamSearch::with_constraint`]), when `constraint` gives one with the tokenizer it reads.
+pub fn beam_search_constrained<M: LanguageModel>(
+    model: &M,
+    prompt_ids: &[u32],
+    opts: BeamOptions,
+    constraint: Option<(&dyn Vocab, &ConstraintSpec)>,
+) -> Result<Vec<Beam>> {
     let mut search = BeamSearch::new(model, prompt_ids, opts)?;
+    if let Some((vocab, spec)) = constraint {
+        search = search.with_constraint(vocab, spec)?;
+    }
     while let Some(tokens) = search.step_input() {
         let k = search.top_k();
-        let top = model.forward_top(search.state_mut(), &tokens, k)?;
-        search.step_output(top)?;
+        match search.allowed()? {
+            Some(allowed) => {
+                let top = model.forward_top_allowed(
+                    search.state_mut(),
+                    &tokens,
+                    k,
+                    TOP_SHOWN,
+                    &allowed,
+                )?;
+                search.step_output_allowed(top)?;
+            }
+            None => {
+                let top = model.forward_top(search.state_mut(), &tokens, k)?;
+                search.step_output(top)?;
+            }
+        }
     }
     Ok(search.finish())
 }
@@ -397,7 +559,7 @@ pub struct BeamReplay {
     pub prompt_tokens: usize,
     /// The whole generated text.
     pub text: String,
-    /// [`StopReason::Eos`] for a finished beam, otherwise [`StopReason::MaxTokens`].
+    /// The beam's [`Beam::stop_reason`].
     pub stop_reason: StopReason,
 }
 
@@ -422,6 +584,7 @@ pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay 
         shown.push_str(&text);
         events.push(TokenEvent {
             candidates: Vec::new(),
+            removed: Vec::new(),
             id: token.id,
             text,
             prob: token.logprob.exp() as f32,
@@ -434,7 +597,7 @@ pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay 
         events,
         prompt_tokens: prompt_ids.len(),
         text: shown,
-        stop_reason: if beam.finished { StopReason::Eos } else { StopReason::MaxTokens },
+        stop_reason: beam.stop_reason,
     }
 }
 

@@ -11,16 +11,20 @@
 use std::borrow::Borrow;
 use std::marker::PhantomData;
 
+use std::sync::Arc;
+
+use crate::constraint::{AllowedSet, Constraint, ConstraintSpec};
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, TopK, Vocab};
-use crate::sampling::{bad_logits, top_n, Pick, Sampler, SamplerConfig};
+use crate::lm::{AllowedTop, LanguageModel, TopK, Vocab};
+use crate::sampling::{bad_logits, logsumexp, top_n, Pick, Sampler, SamplerConfig, MAX_SHOWN};
 
 pub mod beam;
 pub mod score;
 
 pub use crate::timing::{default_clock, per_second, Clock};
 pub use beam::{
-    beam_search, replay, Beam, BeamNode, BeamOptions, BeamReplay, BeamSearch, BeamToken,
+    beam_search, beam_search_constrained, replay, Beam, BeamNode, BeamOptions, BeamReplay,
+    BeamSearch, BeamToken,
 };
 pub use score::{score, Score, Scoring};
 
@@ -43,6 +47,19 @@ pub struct GenerateOptions {
     /// How many of each step's most likely tokens (with their logits) the token events carry
     /// (`TokenEvent::candidates`); 0 for none.
     pub keep_candidates: usize,
+    /// Structured output: only tokens that keep the output valid under this JSON schema, regex
+    /// or grammar are chosen (the others get `-inf` before the sampler sees the logits; see
+    /// [`constraint`](crate::constraint)). The model's end tokens (and `stop_tokens`) are
+    /// allowed only once the output is complete; generation stops by itself when nothing can
+    /// follow ([`StopReason::ConstraintComplete`]) and with [`StopReason::Incomplete`] when
+    /// `max_tokens` or the context runs out first. Needs a tokenizer whose tokens are bytes
+    /// ([`Vocab::constraint_vocab`]); cannot be combined with `stop_strings` (the constraint
+    /// decides where the output ends). Forced tokens must be allowed by it.
+    pub constraint: Option<ConstraintSpec>,
+    /// With a constraint: the last this-many prompt ids are already output under it (a branch of
+    /// a constrained generation continues from a prompt holding the tokens generated before the
+    /// branch point). The constraint consumes them first; one it refuses is an error.
+    pub constraint_prefix: usize,
 }
 
 impl Default for GenerateOptions {
@@ -55,6 +72,8 @@ impl Default for GenerateOptions {
             stop_tokens: Vec::new(),
             forced: Vec::new(),
             keep_candidates: 0,
+            constraint: None,
+            constraint_prefix: 0,
         }
     }
 }
@@ -76,7 +95,13 @@ pub struct TokenEvent {
     pub position: usize,
     /// The step's most likely tokens with their raw logits, best first, when
     /// `GenerateOptions::keep_candidates` asks for them: what a view of the sampler replays.
+    /// Under a constraint, the most likely of the tokens it allowed (what the sampler chose
+    /// from).
     pub candidates: Vec<(u32, f32)>,
+    /// Under a constraint: the tokens it removed at this step from among the model's most likely
+    /// (the first `max(alternatives, keep_candidates)` of the plain distribution), with their
+    /// plain-softmax probabilities, most likely first. Empty without a constraint.
+    pub removed: Vec<(u32, f32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +116,36 @@ pub enum StopReason {
     ContextFull,
     /// The caller stopped it ([`Generation::abort`], or `on_token` returning false).
     Aborted,
+    /// The output is complete under the constraint ([`GenerateOptions::constraint`]) and nothing
+    /// can follow it (a JSON value's last brace, the end of a fixed-length pattern).
+    ConstraintComplete,
+    /// `max_tokens` or the context ran out before the output matched the constraint: the text is
+    /// not valid output (an unclosed JSON object, a pattern half matched).
+    Incomplete,
+}
+
+impl StopReason {
+    /// Whether the output is what was asked for: anything but [`StopReason::Incomplete`] and
+    /// [`StopReason::Aborted`].
+    pub fn is_complete(self) -> bool {
+        !matches!(self, StopReason::Incomplete | StopReason::Aborted)
+    }
+
+    /// A sentence for a user, e.g. "the output does not match the constraint yet: ...".
+    pub fn describe(self) -> &'static str {
+        match self {
+            StopReason::Eos => "the model ended the text",
+            StopReason::StopString => "a stop string was reached",
+            StopReason::MaxTokens => "max_tokens were generated",
+            StopReason::ContextFull => "the context is full",
+            StopReason::Aborted => "stopped by the caller",
+            StopReason::ConstraintComplete => "the output is complete under the constraint",
+            StopReason::Incomplete => {
+                "the output does not match the constraint yet: max_tokens or the context ran out \
+                 first, so it is not valid output"
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -181,6 +236,13 @@ pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
     ttft_ms: Option<f64>,
     /// When the step in progress started (see [`Generation::step_input`]).
     step_start: f64,
+    /// The structured-output constraint, when there is one.
+    constraint: Option<Constraint>,
+    /// Time spent building the constraint (compiling it, the first allowed set), then on its
+    /// steps (consuming a token, the next allowed set), and the steps.
+    constraint_build_ms: f64,
+    constraint_ms: f64,
+    constraint_steps: usize,
 }
 
 impl<'m, M: LanguageModel> Generation<'m, M> {
@@ -236,6 +298,19 @@ where
         prompt_ids: &[u32],
         opts: GenerateOptions,
     ) -> Result<Self> {
+        Generation::resume_with_clock(model, vocab, state, prompt_ids, opts, default_clock)
+    }
+
+    /// [`resume_with_handles`](Generation::resume_with_handles) timed by `clock` from the start
+    /// (building a constraint included), as [`with_clock`](Generation::with_clock) would after.
+    pub fn resume_with_clock(
+        model: R,
+        vocab: V,
+        state: M::State,
+        prompt_ids: &[u32],
+        opts: GenerateOptions,
+        clock: Clock,
+    ) -> Result<Self> {
         let m: &M = Borrow::<M>::borrow(&model);
         check_prompt(m, prompt_ids)?;
         let reused = m.position(&state);
@@ -255,6 +330,9 @@ where
         if opts.stop_strings.iter().any(String::is_empty) {
             return Err(Error::Input("a stop string is empty (it would match at once)".into()));
         }
+        let started = clock();
+        let constraint =
+            start_constraint(m, Borrow::<dyn Vocab + 'm>::borrow(&vocab), prompt_ids, &opts)?;
         let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
         let anchor_text = Borrow::<dyn Vocab + 'm>::borrow(&vocab).decode(anchor);
         Ok(Generation {
@@ -275,11 +353,15 @@ where
             anchor_text,
             text: String::new(),
             stop: None,
-            clock: default_clock,
+            clock,
             prefill_ms: 0.0,
             decode_ms: 0.0,
             ttft_ms: None,
             step_start: 0.0,
+            constraint_build_ms: if constraint.is_some() { clock() - started } else { 0.0 },
+            constraint_ms: 0.0,
+            constraint_steps: 0,
+            constraint,
         })
     }
 
@@ -311,6 +393,13 @@ where
             return self.step_output(Vec::new()).map(Some);
         }
         if let Some(k) = model.top_on_device().and_then(|limit| self.top_needed(limit)) {
+            if let Some(c) = self.constraint.as_mut() {
+                let allowed = c.allowed()?;
+                let shown = self.shown_needed();
+                let top =
+                    model.forward_top_allowed(&mut self.state, &tokens, k, shown, &allowed)?;
+                return self.step_output_allowed(top).map(Some);
+            }
             let top = model.forward_top(&mut self.state, &tokens, k)?;
             return self.step_output_top(top).map(Some);
         }
@@ -331,11 +420,11 @@ where
         // Only reachable with max_tokens = 0 or a prompt that fills the context: later steps
         // see these coming and stop at the token that hits them.
         if self.opts.max_tokens == 0 {
-            self.stop = Some(StopReason::MaxTokens);
+            self.stop = Some(self.out_of_room(StopReason::MaxTokens));
             return None;
         }
         if self.prompt_len >= Borrow::<M>::borrow(&self.model).context_length() {
-            self.stop = Some(StopReason::ContextFull);
+            self.stop = Some(self.out_of_room(StopReason::ContextFull));
             return None;
         }
         self.step_start = (self.clock)();
@@ -358,16 +447,70 @@ where
         if !logits.is_empty() {
             self.logits = logits;
         }
-        let mut event = self.finish_step(|g| match g.next_forced() {
-            Some(id) => g.sampler.describe(&g.logits, id),
-            None => g.sampler.sample(&g.logits, &g.tokens),
+        let allowed = self.allowed()?;
+        let mut event = self.finish_step(|g| match (g.next_forced(), &allowed) {
+            (Some(id), _) => Ok(g.sampler.describe(&g.logits, id)),
+            (None, None) => Ok(g.sampler.sample(&g.logits, &g.tokens)),
+            (None, Some(allowed)) => {
+                let pick = g.sampler.sample_allowed(&g.logits, allowed, &g.tokens);
+                g.check_possible(pick, allowed)
+            }
         })?;
+        if let Some(allowed) = &allowed {
+            let shown = top_n(&self.logits, self.shown_needed());
+            // The log-sum-exp the pick's probability came from (no second pass over the row).
+            let lse = match self.logits.get(event.id as usize) {
+                Some(&logit) if event.logprob.is_finite() => logit as f64 - event.logprob as f64,
+                _ => logsumexp(&self.logits),
+            };
+            event.removed = removed(&shown, allowed, |logit| (logit as f64 - lse).exp() as f32);
+        }
         if self.opts.keep_candidates > 0 {
             // Impossible tokens (-inf) are no candidates (and JSON has no infinity).
-            event.candidates = top_n(&self.logits, self.opts.keep_candidates);
+            event.candidates = match &allowed {
+                Some(allowed) => top_n(&allowed.mask(&self.logits), self.opts.keep_candidates),
+                None => top_n(&self.logits, self.opts.keep_candidates),
+            };
             event.candidates.retain(|&(_, logit)| logit.is_finite());
         }
         Ok(event)
+    }
+
+    /// Under a constraint, the tokens it allows at this step (computed once per step: the
+    /// constraint's cost); `None` without one. A step that ranks on the model's device passes
+    /// this to [`LanguageModel::forward_top_allowed`] and ends with
+    /// [`step_output_allowed`](Generation::step_output_allowed).
+    pub fn allowed(&mut self) -> Result<Option<Arc<AllowedSet>>> {
+        let Some(c) = self.constraint.as_mut() else { return Ok(None) };
+        let start = (self.clock)();
+        let allowed = c.allowed();
+        self.constraint_ms += (self.clock)() - start;
+        allowed.map(Some)
+    }
+
+    /// Whether a constraint shapes this generation.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Milliseconds spent on the constraint's steps so far (consuming each token, computing the
+    /// next allowed set) and how many tokens it consumed: the per-step cost of structured
+    /// output, which `nexttoken bench` reports as a share of the step time.
+    pub fn constraint_time(&self) -> (f64, usize) {
+        (self.constraint_ms, self.constraint_steps)
+    }
+
+    /// Milliseconds spent building the constraint: compiling the schema, regex or grammar, and
+    /// the first token's allowed set (0 without a constraint).
+    pub fn constraint_build_ms(&self) -> f64 {
+        self.constraint_build_ms
+    }
+
+    /// How many of the model's most likely tokens a constrained step ranks besides the allowed
+    /// ones (`shown` of [`LanguageModel::forward_top_allowed`]): what a token event shows of the
+    /// model's own view and of what the constraint removed.
+    pub fn shown_needed(&self) -> usize {
+        self.sampler.config().alternatives.min(MAX_SHOWN).max(self.opts.keep_candidates).max(1)
     }
 
     /// The forced token this step emits, if any is left (`GenerateOptions::forced`).
@@ -389,16 +532,55 @@ where
     }
 
     /// [`step_output`](Generation::step_output) from the forward pass's `k` most likely tokens
-    /// and log-sum-exp (`k` from [`top_needed`](Generation::top_needed)).
+    /// and log-sum-exp (`k` from [`top_needed`](Generation::top_needed)). Under a constraint
+    /// use [`step_output_allowed`](Generation::step_output_allowed).
     pub fn step_output_top(&mut self, top: TopK) -> Result<TokenEvent> {
-        let mut event = self.finish_step(|g| g.sampler.sample_top(&top))?;
+        if self.constraint.is_some() {
+            return Err(Error::Input(
+                "a constrained step needs the allowed tokens' ranking (step_output_allowed)".into(),
+            ));
+        }
+        let mut event = self.finish_step(|g| Ok(g.sampler.sample_top(&top)))?;
         let keep = self.opts.keep_candidates.min(top.ids.len());
         let ranked = top.ids[..keep].iter().copied().zip(top.logits[..keep].iter().copied());
         event.candidates = ranked.filter(|&(_, logit)| logit.is_finite()).collect();
         Ok(event)
     }
 
-    fn finish_step(&mut self, pick: impl FnOnce(&mut Self) -> Pick) -> Result<TokenEvent> {
+    /// [`step_output`](Generation::step_output) for a constrained step from
+    /// [`LanguageModel::forward_top_allowed`] with this step's [`allowed`](Generation::allowed)
+    /// set, `k` from [`top_needed`](Generation::top_needed) and `shown` from
+    /// [`shown_needed`](Generation::shown_needed).
+    pub fn step_output_allowed(&mut self, top: AllowedTop) -> Result<TokenEvent> {
+        let Some(allowed) = self.allowed()? else {
+            return self.step_output_top(top.all);
+        };
+        let shown = self.sampler.config().alternatives.min(MAX_SHOWN);
+        let mut event = self.finish_step(|g| {
+            if top.allowed.ids.is_empty() && !top.all.logsumexp.is_nan() {
+                // Every allowed token has a -inf logit (NaN logits are reported as such below).
+                let none = Pick { id: 0, prob: 0.0, logprob: f32::NEG_INFINITY, top: Vec::new() };
+                return g.check_possible(none, &allowed);
+            }
+            let mut pick = g.sampler.sample_top(&top.allowed);
+            // The model's own alternatives, not only the allowed ones.
+            let lse = top.all.logsumexp;
+            let all = top.all.ids.iter().zip(&top.all.logits).take(shown);
+            pick.top = all.map(|(&id, &logit)| (id, (logit as f64 - lse).exp() as f32)).collect();
+            g.check_possible(pick, &allowed)
+        })?;
+        let all: Vec<(u32, f32)> =
+            top.all.ids.iter().copied().zip(top.all.logits.iter().copied()).collect();
+        let lse = top.all.logsumexp;
+        event.removed = removed(&all, &allowed, |logit| (logit as f64 - lse).exp() as f32);
+        let keep = self.opts.keep_candidates.min(top.allowed.ids.len());
+        let ranked =
+            top.allowed.ids[..keep].iter().copied().zip(top.allowed.logits[..keep].iter().copied());
+        event.candidates = ranked.filter(|&(_, logit)| logit.is_finite()).collect();
+        Ok(event)
+    }
+
+    fn finish_step(&mut self, pick: impl FnOnce(&mut Self) -> Result<Pick>) -> Result<TokenEvent> {
         let start = self.step_start;
         if !self.prefilled {
             self.prefilled = true;
@@ -408,12 +590,19 @@ where
         }
 
         let pick = pick(self);
-        // The one check for broken logits: they make the pick's log-probability NaN.
-        if pick.logprob.is_nan() {
-            self.stop = Some(StopReason::Aborted);
-            return Err(bad_logits(self.tokens.len()));
-        }
-        let event = self.accept(pick);
+        let pick = match pick {
+            // The one check for broken logits: they make the pick's log-probability NaN.
+            Ok(pick) if pick.logprob.is_nan() => Err(bad_logits(self.tokens.len())),
+            other => other,
+        };
+        let event = match pick.and_then(|pick| self.accept(pick)) {
+            Ok(event) => event,
+            Err(e) => {
+                self.stop = Some(StopReason::Aborted);
+                self.pending = None;
+                return Err(e);
+            }
+        };
 
         let elapsed = (self.clock)() - start;
         match self.ttft_ms {
@@ -423,21 +612,37 @@ where
         Ok(event)
     }
 
-    /// Record the sampled token, decide whether it is the last, and work out its text.
-    fn accept(&mut self, pick: Pick) -> TokenEvent {
+    /// Record the sampled token, decide whether it is the last, and work out its text. Under a
+    /// constraint, the token must be one it allows; it is consumed, and the next step's allowed
+    /// set computed (which tells whether anything can follow).
+    fn accept(&mut self, pick: Pick) -> Result<TokenEvent> {
         let position = self.tokens.len();
-        self.tokens.push(pick.id);
         let model = Borrow::<M>::borrow(&self.model);
-        if self.opts.stop_at_eos
-            && (model.eos_tokens().contains(&pick.id) || self.opts.stop_tokens.contains(&pick.id))
-        {
+        let is_end = self.opts.stop_at_eos
+            && (model.eos_tokens().contains(&pick.id) || self.opts.stop_tokens.contains(&pick.id));
+        if let Some(allowed) = self.allowed()? {
+            if !allowed.contains(pick.id) {
+                return Err(self.refused(pick.id, position, &allowed));
+            }
+        }
+        self.tokens.push(pick.id);
+        if is_end {
             self.stop = Some(StopReason::Eos);
         } else {
             self.decode_ids.push(pick.id);
-            if self.tokens.len() - self.prompt_len >= self.opts.max_tokens {
-                self.stop = Some(StopReason::MaxTokens);
+            let start = (self.clock)();
+            if let Some(c) = self.constraint.as_mut() {
+                c.consume(pick.id)?;
+                self.constraint_steps += 1;
+            }
+            self.constraint_ms += (self.clock)() - start;
+            // A complete output that nothing can follow ends here, even on the last token allowed.
+            if self.constraint_finished()? {
+                self.stop = Some(StopReason::ConstraintComplete);
+            } else if self.tokens.len() - self.prompt_len >= self.opts.max_tokens {
+                self.stop = Some(self.out_of_room(StopReason::MaxTokens));
             } else if self.tokens.len() >= Borrow::<M>::borrow(&self.model).context_length() {
-                self.stop = Some(StopReason::ContextFull);
+                self.stop = Some(self.out_of_room(StopReason::ContextFull));
             } else {
                 self.pending = Some(pick.id);
             }
@@ -455,15 +660,84 @@ where
         self.text.truncate(new_from);
         self.text.push_str(&text);
 
-        TokenEvent {
+        Ok(TokenEvent {
             candidates: Vec::new(),
+            removed: Vec::new(),
             id: pick.id,
             text,
             prob: pick.prob,
             logprob: pick.logprob,
             top: pick.top,
             position,
+        })
+    }
+
+    /// `pick`, unless it is a constrained pick of probability 0 or outside `allowed`: every
+    /// token the constraint allows has a `-inf` logit, so there is nothing to choose. (A NaN
+    /// pick goes on, to be reported as broken logits.)
+    fn check_possible(&self, pick: Pick, allowed: &AllowedSet) -> Result<Pick> {
+        if pick.logprob.is_nan() {
+            return Ok(pick);
         }
+        if pick.logprob == f32::NEG_INFINITY || !allowed.contains(pick.id) {
+            return Err(Error::Constraint(format!(
+                "every token the constraint allows at position {} has probability 0 (-inf \
+                 logits): nothing can be chosen",
+                self.tokens.len()
+            )));
+        }
+        Ok(pick)
+    }
+
+    /// `reason` (out of tokens or context), or [`StopReason::Incomplete`] when the output does
+    /// not match the constraint yet.
+    fn out_of_room(&mut self, reason: StopReason) -> StopReason {
+        match self.constraint.as_mut().map(|c| c.is_complete()) {
+            Some(false) => StopReason::Incomplete,
+            _ => reason,
+        }
+    }
+
+    /// Whether nothing can follow the output under the constraint (computing the next step's
+    /// allowed set). A dead end, where nothing can follow an output that is not complete, is an
+    /// error.
+    fn constraint_finished(&mut self) -> Result<bool> {
+        let start = (self.clock)();
+        let finished = match self.constraint.as_mut() {
+            None => Ok(false),
+            Some(c) => c.is_finished().and_then(|finished| {
+                if finished && !c.is_complete() {
+                    Err(Error::Constraint(format!(
+                        "no token of this vocabulary can continue the output under the {} \
+                         (after {} tokens), and it is not complete",
+                        c.kind(),
+                        c.consumed()
+                    )))
+                } else {
+                    Ok(finished)
+                }
+            }),
+        };
+        self.constraint_ms += (self.clock)() - start;
+        finished
+    }
+
+    /// The error for a token the constraint does not allow at `position`.
+    fn refused(&self, id: u32, position: usize, allowed: &AllowedSet) -> Error {
+        let text = self.vocab().token_text(id);
+        if self.next_forced().is_some() {
+            return Error::Constraint(format!(
+                "forced token {id} ({text:?}) at position {position} is not allowed by the constraint"
+            ));
+        }
+        if allowed.count() == 0 {
+            return Error::Constraint(format!(
+                "the constraint allows no token at position {position}"
+            ));
+        }
+        Error::Constraint(format!(
+            "token {id} ({text:?}) at position {position} is not allowed by the constraint"
+        ))
     }
 
     /// Decode of everything generated so far, as a whole (so multi-byte characters split over
@@ -561,6 +835,72 @@ fn text_after_anchor(
         // The prompt's last tokens merged with the first generated ones: decode them alone.
         None => vocab.decode(&anchored[anchor_len..]),
     }
+}
+
+/// The constraint `opts` asks for, over `vocab`, with the end tokens allowed when complete and
+/// the last `opts.constraint_prefix` prompt ids consumed; `None` without one.
+fn start_constraint<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    prompt_ids: &[u32],
+    opts: &GenerateOptions,
+) -> Result<Option<Constraint>> {
+    let Some(spec) = &opts.constraint else {
+        if opts.constraint_prefix > 0 {
+            return Err(Error::Input("constraint_prefix is set but there is no constraint".into()));
+        }
+        return Ok(None);
+    };
+    if !opts.stop_strings.is_empty() {
+        return Err(Error::Input(
+            "stop strings cannot be combined with a constraint: the constraint decides where the \
+             output ends (a stop string could cut it into invalid output)"
+                .into(),
+        ));
+    }
+    let mut ends: Vec<u32> = Vec::new();
+    if opts.stop_at_eos {
+        ends.extend(model.eos_tokens());
+        ends.extend(&opts.stop_tokens);
+    }
+    let vocab = vocab.constraint_vocab(model.vocab_size())?;
+    let mut constraint = Constraint::new(spec, vocab)?.with_end_tokens(&ends);
+    let prefix = opts.constraint_prefix;
+    if prefix >= prompt_ids.len() {
+        return Err(Error::Input(format!(
+            "constraint_prefix = {prefix}: the prompt has only {} tokens (the prefix is output \
+             after at least one prompt token)",
+            prompt_ids.len()
+        )));
+    }
+    let from = prompt_ids.len() - prefix;
+    for (i, &id) in prompt_ids[from..].iter().enumerate() {
+        constraint.consume(id).map_err(|e| {
+            Error::Constraint(format!(
+                "the constraint refuses prompt token {id} at position {} (constraint_prefix): {e}",
+                from + i
+            ))
+        })?;
+    }
+    // The first step's allowed set: an output that cannot even start is an error now.
+    let allowed = constraint.allowed()?;
+    if allowed.count() == 0 {
+        return Err(Error::Constraint(format!(
+            "the {} allows no token of this vocabulary to start the output",
+            constraint.kind()
+        )));
+    }
+    Ok(Some(constraint))
+}
+
+/// The tokens of `ranked` (id, logit; most likely first) outside `allowed`, with their
+/// probabilities by `prob`.
+fn removed(
+    ranked: &[(u32, f32)],
+    allowed: &AllowedSet,
+    prob: impl Fn(f32) -> f32,
+) -> Vec<(u32, f32)> {
+    ranked.iter().filter(|&&(id, _)| !allowed.contains(id)).map(|&(id, l)| (id, prob(l))).collect()
 }
 
 fn check_prompt<M: LanguageModel>(model: &M, prompt_ids: &[u32]) -> Result<()> {

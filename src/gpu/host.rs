@@ -254,14 +254,35 @@ pub fn attention(
 /// The `k` largest of `x` (best first, ties by smaller index) as (id, value) pairs, and the
 /// log-sum-exp of all of `x`, by the two top-k kernels.
 pub fn topk(k: &Kernels, x: &[f32], top: usize) -> Result<(Vec<(u32, f32)>, f32)> {
+    run_topk(k, x, top, None)
+}
+
+/// The `k` largest of `x` among the ids whose bit is set in `mask` (id i: bit i % 32 of word
+/// i / 32; `ops::mask_words(x.len())` words), by the masked top-k kernels.
+pub fn topk_masked(k: &Kernels, x: &[f32], top: usize, mask: &[u32]) -> Result<Vec<(u32, f32)>> {
+    Ok(run_topk(k, x, top, Some(mask))?.0)
+}
+
+fn run_topk(
+    k: &Kernels,
+    x: &[f32],
+    top: usize,
+    mask: Option<&[u32]>,
+) -> Result<(Vec<(u32, f32)>, f32)> {
     let ctx = &k.ctx;
     let xb = upload_f32(ctx, x);
     let cand = storage(ctx, "cand", ops::topk_scratch_words(x.len()) as u64 * 4);
     let out = storage(ctx, "out", (2 + 2 * top as u64) * 4);
     let step = upload(ctx, "step", &step_words(0, &[0]));
+    let zeros = vec![0u32; ops::mask_words(x.len())];
+    let words: Vec<u8> = mask.unwrap_or(&zeros).iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mask_buf = upload(ctx, "mask", &words);
     let mut pass = Pass::new(k);
-    let bufs = TopkBuffers { cand: &cand, out: &out, step: &step };
-    ops::topk(&mut pass, &xb, 0, x.len(), top, &bufs, false);
+    let bufs = TopkBuffers { cand: &cand, out: &out, step: &step, mask: &mask_buf };
+    match mask {
+        None => ops::topk(&mut pass, &xb, 0, x.len(), top, &bufs, false),
+        Some(_) => ops::topk_masked(&mut pass, &xb, 0, x.len(), top, &bufs),
+    }
     pass.submit();
     let w = read(ctx, &out, 2 + 2 * top)?;
     let count = w[1].to_bits() as usize;

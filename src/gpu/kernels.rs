@@ -166,7 +166,7 @@ impl Kernel {
             Kernel::AttentionMerge => &[false, false, true],
             Kernel::Add | Kernel::SiluMul => &[false, true],
             Kernel::Gelu => &[true],
-            Kernel::TopkPartial => &[false, true],
+            Kernel::TopkPartial => &[false, false, true],
             Kernel::TopkMerge => &[false, true, true],
             Kernel::ReadBandwidth => &[false, true],
         }

@@ -16,7 +16,9 @@ use super::ops::{
     Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
 use super::stream::{Dest, Filler, Pending};
+use crate::constraint::AllowedSet;
 use crate::error::{Error, Result};
+use crate::lm::AllowedTop;
 use crate::lm::LanguageModel;
 pub use crate::lm::TopK;
 use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
@@ -225,9 +227,12 @@ struct Runtime {
     table_rows: usize,
     /// `[pos, n, 0, 0, ids...]`: the only thing a decode step uploads.
     step: Option<wgpu::Buffer>,
-    /// Top-k scratch and output.
+    /// Top-k scratch and output; a constrained step's second output (the unmasked ranking) and
+    /// its allowed set, uploaded each such step.
     cand: Option<wgpu::Buffer>,
     pick: Option<wgpu::Buffer>,
+    pick_all: Option<wgpu::Buffer>,
+    mask: Option<wgpu::Buffer>,
     /// Read-back buffers, reused (taken out while a read is pending).
     logits_rb: Option<wgpu::Buffer>,
     pick_rb: Option<wgpu::Buffer>,
@@ -244,6 +249,12 @@ enum Output {
     },
     TopK {
         k: usize,
+    },
+    /// The `k` best allowed tokens (the mask uploaded with the step), then the `shown` best of
+    /// all with the row's log-sum-exp.
+    TopKAllowed {
+        k: usize,
+        shown: usize,
     },
     Greedy,
     /// `steps` greedy picks, each fed back as the next input on the GPU.
@@ -706,6 +717,65 @@ impl GpuModel {
         })
     }
 
+    /// Append `tokens` and rank for a constrained step on the GPU: the `k` (1..=64) most likely
+    /// tokens of `allowed` (its bits uploaded with the step and applied in the top-k kernel) and
+    /// the `shown` (1..=64) most likely of all, with the log-sum-exp of all the logits. Only
+    /// these pairs come back (`(2 + 2k) + (2 + 2 shown)` words).
+    pub async fn forward_top_allowed_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> Result<AllowedTop> {
+        let n_vocab = self.model.config.n_vocab;
+        if !(1..=MAX_TOP_K).contains(&k) || !(1..=MAX_TOP_K).contains(&shown) {
+            return Err(Error::Input(format!(
+                "top-k on the GPU needs 1 <= k <= {MAX_TOP_K}, got {k} and {shown}"
+            )));
+        }
+        if allowed.len() != n_vocab {
+            return Err(Error::Input(format!(
+                "the allowed set covers {} tokens; the model has {n_vocab}",
+                allowed.len()
+            )));
+        }
+        let (k, shown) = (k.min(n_vocab), shown.min(n_vocab));
+        let output = Output::TopKAllowed { k, shown };
+        let bytes = self.run_masked(state, tokens, output, Some(allowed.words())).await?;
+        let w: Vec<u32> = words(&bytes).collect();
+        let (masked, all) = w.split_at(2 + 2 * k);
+        let pairs = |w: &[u32], k: usize| -> (Vec<u32>, Vec<f32>) {
+            let count = (w[1] as usize).min(k);
+            (
+                (0..count).map(|i| w[2 + 2 * i]).collect(),
+                (0..count).map(|i| f32::from_bits(w[3 + 2 * i])).collect(),
+            )
+        };
+        let logsumexp = f32::from_bits(all[0]) as f64;
+        let (ids, logits) = pairs(masked, k);
+        // An allowed token with a -inf logit is no candidate (as on the CPU).
+        let keep = logits.iter().take_while(|&&l| l > f32::NEG_INFINITY).count();
+        let allowed =
+            TopK { ids: ids[..keep].to_vec(), logits: logits[..keep].to_vec(), logsumexp };
+        let (ids, logits) = pairs(all, shown);
+        Ok(AllowedTop { allowed, all: TopK { ids, logits, logsumexp } })
+    }
+
+    /// Blocking [`GpuModel::forward_top_allowed_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward_top_allowed_blocking(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> Result<AllowedTop> {
+        pollster::block_on(self.forward_top_allowed_async(state, tokens, k, shown, allowed))
+    }
+
     /// Append `tokens` and return the most likely next token (the argmax of the logits, the
     /// smallest id among equals), chosen on the GPU: 4 bytes come back.
     pub async fn forward_greedy_async(&self, state: &mut GpuState, tokens: &[u32]) -> Result<u32> {
@@ -758,7 +828,18 @@ impl GpuModel {
     /// One forward: record and submit under the runtime lock (no await in between, so the step
     /// and parameter uploads pair with their submission), then wait for the read-back.
     async fn run(&self, state: &mut GpuState, tokens: &[u32], output: Output) -> Result<Vec<u8>> {
-        Ok(self.run_profiled(state, tokens, output, false).await?.0)
+        self.run_masked(state, tokens, output, None).await
+    }
+
+    /// [`run`](Self::run) with an allowed set to upload for a masked ranking.
+    async fn run_masked(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        output: Output,
+        mask: Option<&[u32]>,
+    ) -> Result<Vec<u8>> {
+        Ok(self.run_profiled(state, tokens, output, mask, false).await?.0)
     }
 
     /// Append `tokens` (typically one: a decode step) with every dispatch timed by the GPU's
@@ -771,7 +852,7 @@ impl GpuModel {
         tokens: &[u32],
     ) -> Result<Option<Vec<DispatchTime>>> {
         let (_, times) =
-            self.run_profiled(state, tokens, Output::Logits { all: false }, true).await?;
+            self.run_profiled(state, tokens, Output::Logits { all: false }, None, true).await?;
         Ok(times)
     }
 
@@ -790,6 +871,7 @@ impl GpuModel {
         state: &mut GpuState,
         tokens: &[u32],
         output: Output,
+        mask: Option<&[u32]>,
         profile: bool,
     ) -> Result<(Vec<u8>, Option<Vec<DispatchTime>>)> {
         self.ctx.check_lost()?;
@@ -807,7 +889,7 @@ impl GpuModel {
                 self.max_seq
             )));
         }
-        let (rb, len, timestamps) = self.submit(state, tokens, output, chain_extra, profile);
+        let (rb, len, timestamps) = self.submit(state, tokens, output, mask, chain_extra, profile);
         let read = self.ctx.read_buffer(&rb).await;
         {
             let mut rt = self.rt.lock().unwrap_or_else(|p| p.into_inner());
@@ -843,6 +925,7 @@ impl GpuModel {
         state: &mut GpuState,
         tokens: &[u32],
         output: Output,
+        mask: Option<&[u32]>,
         extra: usize,
         profile: bool,
     ) -> (wgpu::Buffer, usize, Option<Timestamps>) {
@@ -855,12 +938,19 @@ impl GpuModel {
         let step = rt.step.clone().expect("made");
         let table = rt.table.clone().expect("made");
         let (cand, pick) = (rt.cand.clone().expect("made"), rt.pick.clone().expect("made"));
+        let pick_all = rt.pick_all.clone().expect("made");
+        let mask_buf = rt.mask.clone().expect("made");
         ctx.queue.write_buffer(&step, 0, &ops::step_words(pos0, tokens));
+        if let Some(words) = mask {
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            ctx.queue.write_buffer(&mask_buf, 0, &bytes);
+        }
 
         let row_bytes = (vocab * 4) as u64;
         let (out_len, is_logits) = match output {
             Output::Logits { all } => ((if all { n } else { 1 }) * vocab * 4, true),
             Output::TopK { k } => ((2 + 2 * k) * 4, false),
+            Output::TopKAllowed { k, shown } => ((2 + 2 * k + 2 + 2 * shown) * 4, false),
             Output::Greedy => (4, false),
             Output::Chain { steps } => (4 * steps, false),
         };
@@ -886,7 +976,8 @@ impl GpuModel {
             no_kv: &s.no_kv,
             f16_kv: self.opts.f16_kv,
         };
-        let picks = TopkBuffers { cand: &cand, out: &pick, step: &step };
+        let picks = TopkBuffers { cand: &cand, out: &pick, step: &step, mask: &mask_buf };
+        let picks_all = TopkBuffers { cand: &cand, out: &pick_all, step: &step, mask: &mask_buf };
         // The most positions any token of this forward sees (sizes attention's grid).
         let max_seen = pos0 + n + extra;
         let mut start = 0;
@@ -906,6 +997,13 @@ impl GpuModel {
                         Output::TopK { k } => {
                             ops::topk(&mut pass, &s.logits, 0, vocab, k, &picks, false);
                             pass.copy(&pick, 0, &rb, 0, out_len as u64);
+                        }
+                        Output::TopKAllowed { k, shown } => {
+                            ops::topk_masked(&mut pass, &s.logits, 0, vocab, k, &picks);
+                            let first = ((2 + 2 * k) * 4) as u64;
+                            pass.copy(&pick, 0, &rb, 0, first);
+                            ops::topk(&mut pass, &s.logits, 0, vocab, shown, &picks_all, false);
+                            pass.copy(&pick_all, 0, &rb, first, out_len as u64 - first);
                         }
                         Output::Greedy => {
                             ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, false);
@@ -962,6 +1060,9 @@ impl GpuModel {
                 (ops::topk_scratch_words(self.model.config.n_vocab) * 4) as u64,
             ));
             rt.pick = Some(mk(rt, "top-k", ((2 + 2 * MAX_TOP_K) * 4) as u64));
+            rt.pick_all = Some(mk(rt, "top-k of all", ((2 + 2 * MAX_TOP_K) * 4) as u64));
+            let mask_words = ops::mask_words(self.model.config.n_vocab);
+            rt.mask = Some(mk(rt, "allowed tokens", (mask_words * 4) as u64));
         }
         if rows > rt.table_rows && half > 0 {
             // In blocks of 256 positions, so decoding uploads a block every 256 tokens.
@@ -1217,6 +1318,25 @@ impl LanguageModel for GpuModel {
     /// The top-k kernel: a greedy or top-k step reads back only the picks.
     fn top_on_device(&self) -> Option<usize> {
         Some(MAX_TOP_K)
+    }
+
+    /// The masked top-k kernel: a constrained step uploads its allowed set and reads back only
+    /// the picks.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn forward_top_allowed(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> Result<AllowedTop> {
+        if (1..=MAX_TOP_K).contains(&k) && (1..=MAX_TOP_K).contains(&shown) {
+            self.forward_top_allowed_blocking(state, tokens, k, shown, allowed)
+        } else {
+            let logits = self.forward(state, tokens, false)?;
+            Ok(AllowedTop::from_logits(&logits, k, shown, allowed))
+        }
     }
 
     /// The browser cannot block on the GPU: use [`GpuModel::forward_async`].

@@ -249,7 +249,7 @@ params! {
 
 params! {
     /// topk_partial.wgsl
-    TopkPartialParams for "topk_partial.wgsl" { n: u32, x_off: u32, k: u32, slice: u32 }
+    TopkPartialParams for "topk_partial.wgsl" { n: u32, x_off: u32, k: u32, slice: u32, masked: u32 }
 }
 
 params! {
@@ -698,11 +698,19 @@ pub fn topk_scratch_words(n: usize) -> usize {
 }
 
 /// The top-k kernels' buffers: `cand`, scratch of `topk_scratch_words(n)`; `out`, the result
-/// `[lse, count, (id, logit) * count]`; `step`, the step buffer a chained pick writes to.
+/// `[lse, count, (id, logit) * count]`; `step`, the step buffer a chained pick writes to;
+/// `mask`, the allowed set a masked ranking reads (`n.div_ceil(32)` words; bound, unread, by an
+/// unmasked one).
 pub struct TopkBuffers<'a> {
     pub cand: &'a wgpu::Buffer,
     pub out: &'a wgpu::Buffer,
     pub step: &'a wgpu::Buffer,
+    pub mask: &'a wgpu::Buffer,
+}
+
+/// Words of an allowed-set mask over `n` tokens (one bit each).
+pub fn mask_words(n: usize) -> usize {
+    n.div_ceil(32).max(1)
 }
 
 /// The `k` (1..=MAX_TOP_K) largest of the `n` logits at `x[x_off..]` and their log-sum-exp.
@@ -717,10 +725,45 @@ pub fn topk<'a>(
     bufs: &TopkBuffers<'a>,
     chain: bool,
 ) {
+    rank(pass, x, x_off, n, k, bufs, chain, false);
+}
+
+/// [`topk`] among the tokens whose bit is set in `bufs.mask` only (the allowed set of a
+/// structured-output constraint). The result's log-sum-exp is not the row's (take it from an
+/// unmasked [`topk`]); fewer than `k` pairs come back when fewer tokens are allowed.
+pub fn topk_masked<'a>(
+    pass: &mut Pass<'a>,
+    x: &'a wgpu::Buffer,
+    x_off: usize,
+    n: usize,
+    k: usize,
+    bufs: &TopkBuffers<'a>,
+) {
+    rank(pass, x, x_off, n, k, bufs, false, true);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rank<'a>(
+    pass: &mut Pass<'a>,
+    x: &'a wgpu::Buffer,
+    x_off: usize,
+    n: usize,
+    k: usize,
+    bufs: &TopkBuffers<'a>,
+    chain: bool,
+    masked: bool,
+) {
     assert!((1..=MAX_TOP_K).contains(&k), "top-k needs 1 <= k <= {MAX_TOP_K}");
     let (groups, slice) = topk_groups(n);
-    let partial = TopkPartialParams { n: u(n), x_off: u(x_off), k: u(k), slice: u(slice) };
-    pass.dispatch(Kernel::TopkPartial, &[x, bufs.cand], &partial.words(), [u(groups), 1, 1]);
+    let partial = TopkPartialParams {
+        n: u(n),
+        x_off: u(x_off),
+        k: u(k),
+        slice: u(slice),
+        masked: masked as u32,
+    };
+    let buffers = [x, bufs.mask, bufs.cand];
+    pass.dispatch(Kernel::TopkPartial, &buffers, &partial.words(), [u(groups), 1, 1]);
     let merge = TopkMergeParams { groups: u(groups), k: u(k), chain: chain as u32 };
     pass.dispatch(Kernel::TopkMerge, &[bufs.cand, bufs.out, bufs.step], &merge.words(), [1, 1, 1]);
 }

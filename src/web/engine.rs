@@ -531,7 +531,10 @@ impl Engine {
     /// `temperature` (0 = greedy), `topK`, `topP`, `minP`, `repeatPenalty`, `repeatWindow`,
     /// `seed`, `stop` (strings), `topLogprobs` (alternatives reported per token, default 5, at
     /// most 20), `beams` (> 1: beam search, run on the first `next()`, then its best beam is
-    /// replayed token by token), `lengthNormalise`. The KV cache of the previous generation is
+    /// replayed token by token), `lengthNormalise`, `forceTokens`, `keepCandidates`,
+    /// `constraint` (structured output: `{type: "json_schema", schema}`, `{type:
+    /// "json_object"}`, `{type: "regex", pattern}` or `{type: "grammar", lark}`; see
+    /// ARCHITECTURE.md) and `constraintPrefix`. The KV cache of the previous generation is
     /// kept for the prefix the two prompts share (`reusedTokens` in the summary); that
     /// generation ends.
     pub fn start(&self, prompt: &str, options: JsValue) -> Result<Session, JsError> {

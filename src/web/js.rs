@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::chat::Message;
+use crate::constraint::ConstraintSpec;
 use crate::generate::{BeamOptions, GenerateOptions, GenerationSummary, Score, TokenEvent};
 use crate::sampling::SamplerConfig;
 use crate::Vocab;
@@ -77,6 +78,17 @@ pub(super) struct GenOptions {
     /// the sampler view), at most 64.
     #[serde(alias = "keep_candidates")]
     keep_candidates: usize,
+    /// Structured output: `{type: "json_schema", schema: {...}}`, `{type: "json_object"}`,
+    /// `{type: "regex", pattern: "..."}` or `{type: "grammar", lark: "..."}`
+    /// (`ConstraintSpec`). Only tokens that keep the output valid are sampled; each token event
+    /// then carries `removed`, and the summary's `stopReason` is "ConstraintComplete" (nothing
+    /// can follow), "Eos" (the model ended a complete output) or "Incomplete" (`maxTokens` or
+    /// the context ran out first: not valid output).
+    constraint: Option<ConstraintSpec>,
+    /// With `constraint`, the last this-many ids of a prompt given as ids are output already
+    /// under it (a branch of a constrained generation): they are checked against it first.
+    #[serde(alias = "constraint_prefix")]
+    constraint_prefix: usize,
 }
 
 impl GenOptions {
@@ -103,8 +115,15 @@ impl GenOptions {
             stop_strings: self.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             forced: self.force_tokens.clone(),
             keep_candidates: self.keep_candidates.min(MAX_CANDIDATES),
+            constraint: self.constraint.clone(),
+            constraint_prefix: self.constraint_prefix,
             ..d
         }
+    }
+
+    /// The constraint, if any (beam search takes it apart from the other options).
+    pub fn constraint(&self) -> Option<&ConstraintSpec> {
+        self.constraint.as_ref()
     }
 
     /// Beam search options when other than one beam was asked for (0 goes to the search, which
@@ -174,9 +193,28 @@ pub(super) struct TokenOut {
     logprob: f32,
     top: Vec<TopOut>,
     position: usize,
-    /// The step's most likely tokens and their logits, when `keepCandidates` asked for them.
+    /// The step's most likely tokens and their logits, when `keepCandidates` asked for them
+    /// (under a constraint: the most likely of the tokens it allowed).
     #[serde(skip_serializing_if = "Option::is_none")]
     candidates: Option<CandidatesOut>,
+    /// Under a constraint, the tokens it removed at this step from among the model's most likely
+    /// (the first `max(topLogprobs, keepCandidates)`), most likely first; absent when it
+    /// removed none of them (and without a constraint).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    removed: Vec<RemovedOut>,
+}
+
+#[derive(Serialize)]
+struct RemovedOut {
+    id: u32,
+    /// The token as the vocabulary spells it.
+    token: String,
+    /// The token alone as text (the first 20 only, as for candidates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    piece: Option<String>,
+    /// What the model gave it (plain softmax), before the constraint removed it.
+    prob: f32,
+    logprob: f64,
 }
 
 #[derive(Serialize)]
@@ -221,6 +259,18 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
             })
             .collect(),
         position: ev.position,
+        removed: ev
+            .removed
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, prob))| RemovedOut {
+                id,
+                token: vocab.token_text(id),
+                piece: (i < SHOWN_CANDIDATES).then(|| piece(vocab, id)),
+                prob,
+                logprob: if prob > 0.0 { f64::from(prob).ln() } else { NEVER_LOGPROB },
+            })
+            .collect(),
         candidates: (!ev.candidates.is_empty()).then(|| CandidatesOut {
             ids: ev.candidates.iter().map(|&(id, _)| id).collect(),
             logits: ev.candidates.iter().map(|&(_, logit)| logit).collect(),
@@ -290,10 +340,28 @@ pub(super) struct SummaryOut {
     decode_tok_s: f64,
     /// What computed the tokens: "table", "cpu" or "webgpu".
     backend: &'static str,
+    /// Under a constraint: milliseconds spent compiling it (and the first step's allowed set),
+    /// then on all its steps (consuming each token and computing the next allowed set), and the
+    /// steps; absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    constraint: Option<ConstraintTimeOut>,
 }
 
-pub(super) fn summary_out(s: GenerationSummary, backend: &'static str) -> SummaryOut {
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ConstraintTimeOut {
+    pub build_ms: f64,
+    pub steps_ms: f64,
+    pub steps: usize,
+}
+
+pub(super) fn summary_out(
+    s: GenerationSummary,
+    backend: &'static str,
+    constraint: Option<ConstraintTimeOut>,
+) -> SummaryOut {
     SummaryOut {
+        constraint,
         prompt_tokens: s.prompt_tokens,
         reused_tokens: s.reused_tokens,
         generated_tokens: s.generated_tokens,

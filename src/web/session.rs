@@ -12,13 +12,14 @@ use wasm_bindgen::prelude::*;
 use super::js::{self, GenOptions};
 use super::{clock, js_err};
 use crate::chat::{reuse_prefix, Message};
+use crate::constraint::AllowedSet;
 use crate::cpu::CpuModel;
 use crate::generate::{
     self, BeamNode, BeamSearch, Generation, GenerationSummary, Score, Scoring, TokenEvent,
 };
 use crate::gpu::kernels::MAX_TOP_K;
 use crate::gpu::GpuModel;
-use crate::lm::TopK;
+use crate::lm::{AllowedTop, TopK};
 use crate::table::TableModel;
 use crate::{Error, LanguageModel, Result, Vocab};
 
@@ -47,6 +48,17 @@ pub(super) trait Backend: LanguageModel + Sized + 'static {
         k: usize,
     ) -> Result<TopK> {
         self.forward_top(state, tokens, k)
+    }
+
+    async fn forward_top_allowed_awaited(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> Result<AllowedTop> {
+        self.forward_top_allowed(state, tokens, k, shown, allowed)
     }
 
     /// The session enum's variant for this backend, and back.
@@ -106,6 +118,23 @@ impl Backend for GpuModel {
             self.forward_topk_async(state, tokens, k).await
         } else {
             Ok(TopK::from_logits(&self.forward_async(state, tokens, false).await?, k))
+        }
+    }
+
+    /// The allowed set applied in the top-k kernel, so only the pairs come back.
+    async fn forward_top_allowed_awaited(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> Result<AllowedTop> {
+        if k <= MAX_TOP_K && shown <= MAX_TOP_K {
+            self.forward_top_allowed_async(state, tokens, k, shown, allowed).await
+        } else {
+            let logits = self.forward_async(state, tokens, false).await?;
+            Ok(AllowedTop::from_logits(&logits, k, shown, allowed))
         }
     }
 }
@@ -186,7 +215,12 @@ impl<M: Backend> Stepper<M> {
     ) -> Result<Self> {
         Ok(match opts.beam_options() {
             Some(beam_opts) => Stepper::Beam(BeamRun {
-                search: Some(BeamSearch::new(&**model, ids, beam_opts)?),
+                search: Some(match opts.constraint() {
+                    Some(spec) => {
+                        BeamSearch::new(&**model, ids, beam_opts)?.with_constraint(&*vocab, spec)?
+                    }
+                    None => BeamSearch::new(&**model, ids, beam_opts)?,
+                }),
                 model: model.clone(),
                 vocab,
                 prompt: ids.to_vec(),
@@ -206,9 +240,15 @@ impl<M: Backend> Stepper<M> {
                     }
                     None => model.new_state(),
                 };
-                let generation =
-                    Generation::resume_with_handles(model.clone(), vocab, state, ids, gen_opts)?;
-                Stepper::Sample(Box::new(generation.with_clock(clock)), model.clone())
+                let generation = Generation::resume_with_clock(
+                    model.clone(),
+                    vocab,
+                    state,
+                    ids,
+                    gen_opts,
+                    clock,
+                )?;
+                Stepper::Sample(Box::new(generation), model.clone())
             }
         })
     }
@@ -234,8 +274,17 @@ impl<M: Backend> Stepper<M> {
                 if tokens.is_empty() {
                     return generation.step_output(Vec::new()).map(Some);
                 }
-                // Greedy or top-k on WebGPU: the GPU ranks, only the picks come back.
+                // Greedy or top-k on WebGPU: the GPU ranks, only the picks come back (under a
+                // constraint, among the allowed tokens: the set is uploaded with the step).
                 if let Some(k) = model.top_on_device().and_then(|l| generation.top_needed(l)) {
+                    if let Some(allowed) = generation.allowed()? {
+                        let shown = generation.shown_needed();
+                        let state = generation.state_mut();
+                        let top = model
+                            .forward_top_allowed_awaited(state, &tokens, k, shown, &allowed)
+                            .await?;
+                        return generation.step_output_allowed(top).map(Some);
+                    }
                     let top = model.forward_top_awaited(generation.state_mut(), &tokens, k).await?;
                     return generation.step_output_top(top).map(Some);
                 }
@@ -292,8 +341,22 @@ impl<M: Backend> BeamRun<M> {
         let search = self.search.as_mut().expect("called while the search has not run");
         while let Some(tokens) = search.step_input() {
             let k = search.top_k();
-            let top = self.model.forward_top_awaited(search.state_mut(), &tokens, k).await?;
-            search.step_output(top)?;
+            match search.allowed()? {
+                Some(allowed) => {
+                    let state = search.state_mut();
+                    let shown = crate::sampling::TOP_SHOWN;
+                    let model = &self.model;
+                    let top = model
+                        .forward_top_allowed_awaited(state, &tokens, k, shown, &allowed)
+                        .await?;
+                    search.step_output_allowed(top)?;
+                }
+                None => {
+                    let top =
+                        self.model.forward_top_awaited(search.state_mut(), &tokens, k).await?;
+                    search.step_output(top)?;
+                }
+            }
         }
         let search = self.search.take().expect("checked above");
         self.tree = search.tree().to_vec();
@@ -357,6 +420,17 @@ impl Gen {
 
     fn summary(&self) -> Option<(GenerationSummary, &'static str)> {
         each!(self, s, M => s.summary().map(|summary| (summary, M::NAME)))
+    }
+
+    /// A constrained sampling run's time on its constraint.
+    fn constraint_time(&self) -> Option<js::ConstraintTimeOut> {
+        each!(self, s, _M => match s {
+            Stepper::Sample(g, _) if g.is_constrained() => {
+                let (steps_ms, steps) = g.constraint_time();
+                Some(js::ConstraintTimeOut { build_ms: g.constraint_build_ms(), steps_ms, steps })
+            }
+            _ => None,
+        })
     }
 
     /// A beam search's tree once it has run (the nodes and the best beam's last node).
@@ -486,12 +560,15 @@ impl Session {
 
     /// Totals once stopped (`null` before): `promptTokens`, `generatedTokens`, `text`,
     /// `stopReason`, `prefillMs`, `decodeMs`, `ttftMs`, `prefillTokS`, `decodeTokS`, and
-    /// `backend` ("table", "cpu" or "webgpu": what computed the tokens).
+    /// `backend` ("table", "cpu" or "webgpu": what computed the tokens); under a constraint,
+    /// `constraint: {buildMs, stepsMs, steps}` (its cost).
     pub fn summary(&self) -> std::result::Result<JsValue, JsError> {
         let slot = self.gen.borrow();
         let gen = slot.as_ref().ok_or_else(|| JsError::new(BUSY))?;
         match gen.summary() {
-            Some((summary, backend)) => js::to_js(&js::summary_out(summary, backend)),
+            Some((summary, backend)) => {
+                js::to_js(&js::summary_out(summary, backend, gen.constraint_time()))
+            }
             None => Ok(JsValue::NULL),
         }
     }

@@ -237,8 +237,98 @@ function options() {
       .filter(Boolean),
     // Each step's 64 most likely tokens, for the inspector's sampler view.
     keepCandidates: 64,
+    constraint: constraint(),
   };
 }
+
+// ---------------------------------------------------------------------------------------------
+// Structured output: the constraint panel. The engine checks the schema, regex or grammar and
+// names what is wrong; the page only checks that a schema is JSON.
+
+const CONSTRAINT_EXAMPLES = {
+  character: {
+    kind: "json_schema",
+    prompt: "Once upon a time there was a girl called",
+    text: {
+      type: "object",
+      properties: {
+        name: { type: "string", maxLength: 20 },
+        age: { type: "integer", minimum: 1, maximum: 12 },
+        likes: { type: "array", items: { type: "string", maxLength: 20 }, minItems: 1, maxItems: 3 },
+      },
+      required: ["name", "age", "likes"],
+      additionalProperties: false,
+    },
+  },
+  story: {
+    kind: "json_schema",
+    prompt: "Once upon a time",
+    text: {
+      type: "object",
+      properties: {
+        title: { type: "string", maxLength: 40 },
+        mood: { enum: ["happy", "sad", "scared", "funny"] },
+        ending: { type: "string", maxLength: 60 },
+      },
+      required: ["title", "mood"],
+      additionalProperties: false,
+    },
+  },
+};
+
+const CONSTRAINT_PLACEHOLDER = {
+  json_schema: '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}',
+  regex: "(yes|no), because [a-z ]{1,40}\\.",
+  grammar: 'start: "The " animal " is " colour "."\nanimal: "cat" | "dog"\ncolour: "red" | "blue"',
+};
+
+/** The engine's `constraint` option from the panel (undefined for free text). */
+function constraint() {
+  const kind = $("constraint-kind").value;
+  const text = $("constraint-text").value;
+  if (!kind) return undefined;
+  if (kind === "json_object") return { type: "json_object" };
+  if (!text.trim()) throw new Error(`Structured output: enter the ${kind === "json_schema" ? "JSON Schema" : kind === "regex" ? "regular expression" : "grammar"}`);
+  if (kind === "regex") return { type: "regex", pattern: text };
+  if (kind === "grammar") return { type: "grammar", lark: text };
+  let schema;
+  try {
+    schema = JSON.parse(text);
+  } catch (e) {
+    $("structured").open = true;
+    throw new Error(`Structured output: the schema is not JSON (${e.message})`);
+  }
+  return { type: "json_schema", schema };
+}
+
+function onConstraintKind() {
+  const kind = $("constraint-kind").value;
+  $("constraint-text").hidden = !kind || kind === "json_object";
+  $("constraint-text").placeholder = CONSTRAINT_PLACEHOLDER[kind] ?? "";
+}
+
+function useConstraintExample(name) {
+  const ex = CONSTRAINT_EXAMPLES[name];
+  $("constraint-kind").value = ex.kind;
+  $("constraint-text").value = JSON.stringify(ex.text, null, 2);
+  if (!chatMode()) $("prompt").value = ex.prompt;
+  onConstraintKind();
+}
+
+/** What the finished text is, under a constraint: parsed JSON, or why it is unfinished. */
+function constraintStat(s) {
+  const c = s && constraintUsed;
+  if (!c) return undefined;
+  if (s.stopReason === "Incomplete") return "incomplete: the text ended before it matched (raise max tokens)";
+  if (c.type !== "json_schema" && c.type !== "json_object") return "complete: the text matches";
+  try {
+    JSON.parse(s.text);
+    return c.type === "json_schema" ? "complete: valid JSON of the schema" : "complete: a valid JSON object";
+  } catch (e) {
+    return `not JSON: ${e.message}`;
+  }
+}
+let constraintUsed = null;
 
 async function runGenerate() {
   if (!loadedSpec) return;
@@ -259,7 +349,9 @@ async function runGenerate() {
   const t0 = performance.now();
   let first = null;
   try {
-    for await (const t of nt.generate(prompt, options())) {
+    const opts = options();
+    constraintUsed = opts.constraint;
+    for await (const t of nt.generate(prompt, opts)) {
       first ??= performance.now() - t0;
       out.append(tokenSpan(t));
       liveStats(t, tokens.length, t0, first);
@@ -310,6 +402,7 @@ function summaryStats(s) {
       stats.decode = `${s.decodeTokS.toFixed(1)} tok/s`;
     }
     stats.stopped = STOP_REASONS[s.stopReason] || s.stopReason;
+    stats["structured output"] = constraintStat(s);
   } else {
     stats.stopped = STOP_REASONS.Aborted;
   }
@@ -323,6 +416,8 @@ const STOP_REASONS = {
   MaxTokens: "max tokens reached",
   ContextFull: "the context is full",
   Aborted: "Stop pressed",
+  ConstraintComplete: "the structured output is complete",
+  Incomplete: "the structured output was not finished (max tokens or context)",
 };
 
 function stopGenerate() {
@@ -583,7 +678,9 @@ async function runReply() {
   const t0 = performance.now();
   let first = null;
   try {
-    for await (const t of nt.reply(messages, { ...options(), dropOldest: $("drop-oldest").checked })) {
+    const opts = options();
+    constraintUsed = opts.constraint;
+    for await (const t of nt.reply(messages, { ...opts, dropOldest: $("drop-oldest").checked })) {
       first ??= performance.now() - t0;
       li.append(tokenSpan(t));
       turn.count += 1;
@@ -688,6 +785,8 @@ async function refreshCacheList() {
 // ---------------------------------------------------------------------------------------------
 
 $("generate").addEventListener("click", runGenerate);
+$("constraint-kind").addEventListener("change", onConstraintKind);
+for (const b of document.querySelectorAll(".constraint-example")) b.addEventListener("click", () => useConstraintExample(b.dataset.example));
 $("send").addEventListener("click", sendMessage);
 $("regenerate").addEventListener("click", regenerate);
 $("edit-last").addEventListener("click", editLast);

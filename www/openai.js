@@ -12,7 +12,7 @@
 // (`error.param`). Aborting with `{ signal }` (second argument, as OpenAI's client takes it, or a
 // `signal` field) stops generation within a token and rejects with an AbortError.
 
-const FINISH = { Eos: "stop", StopString: "stop", MaxTokens: "length", ContextFull: "length" };
+const FINISH = { Eos: "stop", StopString: "stop", MaxTokens: "length", ContextFull: "length", ConstraintComplete: "stop", Incomplete: "length" };
 const MAX_STOP = 4;
 const MAX_TOP_LOGPROBS = 20;
 
@@ -81,7 +81,6 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
   for (const name of ["frequency_penalty", "presence_penalty"]) {
     field(params, name, (v) => (v === 0 ? null : "is not supported (use repetition_penalty)"));
   }
-  field(params, "response_format", (v) => (typeof v === "object" && v.type === "text" ? null : "only {type: \"text\"} is supported"));
   const maxTokens = field(params, "max_completion_tokens", integerIn(1, 1e9)) ?? field(params, "max_tokens", integerIn(1, 1e9));
   let stop = field(params, "stop", (v) =>
     typeof v === "string" || (Array.isArray(v) && v.length <= MAX_STOP && v.every((s) => typeof s === "string")) ? null : `must be a string or an array of at most ${MAX_STOP} strings`,
@@ -108,6 +107,7 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     stop,
     topLogprobs: alternatives,
     dropOldest: field(params, "drop_oldest", boolean) ?? false,
+    constraint: constraintOf(params),
   };
   return {
     engine,
@@ -116,6 +116,33 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     stream: field(params, "stream", boolean) ?? false,
     includeUsage: !!params.stream_options?.include_usage,
   };
+}
+
+/**
+ * The engine's `constraint` (structured output) from OpenAI's `response_format`
+ * (`{type: "json_schema", json_schema: {name, schema, strict}}` or `{type: "json_object"}`), or
+ * from the extensions `regex` (a regular expression the whole output matches) and `grammar` (a
+ * Lark grammar); at most one of them. Undefined for free text.
+ */
+function constraintOf(params) {
+  const format = field(params, "response_format", (v) =>
+    typeof v === "object" && ["text", "json_object", "json_schema"].includes(v.type) ? null : 'must be {type: "text" | "json_object" | "json_schema"}',
+  );
+  const regex = field(params, "regex", (v) => (typeof v === "string" && v !== "" ? null : "must be a non-empty string (a regular expression)"));
+  const grammar = field(params, "grammar", (v) => (typeof v === "string" && v !== "" ? null : "must be a non-empty string (a Lark grammar)"));
+  const given = [format && format.type !== "text" && "response_format", regex !== undefined && "regex", grammar !== undefined && "grammar"].filter(Boolean);
+  if (given.length > 1) throw new BadRequestError(given[1], `cannot be combined with ${given[0]}: give one constraint`);
+  if (format?.type === "json_schema") {
+    const schema = format.json_schema?.schema;
+    if (typeof schema !== "object" || schema === null || Array.isArray(schema)) {
+      throw new BadRequestError("response_format.json_schema.schema", "must be a JSON Schema object");
+    }
+    return { type: "json_schema", schema };
+  }
+  if (format?.type === "json_object") return { type: "json_object" };
+  if (regex !== undefined) return { type: "regex", pattern: regex };
+  if (grammar !== undefined) return { type: "grammar", lark: grammar };
+  return undefined;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,7 +178,8 @@ const randomId = (prefix) => `${prefix}-${Array.from(crypto.getRandomValues(new 
 /**
  * `{chat: {completions: {create}}, completions: {create}}` over `nt` (a NextToken with a model
  * loaded). Extensions beyond OpenAI's fields: `top_k`, `min_p`, `repetition_penalty`,
- * `drop_oldest` (chat: drop the oldest turns when the conversation outgrows the context).
+ * `drop_oldest` (chat: drop the oldest turns when the conversation outgrows the context), `regex`
+ * and `grammar` (structured output, like `response_format`).
  */
 export function openAI(nt) {
   // Requests run in turn: each waits for the one before it to finish (a stream: until it has

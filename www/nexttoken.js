@@ -264,7 +264,11 @@ export class NextToken {
    * `{id, text, token, piece, prob, logprob, top: [{id, token, piece, prob, logprob}], position,
    * logprobSum, perplexity}` (`logprobSum` and `perplexity` run over the generated tokens so
    * far). Options: maxTokens, temperature, topK, topP, minP, repeatPenalty, repeatWindow, seed,
-   * stop, topLogprobs (alternatives per token, default 5, at most 20), beams, lengthNormalise.
+   * stop, topLogprobs (alternatives per token, default 5, at most 20), beams, lengthNormalise,
+   * constraint (structured output: `{type: "json_schema", schema}`, `{type: "json_object"}`,
+   * `{type: "regex", pattern}` or `{type: "grammar", lark}`; tokens then carry `removed`, the
+   * likely tokens the constraint refused, and `lastSummary.stopReason` is "ConstraintComplete",
+   * or "Incomplete" when max tokens or the context ran out first).
    * The prefix this prompt shares with the previous generation's is not computed again
    * (`lastSummary.reusedTokens`). `prompt` may also be `{ids: [...]}`: token ids as they are
    * (no BOS added), e.g. `lastSummary.promptIds` plus the ids of the tokens before a position

@@ -114,6 +114,8 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     wantLogprobs: legacyLogprobs ? params.logprobs !== undefined && params.logprobs !== null : !!params.logprobs,
     alternatives,
     stream: field(params, "stream", boolean) ?? false,
+    // The request field a constraint came from, for the engine's errors about it.
+    constraintParam: engine.constraint ? (engine.constraint.type === "regex" ? "regex" : engine.constraint.type === "grammar" ? "grammar" : "response_format") : null,
     includeUsage: !!params.stream_options?.include_usage,
   };
 }
@@ -195,7 +197,7 @@ export function openAI(nt) {
   };
 
   /** The request's tokens from `iterator`; aborting `signal` stops them with an AbortError. */
-  async function* tokens(iterator, signal) {
+  async function* tokens(iterator, signal, constraintParam) {
     let aborted = false;
     const onAbort = () => {
       aborted = true;
@@ -208,6 +210,12 @@ export function openAI(nt) {
         yield t;
       }
       if (aborted || signal?.aborted) throw abortError();
+    } catch (e) {
+      // The engine checks a schema, regex or grammar when generation starts ("constraint: invalid
+      // JSON schema: ..."): a bad request, named by the field it came from.
+      const where = /^constraint: invalid (JSON schema|regex|grammar)/.exec(e?.message ?? "");
+      if (where && constraintParam) throw new BadRequestError(constraintParam, e.message.slice("constraint: ".length));
+      throw e;
     } finally {
       signal?.removeEventListener("abort", onAbort);
     }
@@ -235,7 +243,7 @@ export function openAI(nt) {
     if (!stream) {
       try {
         const got = [];
-        for await (const t of tokens(start(engine), signal)) got.push(t);
+        for await (const t of tokens(start(engine), signal, opts.constraintParam)) got.push(t);
         return shape.whole(meta, got, nt.lastSummary, opts);
       } finally {
         endTurn();
@@ -244,7 +252,7 @@ export function openAI(nt) {
     return {
       async *[Symbol.asyncIterator]() {
         try {
-          for await (const t of tokens(start(engine), signal)) yield shape.chunk(meta, t, opts);
+          for await (const t of tokens(start(engine), signal, opts.constraintParam)) yield shape.chunk(meta, t, opts);
           yield* shape.finalChunks(meta, nt.lastSummary, opts);
         } finally {
           endTurn();

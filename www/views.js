@@ -32,12 +32,17 @@ export function withRunningSums(list) {
 /** The step's most likely tokens as bars; `onBranch(alt)`, when given, adds "continue with this". */
 export function alternativesList(t, onBranch) {
   const list = el("ol", { className: "alternatives" });
+  // Under structured output: the model's likely tokens that the constraint did not allow.
+  const removed = new Set((t.removed ?? []).map((r) => r.id));
   for (const alt of t.top) {
     const bar = el("span", { className: "bar" });
     bar.style.width = `${(100 * alt.prob).toFixed(1)}%`;
     const li = el("li", {}, el("code", { textContent: JSON.stringify(alt.token) }), el("span", { className: "p", textContent: alt.prob.toFixed(4) }));
     if (alt.id === t.id) li.classList.add("chosen");
-    else if (onBranch && alt.prob > 0) {
+    else if (removed.has(alt.id)) {
+      li.classList.add("removed");
+      li.title = "the constraint removed this token: the output could not continue with it";
+    } else if (onBranch && alt.prob > 0) {
       // A token the model gives probability 0 cannot be a branch.
       const go = el("button", { type: "button", className: "branch", textContent: "continue with this" });
       go.setAttribute("aria-label", `continue the text from here with ${JSON.stringify(alt.piece ?? alt.token)} instead (P = ${alt.prob.toFixed(2)})`);

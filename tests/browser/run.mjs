@@ -44,6 +44,7 @@ const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await 
 const { embedTests } = await import("./embed.mjs");
 const { elementTests } = await import("./element.mjs");
 const { makeBigModel, streamTests } = await import("./stream.mjs");
+const { structuredTests } = await import("./structured.mjs");
 const faulty = faultyServer();
 
 let passed = 0;
@@ -841,6 +842,8 @@ async function runConfig(mode) {
     await streamTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), www, fixtures, bigModel });
 
     await chatTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), fixtures, outDir, tmp: fixtures, waitLoaded, waitState, errorText, statsOf });
+
+    await structuredTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), tmp: fixtures, waitLoaded, waitState, errorText, www });
 
     await test(`[${mode}] model output with HTML is shown as text; no script runs`, async () => {
       await page.goto(`${base}/?model=${encodeURIComponent("/test/xss.json")}&prompt=`);

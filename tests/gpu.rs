@@ -377,6 +377,37 @@ fn rope_both_layouts_and_partial() {
     }
 }
 
+/// Causal attention on the CPU: queries at positions `pos0 + t`, query head h reading key/value
+/// head h / (n_head / n_head_kv).
+fn attention_oracle(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    (n_head, n_head_kv, head_dim): (usize, usize, usize),
+    pos0: usize,
+) -> Vec<f32> {
+    let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
+    let n_tok = q.len() / q_dim;
+    let mut want = vec![0f32; n_tok * q_dim];
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    for t in 0..n_tok {
+        let s_len = pos0 + t + 1;
+        for h in 0..n_head {
+            let kvh = h / (n_head / n_head_kv);
+            let qh = &q[t * q_dim + h * head_dim..][..head_dim];
+            let mut s: Vec<f32> = (0..s_len)
+                .map(|p| dot(qh, &kc[p * kv_dim + kvh * head_dim..][..head_dim]) * scale)
+                .collect();
+            softmax_in_place(&mut s);
+            for d in 0..head_dim {
+                want[t * q_dim + h * head_dim + d] =
+                    (0..s_len).map(|p| s[p] * vc[p * kv_dim + kvh * head_dim + d]).sum();
+            }
+        }
+    }
+    want
+}
+
 #[test]
 fn attention_causal_gqa() {
     let Some(k) = kernels() else { return };
@@ -395,23 +426,7 @@ fn attention_causal_gqa() {
         let q = rng.vec(n_tok * q_dim, 4.0);
         let kc = rng.vec(seen * kv_dim, 4.0);
         let vc = rng.vec(seen * kv_dim, 1.0);
-        let mut want = vec![0f32; n_tok * q_dim];
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        for t in 0..n_tok {
-            let s_len = pos0 + t + 1;
-            for h in 0..n_head {
-                let kvh = h / (n_head / n_head_kv);
-                let qh = &q[t * q_dim + h * head_dim..][..head_dim];
-                let mut s: Vec<f32> = (0..s_len)
-                    .map(|p| dot(qh, &kc[p * kv_dim + kvh * head_dim..][..head_dim]) * scale)
-                    .collect();
-                softmax_in_place(&mut s);
-                for d in 0..head_dim {
-                    want[t * q_dim + h * head_dim + d] =
-                        (0..s_len).map(|p| s[p] * vc[p * kv_dim + kvh * head_dim + d]).sum();
-                }
-            }
-        }
+        let want = attention_oracle(&q, &kc, &vc, (n_head, n_head_kv, head_dim), pos0);
         let got = host::attention(&k, &q, &kc, &vc, n_head, n_head_kv, head_dim, pos0).unwrap();
         check_close(
             &format!("attention {n_head}/{n_head_kv}x{head_dim} pos {pos0} n {n_tok}"),
@@ -419,6 +434,58 @@ fn attention_causal_gqa() {
             &want,
             1e-4,
         );
+    }
+}
+
+/// The prefill kernel (flash attention: key/value tiles, online softmax, causal tiles skipped)
+/// on awkward sizes: token counts that are not multiples of its 16-row tiles, every GQA ratio
+/// 1..4 (rows of a tile spanning tokens), head sizes 8 to 256 (tiles of 32 down to 6 keys), a
+/// batch after cached positions, and the f16 cache (the oracle reads the same rounded values).
+#[test]
+fn attention_prefill_flash_every_shape() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(61);
+    let mut caches = vec![false];
+    if k.ctx.shader_f16 {
+        caches.push(true);
+    } else {
+        eprintln!("no shader-f16 on this adapter: the f16 cache is not tested");
+    }
+    for f16_kv in caches {
+        for (n_head, n_head_kv, head_dim, pos0, n_tok) in [
+            (1, 1, 8, 0, 9),
+            (4, 2, 48, 0, 33),
+            (9, 3, 64, 0, 70),
+            (6, 2, 64, 130, 17),
+            (8, 2, 128, 5, 23),
+            (4, 1, 256, 40, 11),
+            (3, 3, 100, 63, 65),
+            (12, 4, 48, 200, 9),
+            (8, 8, 64, 31, 64),
+        ] {
+            let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
+            let seen = pos0 + n_tok;
+            let q = rng.vec(n_tok * q_dim, 4.0);
+            let mut kc = rng.vec(seen * kv_dim, 4.0);
+            let mut vc = rng.vec(seen * kv_dim, 1.0);
+            if f16_kv {
+                for v in kc.iter_mut().chain(vc.iter_mut()) {
+                    *v = f16::from_f32(*v).to_f32();
+                }
+            }
+            let shape = (n_head, n_head_kv, head_dim);
+            let want = attention_oracle(&q, &kc, &vc, shape, pos0);
+            let shape = nexttoken::gpu::ops::AttentionShape { n_head, n_head_kv, head_dim };
+            let got = host::attention_with(&k, &q, [&kc, &vc], shape, pos0, true, f16_kv).unwrap();
+            check_close(
+                &format!(
+                    "flash attention {n_head}/{n_head_kv}x{head_dim} pos {pos0} n {n_tok} f16 {f16_kv}"
+                ),
+                &got,
+                &want,
+                1e-4,
+            );
+        }
     }
 }
 
@@ -981,6 +1048,7 @@ fn kernel_parameter_structs_match_their_shaders() {
         (MatvecParams::SHADER, MatvecParams::FIELDS),
         (TiledParams::SHADER, TiledParams::FIELDS),
         (AttentionParams::SHADER, AttentionParams::FIELDS),
+        (AttentionPrefillParams::SHADER, AttentionPrefillParams::FIELDS),
         (MergeParams::SHADER, MergeParams::FIELDS),
         (EmbeddingParams::SHADER, EmbeddingParams::FIELDS),
         (RopeParams::SHADER, RopeParams::FIELDS),

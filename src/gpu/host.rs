@@ -232,21 +232,48 @@ pub fn attention(
     head_dim: usize,
     pos0: usize,
 ) -> Result<Vec<f32>> {
+    let shape = AttentionShape { n_head, n_head_kv, head_dim };
+    attention_with(k, q, [k_cache, v_cache], shape, pos0, false, false)
+}
+
+/// [`attention`] with the kernel forced (`prefill`: the one-pass flash kernel, else the split
+/// one) and the cache in f16 when `f16` (the caches' values are rounded to f16 on upload).
+pub fn attention_with(
+    k: &Kernels,
+    q: &[f32],
+    [k_cache, v_cache]: [&[f32]; 2],
+    shape: AttentionShape,
+    pos0: usize,
+    prefill: bool,
+    f16: bool,
+) -> Result<Vec<f32>> {
     let ctx = &k.ctx;
-    let n_tok = q.len() / (n_head * head_dim);
+    let n_tok = q.len() / (shape.n_head * shape.head_dim);
     let kv_cache = [k_cache, v_cache].concat();
-    let (qb, kvb) = (upload_f32(ctx, q), upload_f32(ctx, &kv_cache));
+    let kv_bytes: Vec<u8> = if f16 {
+        let mut b: Vec<u8> =
+            kv_cache.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+        b.resize(b.len().next_multiple_of(4), 0);
+        b
+    } else {
+        f32_bytes(&kv_cache)
+    };
+    let (qb, kvb) = (upload_f32(ctx, q), upload(ctx, "kv", &kv_bytes));
     let step = upload(ctx, "step", &step_words(pos0, &[]));
     let y = floats(ctx, "y", q.len());
-    let shape = AttentionShape { n_head, n_head_kv, head_dim };
-    let chunks = floats(ctx, "chunks", ops::attention_scratch_floats(n_tok, shape));
     let mut pass = Pass::new(k);
-    let kv = KvBuffers { kv: &kvb, v_base: k_cache.len(), f16: false };
+    let kv = KvBuffers { kv: &kvb, v_base: k_cache.len(), f16 };
     let tokens = Tokens { step: &step, start: 0, n: n_tok };
-    // About five chunks, so the merge of several is tested.
-    let max_seen = pos0 + n_tok;
-    let chunk = max_seen.div_ceil(5).max(1);
-    ops::attention(&mut pass, &qb, kv, tokens, shape, chunk, max_seen, &chunks, &y);
+    let chunk_floats = if prefill { 1 } else { ops::attention_scratch_floats(n_tok, shape) };
+    let chunks = floats(ctx, "chunks", chunk_floats);
+    if prefill {
+        ops::attention_prefill(&mut pass, &qb, kv, tokens, shape, &y);
+    } else {
+        // About five chunks, so the merge of several is tested.
+        let max_seen = pos0 + n_tok;
+        let chunk = max_seen.div_ceil(5).max(1);
+        ops::attention_split(&mut pass, &qb, kv, tokens, shape, chunk, max_seen, &chunks, &y);
+    }
     pass.submit();
     read(ctx, &y, q.len())
 }

@@ -24,6 +24,7 @@ const LAYER_NORM: &str = include_str!("../../shaders/layer_norm.wgsl");
 const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
 const ATTENTION_MERGE: &str = include_str!("../../shaders/attention_merge.wgsl");
+const ATTENTION_PREFILL: &str = include_str!("../../shaders/attention_prefill.wgsl");
 const ADD: &str = include_str!("../../shaders/add.wgsl");
 const SILU_MUL: &str = include_str!("../../shaders/silu_mul.wgsl");
 const GELU: &str = include_str!("../../shaders/gelu.wgsl");
@@ -65,6 +66,8 @@ pub enum Kernel {
     Attention(bool),
     /// The merge of attention's chunks.
     AttentionMerge,
+    /// Attention of a prefill batch in one pass (flash attention); `true`: the cache is f16.
+    AttentionPrefill(bool),
     Add,
     SiluMul,
     Gelu,
@@ -117,6 +120,7 @@ impl Kernel {
             Kernel::Rope(h) => with_kv_type(h, ROPE),
             Kernel::Attention(h) => with_kv_type(h, ATTENTION),
             Kernel::AttentionMerge => ATTENTION_MERGE.into(),
+            Kernel::AttentionPrefill(h) => with_kv_type(h, ATTENTION_PREFILL),
             Kernel::Add => ADD.into(),
             Kernel::SiluMul => SILU_MUL.into(),
             Kernel::Gelu => GELU.into(),
@@ -136,6 +140,7 @@ impl Kernel {
             Kernel::Rope(_) => "rope",
             Kernel::Attention(_) => "attention chunks",
             Kernel::AttentionMerge => "attention merge",
+            Kernel::AttentionPrefill(_) => "attention prefill",
             Kernel::Add => "add",
             Kernel::SiluMul => "silu*up",
             Kernel::Gelu => "gelu",
@@ -162,7 +167,7 @@ impl Kernel {
             Kernel::RmsNorm => &[false, false, true],
             Kernel::LayerNorm => &[false, false, false, true],
             Kernel::Rope(_) => &[false, false, false, true],
-            Kernel::Attention(_) => &[false, false, false, true],
+            Kernel::Attention(_) | Kernel::AttentionPrefill(_) => &[false, false, false, true],
             Kernel::AttentionMerge => &[false, false, true],
             Kernel::Add | Kernel::SiluMul => &[false, true],
             Kernel::Gelu => &[true],

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    readback, BindCache, Binder, DispatchTime, Kernel, Kernels, Pass, Timestamps, MAX_HEAD_DIM,
-    MAX_TOP_K,
+    readback, BindCache, Binder, DispatchTime, Kernel, Kernels, Pass, Timestamps, MATVEC_TOKENS,
+    MAX_HEAD_DIM, MAX_TOP_K,
 };
 use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
@@ -539,7 +539,12 @@ impl GpuModel {
             h: floats(&ctx, "h", batch * c.n_embd),
             qkv: floats(&ctx, "qkv", batch * (q_dim + 2 * kv_dim)),
             q: floats(&ctx, "q", batch * q_dim),
-            chunks: floats(&ctx, "attention chunks", ops::attention_scratch_floats(batch, shape)),
+            // Only decode batches (a few tokens) split attention into chunks.
+            chunks: floats(
+                &ctx,
+                "attention chunks",
+                ops::attention_scratch_floats(batch.min(MATVEC_TOKENS as usize), shape),
+            ),
             attn: floats(&ctx, "attn", batch * q_dim),
             proj: floats(&ctx, "proj", batch * c.n_embd),
             up: floats(&ctx, "up", batch * c.n_ff),

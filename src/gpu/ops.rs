@@ -3,8 +3,8 @@
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    grid, storage, upload, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_TOP_K, TILED_ROWS,
-    TILED_TOKENS,
+    grid, storage, upload, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
+    TILED_ROWS, TILED_TOKENS,
 };
 use crate::error::Result;
 use crate::model::Norm;
@@ -206,6 +206,14 @@ params! {
     AttentionParams for "attention.wgsl" {
         n_head: u32, n_head_kv: u32, head_dim: u32, start: u32, scale: f32, v_base: u32,
         chunk: u32, max_chunks: u32,
+    }
+}
+
+params! {
+    /// attention_prefill.wgsl
+    AttentionPrefillParams for "attention_prefill.wgsl" {
+        n_head: u32, n_head_kv: u32, head_dim: u32, start: u32, scale: f32, v_base: u32,
+        n_tok: u32,
     }
 }
 
@@ -644,12 +652,66 @@ pub fn attention_scratch_floats(n_tok: usize, shape: AttentionShape) -> usize {
     n_tok * shape.n_head * MAX_CHUNKS * (shape.head_dim + 2)
 }
 
+/// Query rows (a token's query head) one attention_prefill.wgsl workgroup handles (`QR`).
+pub const PREFILL_QUERY_ROWS: usize = 16;
+
 /// Causal attention of the tokens' queries (rows of n_head * head_dim in `q`) at positions
-/// `pos0 + t` (`pos0 = step[0] + start`) over caches holding positions `0..pos0 + n`, split over
-/// the sequence in chunks of `chunk` positions (attention.wgsl), then merged (attention_merge.wgsl).
-/// `max_seen`: the most positions any token of this dispatch sees (sizes the grid).
+/// `pos0 + t` (`pos0 = step[0] + start`) over caches holding positions `0..pos0 + n`. A batch of
+/// many tokens (prefill) takes the one-pass flash kernel ([`attention_prefill`]); a few tokens
+/// (decode) split the sequence in chunks of `chunk` positions (attention.wgsl), then merge
+/// them (attention_merge.wgsl), so a single query still fills the GPU. `max_seen`: the most
+/// positions any token of this dispatch sees (sizes the split kernel's grid).
 #[allow(clippy::too_many_arguments)]
 pub fn attention<'a>(
+    pass: &mut Pass<'a>,
+    q: &'a wgpu::Buffer,
+    kv: KvBuffers<'a>,
+    tokens: Tokens<'a>,
+    shape: AttentionShape,
+    chunk: usize,
+    max_seen: usize,
+    scratch: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+) {
+    if fits_matvec(tokens.n) {
+        attention_split(pass, q, kv, tokens, shape, chunk, max_seen, scratch, out);
+    } else {
+        attention_prefill(pass, q, kv, tokens, shape, out);
+    }
+}
+
+/// [`attention`] in one pass (attention_prefill.wgsl): one workgroup per key/value head and
+/// 16 of the batch's (token, query head) rows, key/value tiles in workgroup memory, online
+/// softmax, the output written directly.
+pub fn attention_prefill<'a>(
+    pass: &mut Pass<'a>,
+    q: &'a wgpu::Buffer,
+    kv: KvBuffers<'a>,
+    tokens: Tokens<'a>,
+    shape: AttentionShape,
+    out: &'a wgpu::Buffer,
+) {
+    let AttentionShape { n_head, n_head_kv, head_dim } = shape;
+    assert!(head_dim <= MAX_HEAD_DIM && n_head.is_multiple_of(n_head_kv));
+    let params = AttentionPrefillParams {
+        n_head: u(n_head),
+        n_head_kv: u(n_head_kv),
+        head_dim: u(head_dim),
+        start: u(tokens.start),
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        v_base: u(kv.v_base),
+        n_tok: u(tokens.n),
+    };
+    let rows = tokens.n * (n_head / n_head_kv);
+    let groups = [u(rows.div_ceil(PREFILL_QUERY_ROWS)), u(n_head_kv), 1];
+    let buffers = [q, kv.kv, tokens.step, out];
+    pass.dispatch(Kernel::AttentionPrefill(kv.f16), &buffers, &params.words(), groups);
+}
+
+/// [`attention`] split over the sequence (flash-decoding): attention.wgsl per chunk of `chunk`
+/// positions, then attention_merge.wgsl.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split<'a>(
     pass: &mut Pass<'a>,
     q: &'a wgpu::Buffer,
     kv: KvBuffers<'a>,

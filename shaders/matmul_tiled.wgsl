@@ -1,13 +1,19 @@
-// Tiled matrix-matrix product for prefill: Y[t][y_col0 + r] = dot(W[r], X[x_row0 + t])
-// (+ B[bias_row0 + r]), W's rows starting at byte w_byte0 (packed tensors share a buffer).
+// Matrix-matrix product for prefill batches: Y[t * y_stride + y_col0 + r] = dot(W[r], X[x_row0 + t])
+// (+ B[bias_row0 + r]) (+ the Y already there, when `accumulate`: the residual add), W's rows
+// starting at byte w_byte0 (packed tensors share a buffer).
 //
-// One workgroup (64 threads) computes a TR x TT = 32 rows x 32 tokens tile of Y. For each chunk
-// of CH = 32 along the row, threads 0..32 each decode one weight row's chunk (one block, by the
-// dequant.wgsl prelude) into workgroup memory and threads 32..64 each load one token's 32
-// activations; then every thread accumulates a 4 x 4 sub-tile (rows tr + 8i, tokens tt + 8j).
-// So a row is decoded once per 32 tokens and an activation read once per 32 rows. Elements past
-// the end of the row, rows past `rows` and tokens past `n_tok` are zero in the tiles.
-// Grid: (x, y) cover the row tiles (x + y * nx), z the token tiles.
+// One workgroup of TR * TT / 16 threads computes a TR rows x TT tokens tile of Y; TR and TT are
+// set per pipeline by Rust (kernels.rs, `Tile`: 64 x 64 with 256 threads for large products,
+// smaller tiles where a large one would leave the GPU with too few workgroups). For each chunk
+// of CH = 32 along the row, threads 0..TR each decode one weight row's chunk (one block, by the
+// dequant.wgsl prelude) into workgroup memory, every thread loads a share of the TT tokens' 32
+// activations, and then each thread accumulates a 4 rows x 4 tokens block from two vec4 reads
+// per step (4 consecutive rows of W, 4 tokens of X): 16 multiply-adds per two loads. So a row
+// is decoded once per TT tokens and an activation read once per TR rows. Both tiles are stored
+// k-major ([k][row or token]), so the stores of the loads and the vec4 reads are free of bank
+// conflicts; at most 2 * 32 * 64 * 4 = 16 KiB of workgroup memory (WebGPU's default limit).
+// Elements past the end of the row, rows past `rows` and tokens past `n_tok` are zero in the
+// tiles. Grid: (x, y) cover the row tiles (x + y * nx), z the token tiles.
 
 struct Params {
     rows: u32,
@@ -20,6 +26,7 @@ struct Params {
     bias_row0: u32,
     has_bias: u32,
     w_byte0: u32,
+    accumulate: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -28,14 +35,15 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<uniform> P: Params;
 
-const TR: u32 = 32u;
-const TT: u32 = 32u;
-const LD: u32 = 33u; // padded leading dimension of the tiles
+const WG: u32 = TR * TT / 16u;
+const RQ: u32 = TR / 4u; // groups of 4 rows
+const TQ: u32 = TT / 4u; // groups of 4 tokens
 
-var<workgroup> Ws: array<f32, 1056>; // TR * LD
-var<workgroup> Xs: array<f32, 1056>; // TT * LD
+// Ws[k * RQ + i][j]: row 4i + j of the tile at k; Xs[k * TQ + i][j]: token 4i + j at k.
+var<workgroup> Ws: array<vec4<f32>, RQ * CH>;
+var<workgroup> Xs: array<vec4<f32>, TQ * CH>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -43,67 +51,63 @@ fn main(
 ) {
     let r0 = (wg.x + wg.y * nwg.x) * TR;
     let t0 = wg.z * TT;
-    let tr = lid % 8u;
-    let tt = lid / 8u;
-    var acc: array<f32, 16>;
+    let rq = lid % RQ;
+    let tq = lid / RQ;
+    var acc: array<vec4<f32>, 4>; // acc[j]: token 4 tq + j, rows 4 rq .. 4 rq + 4
     var v: array<f32, 32>;
     let n_chunks = (P.cols + CH - 1u) / CH;
     for (var c = 0u; c < n_chunks; c++) {
         let n = min(CH, P.cols - c * CH);
         if (lid < TR) {
             let row = r0 + lid;
-            if (row < P.rows) {
+            let ok = row < P.rows;
+            if (ok) {
                 decode(P.w_byte0 + row * P.row_bytes, c, n, &v);
-                for (var i = 0u; i < CH; i++) {
-                    Ws[lid * LD + i] = select(0.0, v[i], i < n);
-                }
-            } else {
-                for (var i = 0u; i < CH; i++) {
-                    Ws[lid * LD + i] = 0.0;
-                }
             }
-        } else {
-            let t = lid - TR;
-            let ok = t0 + t < P.n_tok;
-            let xb = (P.x_row0 + t0 + t) * P.cols + c * CH;
             for (var i = 0u; i < CH; i++) {
-                var x = 0.0;
-                if (ok && i < n) {
-                    x = X[xb + i];
-                }
-                Xs[t * LD + i] = x;
+                Ws[i * RQ + lid / 4u][lid % 4u] = select(0.0, v[i], ok && i < n);
             }
+        }
+        // Token-fastest, so consecutive threads store consecutive words.
+        for (var i = lid; i < TT * CH; i += WG) {
+            let t = i % TT;
+            let k = i / TT;
+            var x = 0.0;
+            if (t0 + t < P.n_tok && k < n) {
+                x = X[(P.x_row0 + t0 + t) * P.cols + c * CH + k];
+            }
+            Xs[k * TQ + t / 4u][t % 4u] = x;
         }
         workgroupBarrier();
         for (var k = 0u; k < CH; k++) {
-            var a: array<f32, 4>;
-            var b: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = Ws[(tr + 8u * i) * LD + k];
-                b[i] = Xs[(tt + 8u * i) * LD + k];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] += a[i] * b[j];
-                }
-            }
+            let a = Ws[k * RQ + rq];
+            let b = Xs[k * TQ + tq];
+            acc[0] += a * b.x;
+            acc[1] += a * b.y;
+            acc[2] += a * b.z;
+            acc[3] += a * b.w;
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let row = r0 + tr + 8u * i;
-        if (row >= P.rows) {
+    for (var j = 0u; j < 4u; j++) {
+        let t = t0 + 4u * tq + j;
+        if (t >= P.n_tok) {
             continue;
         }
-        var bias = 0.0;
-        if (P.has_bias != 0u) {
-            bias = B[P.bias_row0 + row];
-        }
-        for (var j = 0u; j < 4u; j++) {
-            let t = t0 + tt + 8u * j;
-            if (t < P.n_tok) {
-                Y[t * P.y_stride + P.y_col0 + row] = acc[i * 4u + j] + bias;
+        for (var i = 0u; i < 4u; i++) {
+            let row = r0 + 4u * rq + i;
+            if (row >= P.rows) {
+                continue;
             }
+            var y = acc[j][i];
+            if (P.has_bias != 0u) {
+                y += B[P.bias_row0 + row];
+            }
+            let at = t * P.y_stride + P.y_col0 + row;
+            if (P.accumulate != 0u) {
+                y += Y[at];
+            }
+            Y[at] = y;
         }
     }
 }

@@ -260,6 +260,72 @@ fn matmul_tiled_every_type_and_shape() {
     }
 }
 
+/// Every output tile of the prefill kernel with everything the model asks of it: rows and
+/// tokens not multiples of the tile (and more than one tile of each), a packed tensor (rows read
+/// from a byte offset), input rows from an offset, a bias at an offset, outputs at a column
+/// offset of wider rows, and the accumulating store (the residual add) onto what is there.
+#[test]
+fn matmul_tiled_every_tile_type_and_layout() {
+    use nexttoken::gpu::host::TiledCase;
+    use nexttoken::gpu::ops::Tile;
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(12);
+    for ty in ALL_TYPES {
+        let opts = col_options(ty);
+        for (i, tile) in Tile::ALL.into_iter().enumerate() {
+            for (j, (rows, n_tok)) in [(70, 9), (133, 65)].into_iter().enumerate() {
+                let cols = opts[(i + j) % opts.len()];
+                let (w_rows, w_row0) = (rows + 5, 3);
+                let w = random_weights(&mut rng, ty, w_rows, cols, 0.5);
+                let (x_row0, y_stride, y_col0) = (2, rows + 7, 4);
+                let x = rng.vec((x_row0 + n_tok) * cols, 1.0);
+                let bias = (j == 0).then(|| rng.vec(rows, 1.0));
+                let y0 = rng.vec(n_tok * y_stride, 1.0);
+                let accumulate = (i + j) % 2 == 1;
+                let case = TiledCase {
+                    ty,
+                    w: &w,
+                    w_rows,
+                    w_row0,
+                    rows,
+                    cols,
+                    x: &x,
+                    x_row0,
+                    n_tok,
+                    bias: bias.as_deref(),
+                    bias_at: 7,
+                    y0: &y0,
+                    y_stride,
+                    y_col0,
+                    tile,
+                    accumulate,
+                };
+                let got = host::matmul_tiled_case(&k, &case).unwrap();
+                let wf = dequant(ty, &w, w_rows, cols);
+                let mut want = y0.clone();
+                for t in 0..n_tok {
+                    let xt = &x[(x_row0 + t) * cols..][..cols];
+                    for r in 0..rows {
+                        let v = dot(&wf[(w_row0 + r) * cols..][..cols], xt)
+                            + bias.as_ref().map_or(0.0, |b| b[r]);
+                        let at = t * y_stride + y_col0 + r;
+                        want[at] = if accumulate { want[at] + v } else { v };
+                    }
+                }
+                check_close(
+                    &format!(
+                        "tiled matmul {tile:?} {} {rows}x{cols} n={n_tok} accumulate {accumulate}",
+                        ty.name()
+                    ),
+                    &got,
+                    &want,
+                    1e-4,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_split_into_parts() {
     // A tensor larger than one binding is split by rows; test that path on small data.
@@ -625,11 +691,24 @@ fn long_prefill_runs_in_batches_and_states_fork() {
     let Some(ctx) = context() else { return };
     let (arch, ty) = (Arch::Qwen2, GgmlType::Q8_0);
     let cpu = CpuModel::new(synth_model(arch, ty, 9, false));
-    let gpu = gpu_model(&ctx, synth_model(arch, ty, 9, false), GpuOptions::f32());
+    let gpu =
+        gpu_model(&ctx, synth_model(arch, ty, 9, false), GpuOptions::f32()).with_max_batch(64);
     // 150 tokens: more than one pass of at most 64 tokens, in one submission.
     let prompt: Vec<u32> = (0..150).map(|i| (i * 37 % 300) as u32).collect();
     let worst = compare_decode("qwen2 Q8_0 long prefill", &cpu, &gpu, &prompt, 3, 1e-3);
     eprintln!("long prefill: largest logit error {worst:.2e}");
+
+    // The same prompt in one pass (up to 512 tokens): every token's logits come in pieces of at
+    // most 64 rows. Then a prefill of 90 continuing after 60 cached positions.
+    let one = gpu_model(&ctx, synth_model(arch, ty, 9, false), GpuOptions::f32());
+    compare_decode("qwen2 Q8_0 long prefill in one pass", &cpu, &one, &prompt, 1, 1e-3);
+    let (mut cs, mut gs) = (cpu.new_state(), one.new_state());
+    cpu.forward(&mut cs, &prompt[..60], false).unwrap();
+    one.forward(&mut gs, &prompt[..60], false).unwrap();
+    let more: Vec<u32> = (0..90).map(|i| (i * 11 % 300) as u32).collect();
+    let want = cpu.forward(&mut cs, &more, true).unwrap();
+    let got = one.forward(&mut gs, &more, true).unwrap();
+    check_abs("prefill after 60 cached positions", &got, &want, 1e-3);
 
     // Prefill without all_logits returns only the last row.
     let (mut cs, mut gs) = (cpu.new_state(), gpu.new_state());

@@ -111,6 +111,61 @@ pub fn matmul_with(
     read(ctx, &y, n_tok * rows)
 }
 
+/// One tiled product as the model records them (for the tests of every tile): `w` holds
+/// `w_rows` rows of which the product reads `rows` from row `w_row0` (a packed tensor: a view at
+/// a byte offset); the input is `n_tok` rows of `x` from row `x_row0`; the bias (if any) sits
+/// at float offset `bias_at` of the vectors buffer (zeros before it); the output goes to
+/// `y[t * y_stride + y_col0 + r]` of a buffer holding `y0`, added to it with `accumulate`.
+/// Returns the whole output buffer.
+pub struct TiledCase<'a> {
+    pub ty: GgmlType,
+    pub w: &'a [u8],
+    pub w_rows: usize,
+    pub w_row0: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub x: &'a [f32],
+    pub x_row0: usize,
+    pub n_tok: usize,
+    pub bias: Option<&'a [f32]>,
+    pub bias_at: usize,
+    pub y0: &'a [f32],
+    pub y_stride: usize,
+    pub y_col0: usize,
+    pub tile: ops::Tile,
+    pub accumulate: bool,
+}
+
+pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let whole = GpuTensor::upload(ctx, "w", c.ty, c.w_rows, c.cols, c.w)?;
+    let row_bytes = whole.row_bytes;
+    let view = GpuTensor {
+        ty: c.ty,
+        rows: c.rows,
+        cols: c.cols,
+        row_bytes,
+        parts: vec![ops::Part {
+            row0: 0,
+            rows: c.rows,
+            buffer: whole.buffer().clone(),
+            byte0: c.w_row0 * row_bytes,
+        }],
+    };
+    let mut vectors = vec![0f32; c.bias_at];
+    vectors.extend_from_slice(c.bias.unwrap_or(&[0.0]));
+    let unfused = Unfused::new(ctx, Some(&vectors));
+    let (xb, y) = (upload_f32(ctx, c.x), upload_f32(ctx, c.y0));
+    let mut pass = Pass::new(k);
+    let x = Rows { buf: &xb, row0: c.x_row0, n: c.n_tok };
+    let out = Out { buf: &y, stride: c.y_stride, col0: c.y_col0 };
+    let bias = c.bias.map(|_| c.bias_at);
+    let fused = unfused.fused();
+    ops::matmul_tiled_with(&mut pass, &view, bias, x, out, &fused, Some(c.tile), c.accumulate);
+    pass.submit();
+    read(ctx, &y, c.y0.len())
+}
+
 /// Like [`matmul`] but with W split into parts of at most `rows_per_part` rows (as a tensor
 /// larger than the binding limit is), to test the split path on small data.
 pub fn matmul_split(

@@ -39,9 +39,31 @@ pub const MAX_GROUPS: u32 = 65535;
 pub const MATVEC_TOKENS: u32 = 8;
 /// Rows one matvec.wgsl workgroup handles (`RPW`).
 pub const MATVEC_ROWS: u32 = 4;
-/// Rows and tokens of the output tile of one matmul_tiled.wgsl workgroup (`TR`, `TT`).
-pub const TILED_ROWS: u32 = 32;
-pub const TILED_TOKENS: u32 = 32;
+/// The output tile of one matmul_tiled.wgsl workgroup: rows x tokens (`TR` x `TT`), each
+/// thread computing 4 x 4 of them. The largest keeps the most work per byte of workgroup memory
+/// read; the smaller ones give products with few rows or tokens enough workgroups to fill a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tile {
+    /// 64 x 64, 256 threads.
+    Large,
+    /// 64 x 32, 128 threads.
+    Medium,
+    /// 32 x 32, 64 threads.
+    Small,
+}
+
+impl Tile {
+    pub const ALL: [Tile; 3] = [Tile::Large, Tile::Medium, Tile::Small];
+
+    /// (rows, tokens) of the tile.
+    pub fn shape(self) -> (u32, u32) {
+        match self {
+            Tile::Large => (64, 64),
+            Tile::Medium => (64, 32),
+            Tile::Small => (32, 32),
+        }
+    }
+}
 /// Largest head size attention.wgsl supports.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest k of the top-k kernels.
@@ -54,8 +76,9 @@ pub enum Kernel {
     /// Weight matrix (of this type) times up to 8 vectors, with the norm of its input and an
     /// epilogue fused in; `true`: the KV cache it may write is f16.
     Matvec(GgmlType, bool),
-    /// The same product tiled over rows and tokens, for prefill batches of many tokens.
-    MatmulTiled(GgmlType),
+    /// The same product tiled over rows and tokens (this output tile per workgroup), for
+    /// prefill batches of many tokens.
+    MatmulTiled(GgmlType, Tile),
     /// Row lookup from a weight matrix of this type.
     Embedding(GgmlType),
     RmsNorm,
@@ -113,7 +136,12 @@ impl Kernel {
     pub fn source(self) -> String {
         match self {
             Kernel::Matvec(ty, h) => with_kv_type(h, &with_dequant(ty, MATVEC)),
-            Kernel::MatmulTiled(ty) => with_dequant(ty, MATMUL_TILED),
+            Kernel::MatmulTiled(ty, tile) => {
+                let (tr, tt) = tile.shape();
+                let tiled =
+                    format!("const TR: u32 = {tr}u;\nconst TT: u32 = {tt}u;\n{MATMUL_TILED}");
+                with_dequant(ty, &tiled)
+            }
             Kernel::Embedding(ty) => with_dequant(ty, EMBEDDING),
             Kernel::RmsNorm => RMS_NORM.into(),
             Kernel::LayerNorm => LAYER_NORM.into(),
@@ -134,7 +162,7 @@ impl Kernel {
     pub fn family(self) -> &'static str {
         match self {
             Kernel::Matvec(..) => "matvec",
-            Kernel::MatmulTiled(_) => "matmul tiled",
+            Kernel::MatmulTiled(..) => "matmul tiled",
             Kernel::Embedding(_) => "embedding",
             Kernel::RmsNorm | Kernel::LayerNorm => "norm",
             Kernel::Rope(_) => "rope",
@@ -162,7 +190,7 @@ impl Kernel {
     pub fn storage_bindings(self) -> &'static [bool] {
         match self {
             Kernel::Matvec(..) => &[false, false, false, false, false, true, true],
-            Kernel::MatmulTiled(_) => &[false, false, false, true],
+            Kernel::MatmulTiled(..) => &[false, false, false, true],
             Kernel::Embedding(_) => &[false, false, true],
             Kernel::RmsNorm => &[false, false, true],
             Kernel::LayerNorm => &[false, false, false, true],

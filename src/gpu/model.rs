@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    readback, BindCache, Binder, DispatchTime, Kernel, Kernels, Pass, Timestamps, MATVEC_TOKENS,
-    MAX_HEAD_DIM, MAX_TOP_K,
+    readback, BindCache, Binder, DispatchTime, Kernel, Kernels, Pass, Tile, Timestamps,
+    MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
 };
 use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
@@ -23,8 +23,13 @@ use crate::lm::LanguageModel;
 pub use crate::lm::TopK;
 use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
 
-/// Most tokens one pass over the layers handles (longer prompts run in several, in one submission).
-const MAX_BATCH: usize = 64;
+/// Most tokens one pass over the layers handles (longer prompts run in several, in one
+/// submission): large, because each pass reads every weight once and the tiled products need
+/// hundreds of workgroups (tokens / 64 of them per 64 rows) to fill a large GPU.
+const MAX_BATCH: usize = 512;
+/// Most rows of logits computed at once (a prefill that returns every token's logits computes
+/// them in pieces of this many, so the logits buffer stays small for large vocabularies).
+const MAX_LOGIT_ROWS: usize = 64;
 
 /// Activations for up to `batch` tokens, reused by every pass.
 struct Scratch {
@@ -37,7 +42,6 @@ struct Scratch {
     /// Attention's per-chunk partial results.
     chunks: wgpu::Buffer,
     attn: wgpu::Buffer,
-    proj: wgpu::Buffer,
     /// The MLP's hidden activations.
     up: wgpu::Buffer,
     /// gate|up side by side (prefill).
@@ -278,6 +282,8 @@ pub struct GpuModel {
     chunk: usize,
     max_seq: usize,
     batch: usize,
+    /// Rows of `scratch.logits`.
+    logit_rows: usize,
     scratch: Scratch,
     opts: GpuOptions,
     /// Bytes of weights and activations.
@@ -526,12 +532,14 @@ impl GpuModel {
         let limit = ctx.max_binding();
         let shape =
             AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
-        let widest = [c.n_embd, q_dim + 2 * kv_dim, 2 * c.n_ff, c.n_vocab]
+        let widest = [c.n_embd, q_dim + 2 * kv_dim, 2 * c.n_ff]
             .into_iter()
             .chain([ops::attention_scratch_floats(1, shape)])
             .max()
             .unwrap_or(1);
         let batch = ((limit / (widest as u64 * 4)) as usize).clamp(1, MAX_BATCH);
+        let logit_rows =
+            ((limit / (c.n_vocab.max(1) as u64 * 4)) as usize).clamp(1, MAX_LOGIT_ROWS.min(batch));
         // Keys and values share one buffer per layer.
         let max_seq = c.n_ctx.min((limit / (kv_dim as u64 * 8)) as usize).saturating_sub(1).max(1);
         let scratch = Scratch {
@@ -546,10 +554,9 @@ impl GpuModel {
                 ops::attention_scratch_floats(batch.min(MATVEC_TOKENS as usize), shape),
             ),
             attn: floats(&ctx, "attn", batch * q_dim),
-            proj: floats(&ctx, "proj", batch * c.n_embd),
             up: floats(&ctx, "up", batch * c.n_ff),
             gate_up: floats(&ctx, "gate|up", batch * 2 * c.n_ff),
-            logits: floats(&ctx, "logits", batch * c.n_vocab),
+            logits: floats(&ctx, "logits", logit_rows * c.n_vocab),
             zeros: floats(&ctx, "zeros", c.n_embd.max(4)),
             no_kv: floats(&ctx, "no kv", 4),
         };
@@ -560,7 +567,7 @@ impl GpuModel {
             Kernel::Rope(h),
             Kernel::Attention(h),
             Kernel::AttentionMerge,
-            Kernel::Add,
+            Kernel::AttentionPrefill(h),
             Kernel::Embedding(weights.token_embd.ty),
         ];
         needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
@@ -577,7 +584,8 @@ impl GpuModel {
         }
         for t in &tensors {
             needed.push(Kernel::Matvec(t.ty, h));
-            needed.push(Kernel::MatmulTiled(t.ty));
+            // The other tiles compile on first use: the largest needs the most workgroup memory.
+            needed.push(Kernel::MatmulTiled(t.ty, Tile::Large));
         }
         needed.sort_by_key(|k| format!("{k:?}"));
         needed.dedup();
@@ -592,7 +600,7 @@ impl GpuModel {
             }
         }
         let s = &scratch;
-        buffers.extend([&s.x, &s.h, &s.qkv, &s.q, &s.chunks, &s.attn, &s.proj, &s.up, &s.gate_up]);
+        buffers.extend([&s.x, &s.h, &s.qkv, &s.q, &s.chunks, &s.attn, &s.up, &s.gate_up]);
         buffers.extend([&s.logits, &s.zeros, &s.no_kv, &vectors]);
         let load_bytes = buffers.iter().map(|b| b.size()).sum::<u64>();
         Ok(GpuModel {
@@ -606,6 +614,7 @@ impl GpuModel {
             output_norm,
             max_seq,
             batch,
+            logit_rows,
             scratch,
             opts,
             load_bytes,
@@ -645,6 +654,13 @@ impl GpuModel {
         enc.copy_buffer_to_buffer(buffer, 0, &rb, 0, buffer.size());
         self.ctx.queue.submit([enc.finish()]);
         self.ctx.read_buffer(&rb).await
+    }
+
+    /// Limit the tokens of one pass over the layers (longer prompts run in several passes):
+    /// for tests of the multi-pass path.
+    pub fn with_max_batch(mut self, batch: usize) -> GpuModel {
+        self.batch = batch.clamp(1, self.batch);
+        self
     }
 
     /// Limit the sequence length (and so the KV cache each state allocates).
@@ -992,8 +1008,12 @@ impl GpuModel {
             self.encode_layers(&mut pass, state, &fused, tokens, max_seen);
             match output {
                 Output::Logits { all: true } => {
-                    self.encode_logits(&mut pass, &fused, 0, len);
-                    pass.copy(&s.logits, 0, &rb, start as u64 * row_bytes, len as u64 * row_bytes);
+                    for r0 in (0..len).step_by(self.logit_rows) {
+                        let m = self.logit_rows.min(len - r0);
+                        self.encode_logits(&mut pass, &fused, r0, m);
+                        let at = (start + r0) as u64 * row_bytes;
+                        pass.copy(&s.logits, 0, &rb, at, m as u64 * row_bytes);
+                    }
                 }
                 _ if start + len == n => {
                     self.encode_logits(&mut pass, &fused, len - 1, 1);
@@ -1123,7 +1143,8 @@ impl GpuModel {
     /// Decode (a few tokens) runs each layer as six dispatches: norm + q|k|v + bias + RoPE + KV
     /// write; attention over chunks of the sequence and their merge; output projection + residual;
     /// norm + gate|up + SiLU·up (or up + GELU); down projection + residual. Prefill runs the
-    /// norms, RoPE, activations and residual adds as kernels of their own around tiled products.
+    /// norms, RoPE and activations as kernels of their own around tiled products (the residual
+    /// adds in the products' epilogue) and attention in one pass (see ARCHITECTURE.md).
     fn encode_layers<'a>(
         &'a self,
         pass: &mut Pass<'a>,
@@ -1151,15 +1172,9 @@ impl GpuModel {
         let rows = |buf| Rows { buf, row0: 0, n: len };
         let out = |buf, stride, col0| Out { buf, stride, col0 };
         let bias = |b: Option<usize>, row0: usize| b.map(|o| o + row0);
-        // A product whose output is added to the residual stream.
+        // A product whose output is added to the residual stream (in the product's epilogue).
         let residual = |pass: &mut Pass<'a>, t: &'a GpuTensor, x, b: Option<usize>| {
-            if few {
-                let m = Matvec { norm: None, bias: bias(b, 0), epilogue: Epilogue::Add };
-                ops::matvec(pass, t, rows(x), out(&s.x, e, 0), m, fused);
-            } else {
-                ops::matmul(pass, t, bias(b, 0), rows(x), out(&s.proj, e, 0), fused);
-                ops::add(pass, &s.proj, &s.x, len * e);
-            }
+            ops::matmul_add(pass, t, bias(b, 0), rows(x), out(&s.x, e, 0), fused);
         };
 
         ops::embedding(pass, &w.token_embd, tokens, Lookup::Ids, &s.x);

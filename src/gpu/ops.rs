@@ -2,9 +2,9 @@
 //! each shader's bindings and `Params` layout. Used by the model and by the host helpers.
 
 use super::context::{gpu_err, GpuContext};
+pub use super::kernels::Tile;
 use super::kernels::{
     grid, storage, upload, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
-    TILED_ROWS, TILED_TOKENS,
 };
 use crate::error::Result;
 use crate::model::Norm;
@@ -197,7 +197,7 @@ params! {
     /// matmul_tiled.wgsl
     TiledParams for "matmul_tiled.wgsl" {
         rows: u32, cols: u32, n_tok: u32, row_bytes: u32, x_row0: u32, y_stride: u32,
-        y_col0: u32, bias_row0: u32, has_bias: u32, w_byte0: u32,
+        y_col0: u32, bias_row0: u32, has_bias: u32, w_byte0: u32, accumulate: u32,
     }
 }
 
@@ -312,6 +312,23 @@ pub fn matmul<'a>(
     }
 }
 
+/// `y[t][col0 + r] += W[r] . x[t] (+ bias[r])`: a product added to the residual stream, by the
+/// matvec.wgsl ADD epilogue for a few tokens, the tiled kernel's accumulating store for more.
+pub fn matmul_add<'a>(
+    pass: &mut Pass<'a>,
+    w: &'a GpuTensor,
+    bias: Option<usize>,
+    x: Rows<'a>,
+    y: Out<'a>,
+    fused: &Fused<'a>,
+) {
+    if fits_matvec(x.n) {
+        matvec(pass, w, x, y, Matvec { norm: None, bias, epilogue: Epilogue::Add }, fused);
+    } else {
+        matmul_tiled_with(pass, w, bias, x, y, fused, None, true);
+    }
+}
+
 /// The tiled matrix-matrix product (matmul_tiled.wgsl), for any number of tokens.
 pub fn matmul_tiled<'a>(
     pass: &mut Pass<'a>,
@@ -321,9 +338,41 @@ pub fn matmul_tiled<'a>(
     y: Out<'a>,
     fused: &Fused<'a>,
 ) {
+    matmul_tiled_with(pass, w, bias, x, y, fused, None, false);
+}
+
+/// Workgroups below which a product takes a smaller tile: a few per compute unit of a large GPU
+/// (an H200 has 132), so a 576-row product of a 512-token batch still spreads over the device.
+const TILED_MIN_GROUPS: u32 = 200;
+
+/// The largest tile that gives a product of `rows` x `n_tok` at least [`TILED_MIN_GROUPS`]
+/// workgroups (the smallest if none does).
+pub fn tile_for(rows: usize, n_tok: usize) -> Tile {
+    let groups = |t: Tile| {
+        let (tr, tt) = t.shape();
+        u(rows).div_ceil(tr) * u(n_tok).div_ceil(tt)
+    };
+    Tile::ALL.into_iter().find(|&t| groups(t) >= TILED_MIN_GROUPS).unwrap_or(Tile::Small)
+}
+
+/// [`matmul_tiled`] with the tile chosen (`None`: by [`tile_for`]) and, with `accumulate`, the
+/// product added to what `y` holds.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_tiled_with<'a>(
+    pass: &mut Pass<'a>,
+    w: &'a GpuTensor,
+    bias: Option<usize>,
+    x: Rows<'a>,
+    y: Out<'a>,
+    fused: &Fused<'a>,
+    tile: Option<Tile>,
+    accumulate: bool,
+) {
+    let tile = tile.unwrap_or_else(|| tile_for(w.rows, x.n));
+    let (tr, tt) = tile.shape();
     for part in &w.parts {
-        let (gx, gy) = grid(u(part.rows).div_ceil(TILED_ROWS));
-        let gz = u(x.n).div_ceil(TILED_TOKENS);
+        let (gx, gy) = grid(u(part.rows).div_ceil(tr));
+        let gz = u(x.n).div_ceil(tt);
         let params = TiledParams {
             rows: u(part.rows),
             cols: u(w.cols),
@@ -335,10 +384,12 @@ pub fn matmul_tiled<'a>(
             bias_row0: u(bias.unwrap_or(0) + part.row0),
             has_bias: bias.is_some() as u32,
             w_byte0: u(part.byte0),
+            accumulate: accumulate as u32,
         };
         let buffers = [&part.buffer, x.buf, fused.vectors, y.buf];
-        let (kernel, bytes) = (Kernel::MatmulTiled(w.ty), (part.rows * w.row_bytes) as u64);
-        let label = kernel.family();
+        let kernel = Kernel::MatmulTiled(w.ty, tile);
+        let bytes = (part.rows * w.row_bytes) as u64;
+        let label = if accumulate { "matmul tiled +residual" } else { "matmul tiled" };
         pass.dispatch_labelled(kernel, label, bytes, &buffers, &params.words(), [gx, gy, gz]);
     }
 }

@@ -1,6 +1,9 @@
-// Matrix-matrix product for prefill batches: Y[t * y_stride + y_col0 + r] = dot(W[r], X[x_row0 + t])
+// Matrix-matrix product for prefill batches: Y[t * y_stride + y_col0 + r] = dot(W[r], x_t)
 // (+ B[bias_row0 + r]) (+ the Y already there, when `accumulate`: the residual add), W's rows
-// starting at byte w_byte0 (packed tensors share a buffer).
+// starting at byte w_byte0 (packed tensors share a buffer), x_t = X[x_row0 + t], or with an
+// RMSNorm (norm_w != NONE) x_t = X[x_row0 + t] * g / rms(X[x_row0 + t]), g = B[norm_w ..]: g is
+// applied as the activations are loaded and 1 / rms in the epilogue, from the sum of squares the
+// loads accumulate on the way (every workgroup reads its tokens' whole rows anyway).
 //
 // One workgroup of TR * TT / 16 threads computes a TR rows x TT tokens tile of Y; TR and TT are
 // set per pipeline by Rust (kernels.rs, `Tile`: 64 x 64 with 256 threads for large products,
@@ -27,6 +30,8 @@ struct Params {
     has_bias: u32,
     w_byte0: u32,
     accumulate: u32,
+    norm_w: u32,
+    eps: f32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -35,7 +40,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<uniform> P: Params;
 
-const WG: u32 = TR * TT / 16u;
+const NONE: u32 = 0xffffffffu;
+const WG: u32 = TR * TT / 16u; // a multiple of TT: each thread loads the activations of one token
 const RQ: u32 = TR / 4u; // groups of 4 rows
 const TQ: u32 = TT / 4u; // groups of 4 tokens
 
@@ -55,6 +61,8 @@ fn main(
     let tq = lid / RQ;
     var acc: array<vec4<f32>, 4>; // acc[j]: token 4 tq + j, rows 4 rq .. 4 rq + 4
     var v: array<f32, 32>;
+    var sq = 0.0; // sum of squares of the loaded activations of token lid % TT
+    let normed = P.norm_w != NONE;
     let n_chunks = (P.cols + CH - 1u) / CH;
     for (var c = 0u; c < n_chunks; c++) {
         let n = min(CH, P.cols - c * CH);
@@ -75,6 +83,10 @@ fn main(
             var x = 0.0;
             if (t0 + t < P.n_tok && k < n) {
                 x = X[(P.x_row0 + t0 + t) * P.cols + c * CH + k];
+                sq += x * x;
+                if (normed) {
+                    x *= B[P.norm_w + c * CH + k];
+                }
             }
             Xs[k * TQ + t / 4u][t % 4u] = x;
         }
@@ -89,6 +101,20 @@ fn main(
         }
         workgroupBarrier();
     }
+    // Each of this thread's tokens' 1 / rms: the sum of the partial sums of the threads that
+    // loaded it (Xs is free now).
+    var inv = vec4<f32>(1.0);
+    if (normed) {
+        Xs[lid].x = sq;
+        workgroupBarrier();
+        for (var j = 0u; j < 4u; j++) {
+            var s = 0.0;
+            for (var i = 4u * tq + j; i < WG; i += TT) {
+                s += Xs[i].x;
+            }
+            inv[j] = 1.0 / sqrt(s / f32(P.cols) + P.eps);
+        }
+    }
     for (var j = 0u; j < 4u; j++) {
         let t = t0 + 4u * tq + j;
         if (t >= P.n_tok) {
@@ -99,7 +125,7 @@ fn main(
             if (row >= P.rows) {
                 continue;
             }
-            var y = acc[j][i];
+            var y = acc[j][i] * inv[j];
             if (P.has_bias != 0u) {
                 y += B[P.bias_row0 + row];
             }

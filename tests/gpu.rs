@@ -263,7 +263,8 @@ fn matmul_tiled_every_type_and_shape() {
 /// Every output tile of the prefill kernel with everything the model asks of it: rows and
 /// tokens not multiples of the tile (and more than one tile of each), a packed tensor (rows read
 /// from a byte offset), input rows from an offset, a bias at an offset, outputs at a column
-/// offset of wider rows, and the accumulating store (the residual add) onto what is there.
+/// offset of wider rows, the accumulating store (the residual add) onto what is there, and the
+/// input's RMSNorm folded in.
 #[test]
 fn matmul_tiled_every_tile_type_and_layout() {
     use nexttoken::gpu::host::TiledCase;
@@ -282,6 +283,9 @@ fn matmul_tiled_every_tile_type_and_layout() {
                 let bias = (j == 0).then(|| rng.vec(rows, 1.0));
                 let y0 = rng.vec(n_tok * y_stride, 1.0);
                 let accumulate = (i + j) % 2 == 1;
+                // An RMSNorm folded in on one case of two (the other of each tile and type).
+                let norm_w = (j == 1).then(|| rng.vec(cols, 1.0));
+                let rms_norm = norm_w.as_deref().map(|g| (g, 1e-5));
                 let case = TiledCase {
                     ty,
                     w: &w,
@@ -293,18 +297,25 @@ fn matmul_tiled_every_tile_type_and_layout() {
                     x_row0,
                     n_tok,
                     bias: bias.as_deref(),
-                    bias_at: 7,
+                    bias_at: cols + 7,
                     y0: &y0,
                     y_stride,
                     y_col0,
                     tile,
                     accumulate,
+                    rms_norm,
                 };
                 let got = host::matmul_tiled_case(&k, &case).unwrap();
                 let wf = dequant(ty, &w, w_rows, cols);
                 let mut want = y0.clone();
                 for t in 0..n_tok {
-                    let xt = &x[(x_row0 + t) * cols..][..cols];
+                    let mut xt = x[(x_row0 + t) * cols..][..cols].to_vec();
+                    if let Some((g, eps)) = rms_norm {
+                        let ms = xt.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+                        let inv = 1.0 / (ms + eps).sqrt();
+                        xt.iter_mut().zip(g).for_each(|(v, g)| *v *= inv * g);
+                    }
+                    let xt = &xt;
                     for r in 0..rows {
                         let v = dot(&wf[(w_row0 + r) * cols..][..cols], xt)
                             + bias.as_ref().map_or(0.0, |b| b[r]);
@@ -314,8 +325,9 @@ fn matmul_tiled_every_tile_type_and_layout() {
                 }
                 check_close(
                     &format!(
-                        "tiled matmul {tile:?} {} {rows}x{cols} n={n_tok} accumulate {accumulate}",
-                        ty.name()
+                        "tiled matmul {tile:?} {} {rows}x{cols} n={n_tok} accumulate {accumulate} norm {}",
+                        ty.name(),
+                        rms_norm.is_some()
                     ),
                     &got,
                     &want,
@@ -1115,6 +1127,26 @@ fn decode_dispatches_stay_within_budget() {
             arch.gguf_name()
         );
         assert!(greedy <= budget && logits <= budget && topk <= budget, "{}", arch.gguf_name());
+    }
+}
+
+/// A prefill pass records 9 dispatches per layer on an RMSNorm model (the norms folded into the
+/// products, the residual adds into their epilogue, attention in one pass: see ARCHITECTURE.md,
+/// "The prefill plan"), 11 where the norm is a LayerNorm (its own kernel, twice), plus the
+/// embedding (GPT-2: and the learned positions) and the last token's logits.
+#[test]
+fn prefill_dispatches_per_layer() {
+    let Some(ctx) = context() else { return };
+    for (arch, per_layer, extra) in [(Arch::Llama, 9, 2), (Arch::Qwen2, 9, 2), (Arch::Gpt2, 11, 3)]
+    {
+        let layers = 2;
+        let gpu = gpu_model(&ctx, synth_model(arch, GgmlType::Q8_0, 5, false), GpuOptions::f32());
+        let mut st = gpu.new_state();
+        let prompt: Vec<u32> = (1..100).collect();
+        gpu.forward(&mut st, &prompt, false).unwrap();
+        let got = gpu.stats().dispatches_last;
+        eprintln!("{}: {got} dispatches for a 99-token prefill", arch.gguf_name());
+        assert_eq!(got, per_layer * layers + extra, "{}", arch.gguf_name());
     }
 }
 

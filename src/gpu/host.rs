@@ -134,6 +134,8 @@ pub struct TiledCase<'a> {
     pub y_col0: usize,
     pub tile: ops::Tile,
     pub accumulate: bool,
+    /// RMSNorm of the input rows with these weights (at float offset 0 of the vectors buffer).
+    pub rms_norm: Option<(&'a [f32], f32)>,
 }
 
 pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
@@ -152,7 +154,10 @@ pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
             byte0: c.w_row0 * row_bytes,
         }],
     };
-    let mut vectors = vec![0f32; c.bias_at];
+    // The norm's weights, then zeros up to the bias.
+    let mut vectors = c.rms_norm.map_or(vec![], |n| n.0.to_vec());
+    assert!(vectors.len() <= c.bias_at, "the bias comes after the norm's weights");
+    vectors.resize(c.bias_at, 0.0);
     vectors.extend_from_slice(c.bias.unwrap_or(&[0.0]));
     let unfused = Unfused::new(ctx, Some(&vectors));
     let (xb, y) = (upload_f32(ctx, c.x), upload_f32(ctx, c.y0));
@@ -161,7 +166,12 @@ pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
     let out = Out { buf: &y, stride: c.y_stride, col0: c.y_col0 };
     let bias = c.bias.map(|_| c.bias_at);
     let fused = unfused.fused();
-    ops::matmul_tiled_with(&mut pass, &view, bias, x, out, &fused, Some(c.tile), c.accumulate);
+    let opts = ops::TiledOpts {
+        tile: Some(c.tile),
+        accumulate: c.accumulate,
+        rms_norm: c.rms_norm.map(|n| (0, n.1)),
+    };
+    ops::matmul_tiled_with(&mut pass, &view, bias, x, out, &fused, opts);
     pass.submit();
     read(ctx, &y, c.y0.len())
 }

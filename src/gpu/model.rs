@@ -13,7 +13,7 @@ use super::kernels::{
 };
 use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
-    Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
+    Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, TiledOpts, Tokens, TopkBuffers,
 };
 use super::stream::{Dest, Filler, Pending};
 use crate::constraint::AllowedSet;
@@ -1102,8 +1102,8 @@ impl GpuModel {
     }
 
     /// Logits of `n` tokens from row `row0` of the residual stream (`scratch.x`) into
-    /// `scratch.logits`: the final norm fused into the product for a few tokens, a norm then the
-    /// tiled product for many.
+    /// `scratch.logits`: the final norm fused into the product (the tiled one for many tokens;
+    /// a LayerNorm there is a kernel of its own first).
     fn encode_logits<'a>(&'a self, pass: &mut Pass<'a>, fused: &Fused<'a>, row0: usize, n: usize) {
         let c = &self.model.config;
         let s = &self.scratch;
@@ -1116,6 +1116,10 @@ impl GpuModel {
                 epilogue: Epilogue::Store,
             };
             ops::matvec(pass, &self.weights.output, rows, out, m, fused);
+        } else if c.norm == Norm::Rms {
+            let rms_norm = Some((self.output_norm.weight, c.norm_eps));
+            let opts = TiledOpts { rms_norm, ..TiledOpts::default() };
+            ops::matmul_tiled_with(pass, &self.weights.output, None, rows, out, fused, opts);
         } else {
             self.norm(pass, &self.weights.output_norm, row0 + n);
             let rows = Rows { buf: &s.h, row0, n };
@@ -1172,6 +1176,26 @@ impl GpuModel {
         let rows = |buf| Rows { buf, row0: 0, n: len };
         let out = |buf, stride, col0| Out { buf, stride, col0 };
         let bias = |b: Option<usize>, row0: usize| b.map(|o| o + row0);
+        // The input of the products after a norm: for a prefill batch of a model with RMSNorm,
+        // the residual stream itself (the products fold the norm in); otherwise the norm kernel's
+        // output.
+        let fold_norm = !few && c.norm == Norm::Rms;
+        let normed = |pass: &mut Pass<'a>, nw: &'a NormWeights<Arc<GpuTensor>>, at: NormAt| {
+            if fold_norm {
+                (&s.x, Some((at.weight, c.norm_eps)))
+            } else {
+                self.norm(pass, nw, len);
+                (&s.h, None)
+            }
+        };
+        let product = |pass: &mut Pass<'a>, t: &'a GpuTensor, b, x, rms_norm: Option<_>, y| {
+            if rms_norm.is_some() {
+                let opts = TiledOpts { rms_norm, ..TiledOpts::default() };
+                ops::matmul_tiled_with(pass, t, b, rows(x), y, fused, opts);
+            } else {
+                ops::matmul(pass, t, b, rows(x), y, fused);
+            }
+        };
         // A product whose output is added to the residual stream (in the product's epilogue).
         let residual = |pass: &mut Pass<'a>, t: &'a GpuTensor, x, b: Option<usize>| {
             ops::matmul_add(pass, t, bias(b, 0), rows(x), out(&s.x, e, 0), fused);
@@ -1205,10 +1229,10 @@ impl GpuModel {
                     ops::matvec(pass, t, rows(&s.x), out(&s.q, q_dim, 0), m, fused);
                 }
             } else {
-                self.norm(pass, &lw.attn_norm, len);
+                let (x, rms) = normed(pass, &lw.attn_norm, plan.attn_norm);
                 for (t, row0) in &plan.qkv {
                     let o = out(&s.qkv, qkv_w, *row0);
-                    ops::matmul(pass, t, bias(plan.qkv_bias, *row0), rows(&s.h), o, fused);
+                    product(pass, t, bias(plan.qkv_bias, *row0), x, rms, o);
                 }
                 let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
                     let x = Columns { buf: &s.qkv, stride: qkv_w, col0 };
@@ -1249,33 +1273,26 @@ impl GpuModel {
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
                 (Ffn::GatedSilu { gate, up, down }, packed) => {
-                    self.norm(pass, &lw.ffn_norm, len);
+                    let (x, rms) = normed(pass, &lw.ffn_norm, plan.ffn_norm);
                     match packed {
                         Some(gu) if plan.gate_bias.is_none() && plan.up_bias.is_none() => {
-                            ops::matmul(
-                                pass,
-                                gu,
-                                None,
-                                rows(&s.h),
-                                out(&s.gate_up, 2 * ff, 0),
-                                fused,
-                            );
+                            product(pass, gu, None, x, rms, out(&s.gate_up, 2 * ff, 0));
                         }
                         _ => {
                             let (g, u) = (&gate.weight, &up.weight);
                             let o = out(&s.gate_up, 2 * ff, 0);
-                            ops::matmul(pass, g, bias(plan.gate_bias, 0), rows(&s.h), o, fused);
+                            product(pass, g, bias(plan.gate_bias, 0), x, rms, o);
                             let o = out(&s.gate_up, 2 * ff, ff);
-                            ops::matmul(pass, u, bias(plan.up_bias, 0), rows(&s.h), o, fused);
+                            product(pass, u, bias(plan.up_bias, 0), x, rms, o);
                         }
                     }
                     ops::silu_mul(pass, &s.gate_up, &s.up, len, ff);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
                 (Ffn::Gelu { up, down }, _) => {
-                    self.norm(pass, &lw.ffn_norm, len);
+                    let (x, rms) = normed(pass, &lw.ffn_norm, plan.ffn_norm);
                     let o = out(&s.up, ff, 0);
-                    ops::matmul(pass, &up.weight, bias(plan.up_bias, 0), rows(&s.h), o, fused);
+                    product(pass, &up.weight, bias(plan.up_bias, 0), x, rms, o);
                     ops::gelu(pass, &s.up, len * ff);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }

@@ -198,6 +198,7 @@ params! {
     TiledParams for "matmul_tiled.wgsl" {
         rows: u32, cols: u32, n_tok: u32, row_bytes: u32, x_row0: u32, y_stride: u32,
         y_col0: u32, bias_row0: u32, has_bias: u32, w_byte0: u32, accumulate: u32,
+        norm_w: u32, eps: f32,
     }
 }
 
@@ -325,7 +326,8 @@ pub fn matmul_add<'a>(
     if fits_matvec(x.n) {
         matvec(pass, w, x, y, Matvec { norm: None, bias, epilogue: Epilogue::Add }, fused);
     } else {
-        matmul_tiled_with(pass, w, bias, x, y, fused, None, true);
+        let opts = TiledOpts { accumulate: true, ..TiledOpts::default() };
+        matmul_tiled_with(pass, w, bias, x, y, fused, opts);
     }
 }
 
@@ -338,7 +340,18 @@ pub fn matmul_tiled<'a>(
     y: Out<'a>,
     fused: &Fused<'a>,
 ) {
-    matmul_tiled_with(pass, w, bias, x, y, fused, None, false);
+    matmul_tiled_with(pass, w, bias, x, y, fused, TiledOpts::default());
+}
+
+/// What a tiled product does besides `W . x + bias`.
+#[derive(Clone, Copy, Default)]
+pub struct TiledOpts {
+    /// The output tile (`None`: [`tile_for`] the product's size).
+    pub tile: Option<Tile>,
+    /// Add the product to what the output holds (the residual stream).
+    pub accumulate: bool,
+    /// RMSNorm the input first: its weights' float offset in the vectors buffer, and epsilon.
+    pub rms_norm: Option<(usize, f32)>,
 }
 
 /// Workgroups below which a product takes a smaller tile: a few per compute unit of a large GPU
@@ -355,9 +368,7 @@ pub fn tile_for(rows: usize, n_tok: usize) -> Tile {
     Tile::ALL.into_iter().find(|&t| groups(t) >= TILED_MIN_GROUPS).unwrap_or(Tile::Small)
 }
 
-/// [`matmul_tiled`] with the tile chosen (`None`: by [`tile_for`]) and, with `accumulate`, the
-/// product added to what `y` holds.
-#[allow(clippy::too_many_arguments)]
+/// [`matmul_tiled`] with [`TiledOpts`]: the tile, the accumulating store, the input's RMSNorm.
 pub fn matmul_tiled_with<'a>(
     pass: &mut Pass<'a>,
     w: &'a GpuTensor,
@@ -365,9 +376,9 @@ pub fn matmul_tiled_with<'a>(
     x: Rows<'a>,
     y: Out<'a>,
     fused: &Fused<'a>,
-    tile: Option<Tile>,
-    accumulate: bool,
+    opts: TiledOpts,
 ) {
+    let TiledOpts { tile, accumulate, rms_norm } = opts;
     let tile = tile.unwrap_or_else(|| tile_for(w.rows, x.n));
     let (tr, tt) = tile.shape();
     for part in &w.parts {
@@ -385,11 +396,18 @@ pub fn matmul_tiled_with<'a>(
             has_bias: bias.is_some() as u32,
             w_byte0: u(part.byte0),
             accumulate: accumulate as u32,
+            norm_w: rms_norm.map_or(NONE, |n| u(n.0)),
+            eps: rms_norm.map_or(0.0, |n| n.1),
         };
         let buffers = [&part.buffer, x.buf, fused.vectors, y.buf];
         let kernel = Kernel::MatmulTiled(w.ty, tile);
         let bytes = (part.rows * w.row_bytes) as u64;
-        let label = if accumulate { "matmul tiled +residual" } else { "matmul tiled" };
+        let label = match (rms_norm.is_some(), accumulate) {
+            (true, true) => "matmul tiled rms-norm +residual",
+            (true, false) => "matmul tiled rms-norm",
+            (false, true) => "matmul tiled +residual",
+            (false, false) => "matmul tiled",
+        };
         pass.dispatch_labelled(kernel, label, bytes, &buffers, &params.words(), [gx, gy, gz]);
     }
 }

@@ -584,8 +584,7 @@ impl GpuModel {
         }
         for t in &tensors {
             needed.push(Kernel::Matvec(t.ty, h));
-            // The other tiles compile on first use: the largest needs the most workgroup memory.
-            needed.push(Kernel::MatmulTiled(t.ty, Tile::Large));
+            needed.extend(Tile::ALL.map(|tile| Kernel::MatmulTiled(t.ty, tile)));
         }
         needed.sort_by_key(|k| format!("{k:?}"));
         needed.dedup();

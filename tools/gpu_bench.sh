@@ -10,7 +10,7 @@
 # There, Vulkan may need the loader from the .deb (unpacked into DIR/vulkan) and the vendor's ICD:
 #   VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json DIR/gpu_bench.sh
 # Output: one `nexttoken bench --json` line per model in DIR/results.jsonl, the per-kernel
-# profile of a decode step @16 and @2048 in DIR/profile-MODEL.txt, and a Markdown table
+# profile of a decode step @16 and @2048 and of a 512-token prefill in DIR/profile-MODEL.txt, and a Markdown table
 # (decode @16 and @2048, prefill 16/128/512, dispatches per step against the 8 per layer + 6
 # budget, the weights' read rate against the GPU's measured read bandwidth).
 set -euo pipefail
@@ -49,8 +49,9 @@ run() { # name config type
     [[ -f "$file" ]] || "$bin" synth --config "$configs/$2.config.json" --type "$3" --out "$file" >/dev/null
     "$bin" bench --model "$file" --backend gpu --prefill 16,128,512 --contexts 16,2048 \
         --steps "${STEPS:-32}" --json | tee -a "$here/results.jsonl" >/dev/null
-    # The per-kernel profile (timestamp queries) of one step at each context, kept beside.
-    "$bin" bench --model "$file" --backend gpu --prefill 16 --contexts 16,2048 --steps 2 \
+    # The per-kernel profile (timestamp queries) of one step at each context and of a
+    # 512-token prefill, kept beside.
+    "$bin" bench --model "$file" --backend gpu --prefill 512 --contexts 16,2048 --steps 2 \
         --profile > "$here/profile-$1.txt"
     grep -E "device|per step|GPU read" "$here/profile-$1.txt" | sed "s/^/  $1: /" >&2
 }

@@ -43,8 +43,9 @@ pub struct BenchOptions {
     /// Time the exact (reference) CPU path instead of the fast one.
     #[arg(long)]
     pub exact: bool,
-    /// GPU: time every kernel of one decode step at each context (timestamp queries, where
-    /// the adapter has them): dispatches, µs and GB/s per kernel family.
+    /// GPU: time every kernel of one decode step at each context, and of each prefill of more
+    /// than 8 tokens (timestamp queries, where the adapter has them): dispatches, µs and GB/s
+    /// per kernel family.
     #[arg(long)]
     pub profile: bool,
     #[arg(long)]
@@ -196,22 +197,27 @@ fn bench_tokenizer(o: &BenchOptions, model: &Model) -> Result<HfTokenizer> {
     Ok(tokenizer)
 }
 
-/// Per-kernel times of one decode step after filling the cache to each context: per label
-/// (kernel family, and for products what they fuse), dispatches, µs and weight bytes read.
-/// `null` when the adapter has no timestamp queries.
+/// Per-kernel times of one decode step after filling the cache to each context (keyed by the
+/// context), and of each prefill of more than 8 tokens from an empty cache (keyed "prefill N"):
+/// per label (kernel family, and for products what they fuse), dispatches, µs and weight bytes
+/// read. `null` when the adapter has no timestamp queries.
 fn profile(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
     let vocab = gm.vocab_size();
     let mut out = serde_json::Map::new();
-    for &ctx in &o.contexts {
+    let ids = |from: usize, n: usize| -> Vec<u32> {
+        (from..from + n).map(|i| bench_token(i, vocab)).collect()
+    };
+    let decodes = o.contexts.iter().map(|&ctx| (ctx.to_string(), ctx, 1));
+    let prefills = o.prefill.iter().filter(|&&n| n > 8).map(|&n| (format!("prefill {n}"), 0, n));
+    for (key, ctx, n) in decodes.chain(prefills) {
         let mut s = gm.new_state();
         let mut pos = 0;
         while pos < ctx {
             let n = (ctx - pos).min(256);
-            let ids: Vec<u32> = (pos..pos + n).map(|i| bench_token(i, vocab)).collect();
-            gm.forward(&mut s, &ids, false)?;
+            gm.forward(&mut s, &ids(pos, n), false)?;
             pos += n;
         }
-        let Some(times) = gm.profile(&mut s, &[bench_token(ctx, vocab)])? else {
+        let Some(times) = gm.profile(&mut s, &ids(ctx, n))? else {
             return Ok(Value::Null);
         };
         // Families in the order they first run.
@@ -232,7 +238,7 @@ fn profile(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
                 json!({"kernel": label, "dispatches": n, "micros": us, "bytes": bytes})
             })
             .collect();
-        out.insert(ctx.to_string(), Value::Array(rows));
+        out.insert(key, Value::Array(rows));
     }
     Ok(Value::Object(out))
 }
@@ -435,9 +441,14 @@ pub fn run(o: &BenchOptions) -> Result<()> {
                 .flatten()
                 .map(|r| r["micros"].as_f64().unwrap_or(0.0))
                 .sum();
-            println!(
-                "profile @{ctx:>5}  one decode step, each dispatch in its own pass: {total:.0} µs"
-            );
+            match ctx.strip_prefix("prefill ") {
+                Some(n) => println!(
+                    "profile prefill {n:>5}  from an empty cache, each dispatch in its own pass: {total:.0} µs"
+                ),
+                None => println!(
+                    "profile @{ctx:>5}  one decode step, each dispatch in its own pass: {total:.0} µs"
+                ),
+            }
             for row in rows.as_array().into_iter().flatten() {
                 let us = row["micros"].as_f64().unwrap_or(0.0);
                 let bytes = row["bytes"].as_f64().unwrap_or(0.0);

@@ -105,34 +105,14 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         }
         GgmlType::Q6_K => {
             let mut acc = _mm256_setzero_ps();
-            let m4 = _mm256_set1_epi8(0x0f);
-            let m2 = _mm256_set1_epi8(3);
-            let m32 = _mm256_set1_epi8(32);
             for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
                 prefetch_block(b.as_ptr(), 210, PREFETCH_BYTES);
                 let d = f16c(b, 208);
                 for half in 0..2 {
-                    let p = b.as_ptr();
-                    let ql0 = _mm256_loadu_si256(p.add(half * 64) as *const __m256i);
-                    let ql1 = _mm256_loadu_si256(p.add(half * 64 + 32) as *const __m256i);
-                    let qh = _mm256_loadu_si256(p.add(128 + half * 32) as *const __m256i);
                     let sc = &b[192 + half * 8..192 + half * 8 + 8];
-                    let lows = [
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    ];
-                    let highs = [
-                        _mm256_and_si256(qh, m2),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
-                    ];
+                    let ws = q6_k_weights(b.as_ptr(), half);
                     for k in 0..4 {
-                        let ak = &a[half * 4 + k];
-                        let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
-                        let w = _mm256_sub_epi8(q, m32);
+                        let (ak, w) = (&a[half * 4 + k], ws[k]);
                         let x = _mm256_loadu_si256(ak.qs.as_ptr() as *const __m256i);
                         let p16 =
                             _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
@@ -251,13 +231,7 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     const SUB: usize = QK_K / QK8;
-    let nsb = acts[0].len() / SUB;
-    for r in rows {
-        assert!(r.len() >= nsb * 144);
-    }
-    for a in acts {
-        assert_eq!(a.len(), nsb * SUB);
-    }
+    let nsb = super_blocks(rows, acts, 144);
     let mask = _mm256_set1_epi8(0x0f);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -318,16 +292,7 @@ unsafe fn q6_k_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     const SUB: usize = QK_K / QK8;
-    let nsb = acts[0].len() / SUB;
-    for r in rows {
-        assert!(r.len() >= nsb * 210);
-    }
-    for a in acts {
-        assert_eq!(a.len(), nsb * SUB);
-    }
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2 = _mm256_set1_epi8(3);
-    let m32 = _mm256_set1_epi8(32);
+    let nsb = super_blocks(rows, acts, 210);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for sb in 0..nsb {
@@ -344,26 +309,8 @@ unsafe fn q6_k_tile<const R: usize, const T: usize>(
             let scales = _mm_loadu_si128(p.add(192) as *const __m128i);
             let mut isum = [_mm256_setzero_si256(); T];
             for half in 0..2 {
-                let ql0 = _mm256_loadu_si256(p.add(half * 64) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(p.add(half * 64 + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(p.add(128 + half * 32) as *const __m256i);
-                // Elements 32k..32k+32 of this half: ql0's or ql1's low or high nibbles, with
-                // bits 2k, 2k+1 of qh on top.
-                let lows = [
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                ];
-                let highs = [
-                    _mm256_and_si256(qh, m2),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
-                ];
-                for k in 0..4 {
-                    let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
-                    let w = _mm256_sub_epi8(q, m32);
+                let ws = q6_k_weights(p, half);
+                for (k, &w) in ws.iter().enumerate() {
                     let abs_w = _mm256_sign_epi8(w, w);
                     // Elements 0..16 (the low 128-bit lane) take scale 2k, 16..32 scale 2k + 1.
                     let i = (half * 8 + 2 * k) as u8;
@@ -388,6 +335,38 @@ unsafe fn q6_k_tile<const R: usize, const T: usize>(
         }
     }
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
+}
+
+/// Half `half` (0 or 1) of the Q6_K super-block at `b`: its 128 weights as 4 vectors of 32
+/// signed bytes (q - 32). Group k takes ql[0..32]'s (k even) or ql[32..64]'s (k odd) low (k < 2)
+/// or high nibbles, with bits 2k, 2k+1 of qh on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q6_k_weights(b: *const u8, half: usize) -> [__m256i; 4] {
+    let (m4, m2, m32) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let ql0 = _mm256_loadu_si256(b.add(half * 64) as *const __m256i);
+    let ql1 = _mm256_loadu_si256(b.add(half * 64 + 32) as *const __m256i);
+    let qh = _mm256_loadu_si256(b.add(128 + half * 32) as *const __m256i);
+    let lows = [ql0, ql1, _mm256_srli_epi16(ql0, 4), _mm256_srli_epi16(ql1, 4)];
+    let highs = [qh, _mm256_srli_epi16(qh, 2), _mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)];
+    std::array::from_fn(|k| {
+        let low = _mm256_and_si256(lows[k], m4);
+        let high = _mm256_slli_epi16(_mm256_and_si256(highs[k], m2), 4);
+        _mm256_sub_epi8(_mm256_or_si256(low, high), m32)
+    })
+}
+
+/// The super-blocks of 256 a K-quant tile multiplies (`block_bytes` each in the rows), after
+/// checking that every row holds them and every activation vector has their blocks.
+fn super_blocks<const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+    block_bytes: usize,
+) -> usize {
+    let nsb = acts[0].len() / (QK_K / QK8);
+    assert!(rows.iter().all(|r| r.len() >= nsb * block_bytes), "K-quant tile: rows too short");
+    assert!(acts.iter().all(|a| a.len() == nsb * (QK_K / QK8)), "K-quant tile: activations");
+    nsb
 }
 
 /// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, each as 8 bytes in a

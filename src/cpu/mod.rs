@@ -24,7 +24,7 @@ use crate::lm::{check_truncate, LanguageModel};
 use crate::model::{Ffn, Linear, Model, Norm, NormWeights, Qkv, Tensor};
 use crate::quant::{dequantize_row, GgmlType};
 use half::{f16, slice::HalfFloatSliceExt};
-use kernels::{BlockQ8, Isa, KvRows, QK8};
+use kernels::{ActScales, BlockQ8, Isa, KvRows, QK8};
 
 /// How the CPU path computes: bit-for-bit reference, or fast (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,15 +152,16 @@ const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
 const KV_RESERVE_LIMIT: usize = 1 << 30;
 
 /// One matmul input quantised to Q8 blocks (fast path), made by the first multiply that wants
-/// it and reused by the others that read the same input.
+/// it and reused by the others that read the same input with the same scales (a layer whose
+/// q, k and v mix K-quant and other rows quantises twice).
 struct QuantisedInput<'a> {
     blocks: &'a mut [BlockQ8],
-    filled: bool,
+    filled: Option<ActScales>,
 }
 
 impl<'a> QuantisedInput<'a> {
     fn new(blocks: &'a mut [BlockQ8]) -> Self {
-        QuantisedInput { blocks, filled: false }
+        QuantisedInput { blocks, filled: None }
     }
 }
 
@@ -576,9 +577,10 @@ impl CpuModel {
             return None;
         }
         let blocks = x.len() / QK8;
-        if !xq.filled {
-            kernels::quantize_activations(x, &mut xq.blocks[..blocks]);
-            xq.filled = true;
+        let scales = ActScales::of(w.ty);
+        if xq.filled != Some(scales) {
+            scales.quantize(x, &mut xq.blocks[..blocks]);
+            xq.filled = Some(scales);
         }
         Some(&xq.blocks[..blocks])
     }

@@ -105,34 +105,14 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         }
         GgmlType::Q6_K => {
             let mut acc = _mm256_setzero_ps();
-            let m4 = _mm256_set1_epi8(0x0f);
-            let m2 = _mm256_set1_epi8(3);
-            let m32 = _mm256_set1_epi8(32);
             for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
                 prefetch_block(b.as_ptr(), 210, PREFETCH_BYTES);
                 let d = f16c(b, 208);
                 for half in 0..2 {
-                    let p = b.as_ptr();
-                    let ql0 = _mm256_loadu_si256(p.add(half * 64) as *const __m256i);
-                    let ql1 = _mm256_loadu_si256(p.add(half * 64 + 32) as *const __m256i);
-                    let qh = _mm256_loadu_si256(p.add(128 + half * 32) as *const __m256i);
                     let sc = &b[192 + half * 8..192 + half * 8 + 8];
-                    let lows = [
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    ];
-                    let highs = [
-                        _mm256_and_si256(qh, m2),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2),
-                    ];
+                    let ws = q6_k_weights(b.as_ptr(), half);
                     for k in 0..4 {
-                        let ak = &a[half * 4 + k];
-                        let q = _mm256_or_si256(lows[k], _mm256_slli_epi16(highs[k], 4));
-                        let w = _mm256_sub_epi8(q, m32);
+                        let (ak, w) = (&a[half * 4 + k], ws[k]);
                         let x = _mm256_loadu_si256(ak.qs.as_ptr() as *const __m256i);
                         let p16 =
                             _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
@@ -155,7 +135,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// How far ahead of the current block the kernels prefetch each weight row, at least, in bytes:
@@ -163,15 +143,17 @@ pub fn has_tile(ty: GgmlType) -> bool {
 /// rows of small models.
 const PREFETCH_BYTES: usize = 3072;
 
-/// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
+/// See `kernels::dot_q8_tile`: Q8_0 and Q4_0 here, the K-quants in their own tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
     rows: [&[u8]; R],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
-    if ty == GgmlType::Q4_K {
-        return q4_k_tile(rows, acts);
+    match ty {
+        GgmlType::Q4_K => return q4_k_tile(rows, acts),
+        GgmlType::Q6_K => return q6_k_tile(rows, acts),
+        _ => {}
     }
     let nb = acts[0].len();
     let bb = ty.block_bytes();
@@ -238,85 +220,159 @@ pub(super) unsafe fn load_block(p: *const u8, q4: bool, ahead: usize) -> (__m256
 }
 
 /// The Q4_K tile: per super-block of 256 and row, 8 sub-blocks of 32 with 6-bit scales and mins.
-/// `sum_j d sc_j da_j dot(q_j, x_j) - dmin sum_j m_j da_j sum(x_j)`: the first term accumulates
-/// per super-block (then times d), the second is one 8-wide multiply-add per row and vector.
+/// The activations share one scale `da` per super-block (`ActScales::PerSuperBlock`), so
+/// `d da sum_j sc_j dot(q_j, x_j) - dmin da sum_j m_j sum(x_j)`: each sub-block's products are
+/// multiplied by its scale in the `madd` that sums them (integers) and added up over the
+/// super-block; floats once per super-block. The mins go into the same accumulator (the lanes
+/// are summed at the end anyway).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_tile<const R: usize, const T: usize>(
     rows: [&[u8]; R],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     const SUB: usize = QK_K / QK8;
-    let nsb = acts[0].len() / SUB;
-    for r in rows {
-        assert!(r.len() >= nsb * 144);
-    }
-    for a in acts {
-        assert_eq!(a.len(), nsb * SUB);
-    }
+    let nsb = super_blocks(rows, acts, 144);
     let mask = _mm256_set1_epi8(0x0f);
-    let ones = _mm256_set1_epi16(1);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut mins = [[_mm256_setzero_ps(); T]; R];
     for sb in 0..nsb {
-        // Per vector: its 8 block scales, and scale x sum (for the mins).
-        let mut da = [[0f32; SUB]; T];
+        // Per vector: its scale, and its blocks' sums times it (for the mins).
+        let mut da = [_mm256_setzero_ps(); T];
         let mut dasum = [_mm256_setzero_ps(); T];
         for t in 0..T {
-            let a = &acts[t][sb * SUB..(sb + 1) * SUB];
-            let mut ds = [0f32; SUB];
-            for j in 0..SUB {
-                da[t][j] = a[j].d;
-                ds[j] = a[j].d * a[j].sum as f32;
-            }
-            dasum[t] = _mm256_loadu_ps(ds.as_ptr());
+            let a = acts[t].get_unchecked(sb * SUB..(sb + 1) * SUB);
+            debug_assert!(a.iter().all(|b| b.d == a[0].d), "Q4_K wants per-super-block scales");
+            let sums: [i32; SUB] = std::array::from_fn(|j| a[j].sum);
+            da[t] = _mm256_set1_ps(a[0].d);
+            let sums = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr() as *const __m256i));
+            dasum[t] = _mm256_mul_ps(da[t], sums);
         }
         for r in 0..R {
-            let b = &rows[r][sb * 144..(sb + 1) * 144];
+            let b = rows[r].get_unchecked(sb * 144..(sb + 1) * 144);
             prefetch_block(b.as_ptr(), 144, ahead);
             let (d, dmin) = (f16c(b, 0), f16c(b, 2));
             let (sc, m) = q4_k_scales_mins(&b[4..16]);
-            let mv = _mm256_mul_ps(m, _mm256_set1_ps(dmin));
-            // Sub-block scale times activation scale, per vector: broadcast from memory below.
-            let mut scale = [[0f32; SUB]; T];
-            for t in 0..T {
-                _mm256_storeu_ps(
-                    scale[t].as_mut_ptr(),
-                    _mm256_mul_ps(sc, _mm256_loadu_ps(da[t].as_ptr())),
-                );
-            }
-            let mut sb_acc = [_mm256_setzero_ps(); T];
+            let sc = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128(sc as i64));
+            let mv = _mm256_mul_ps(bytes_to_f32(m), _mm256_set1_ps(dmin));
+            let mut isum = [_mm256_setzero_si256(); T];
             for chunk in 0..4 {
                 let bytes = _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
                 let lo = _mm256_and_si256(bytes, mask);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
                 for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                    // Sub-block j's scale in every 16-bit lane (byte j, then a zero byte).
+                    let s = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x8000 | j) as i16));
                     for t in 0..T {
                         let x = _mm256_loadu_si256(
                             acts[t].get_unchecked(sb * SUB + j).qs.as_ptr() as *const __m256i
                         );
-                        let dot =
-                            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-                        sb_acc[t] =
-                            _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&scale[t][j]), sb_acc[t]);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), s);
+                        isum[t] = _mm256_add_epi32(isum[t], p);
                     }
                 }
             }
             let dv = _mm256_set1_ps(d);
             for t in 0..T {
-                acc[r][t] = _mm256_fmadd_ps(sb_acc[t], dv, acc[r][t]);
-                mins[r][t] = _mm256_fmadd_ps(mv, dasum[t], mins[r][t]);
+                let scale = _mm256_mul_ps(dv, da[t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(mv, dasum[t], acc[r][t]);
             }
         }
     }
-    std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t]) - hsum_ps(mins[r][t])))
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
 }
 
-/// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, as two vectors of 8 floats
-/// (the bit shuffle of `quant::q4_k_scale_min`, done on all 8 at once in 32-bit words).
-#[inline]
+/// The Q6_K tile: per super-block of 256 and row, 16 groups of 16 six-bit weights (stored
+/// 0..63, meaning q - 32) with signed 8-bit scales. As in the Q4_K tile, the activations share
+/// one scale per super-block, so the groups' scales multiply in the integer `madd` and floats
+/// come once per super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_scales_mins(packed: &[u8]) -> (__m256, __m256) {
+unsafe fn q6_k_tile<const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    const SUB: usize = QK_K / QK8;
+    let nsb = super_blocks(rows, acts, 210);
+    let ahead = tile_prefetch::<R>(rows[0].len());
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for sb in 0..nsb {
+        let mut da = [_mm256_setzero_ps(); T];
+        for t in 0..T {
+            let a = acts[t].get_unchecked(sb * SUB..(sb + 1) * SUB);
+            debug_assert!(a.iter().all(|b| b.d == a[0].d), "Q6_K wants per-super-block scales");
+            da[t] = _mm256_set1_ps(a[0].d);
+        }
+        for r in 0..R {
+            let b = rows[r].get_unchecked(sb * 210..(sb + 1) * 210);
+            prefetch_block(b.as_ptr(), 210, ahead);
+            let p = b.as_ptr();
+            let scales = _mm_loadu_si128(p.add(192) as *const __m128i);
+            let mut isum = [_mm256_setzero_si256(); T];
+            for half in 0..2 {
+                let ws = q6_k_weights(p, half);
+                for (k, &w) in ws.iter().enumerate() {
+                    let abs_w = _mm256_sign_epi8(w, w);
+                    // Elements 0..16 (the low 128-bit lane) take scale 2k, 16..32 scale 2k + 1.
+                    let i = (half * 8 + 2 * k) as u8;
+                    let pick =
+                        _mm_set_epi64x(i64::from_ne_bytes([i + 1; 8]), i64::from_ne_bytes([i; 8]));
+                    let s16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                    for t in 0..T {
+                        let x = _mm256_loadu_si256(
+                            acts[t].get_unchecked(sb * SUB + half * 4 + k).qs.as_ptr()
+                                as *const __m256i,
+                        );
+                        let prod = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(prod, s16));
+                    }
+                }
+            }
+            let dv = _mm256_set1_ps(f16c(b, 208));
+            for t in 0..T {
+                let scale = _mm256_mul_ps(dv, da[t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[r][t]);
+            }
+        }
+    }
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
+}
+
+/// Half `half` (0 or 1) of the Q6_K super-block at `b`: its 128 weights as 4 vectors of 32
+/// signed bytes (q - 32). Group k takes ql[0..32]'s (k even) or ql[32..64]'s (k odd) low (k < 2)
+/// or high nibbles, with bits 2k, 2k+1 of qh on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q6_k_weights(b: *const u8, half: usize) -> [__m256i; 4] {
+    let (m4, m2, m32) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let ql0 = _mm256_loadu_si256(b.add(half * 64) as *const __m256i);
+    let ql1 = _mm256_loadu_si256(b.add(half * 64 + 32) as *const __m256i);
+    let qh = _mm256_loadu_si256(b.add(128 + half * 32) as *const __m256i);
+    let lows = [ql0, ql1, _mm256_srli_epi16(ql0, 4), _mm256_srli_epi16(ql1, 4)];
+    let highs = [qh, _mm256_srli_epi16(qh, 2), _mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)];
+    std::array::from_fn(|k| {
+        let low = _mm256_and_si256(lows[k], m4);
+        let high = _mm256_slli_epi16(_mm256_and_si256(highs[k], m2), 4);
+        _mm256_sub_epi8(_mm256_or_si256(low, high), m32)
+    })
+}
+
+/// The super-blocks of 256 a K-quant tile multiplies (`block_bytes` each in the rows), after
+/// checking that every row holds them and every activation vector has their blocks.
+fn super_blocks<const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+    block_bytes: usize,
+) -> usize {
+    let nsb = acts[0].len() / (QK_K / QK8);
+    assert!(rows.iter().all(|r| r.len() >= nsb * block_bytes), "K-quant tile: rows too short");
+    assert!(acts.iter().all(|a| a.len() == nsb * (QK_K / QK8)), "K-quant tile: activations");
+    nsb
+}
+
+/// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, each as 8 bytes in a
+/// u64 (the bit shuffle of `quant::q4_k_scale_min`, done on all 8 at once in 32-bit words).
+#[inline]
+fn q4_k_scales_mins(packed: &[u8]) -> (u64, u64) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const HIGH2: u32 = 0x0303_0303;
@@ -328,13 +384,15 @@ unsafe fn q4_k_scales_mins(packed: &[u8]) -> (__m256, __m256) {
     // bytes 8-11 plus the top 2 bits of bytes 0-3; mins 4-7: high nibbles plus bytes 4-7's top bits.
     let scales = [w0 & LOW6, (w2 & LOW4) | (((w0 >> 6) & HIGH2) << 4)];
     let mins = [w1 & LOW6, ((w2 >> 4) & LOW4) | (((w1 >> 6) & HIGH2) << 4)];
-    let to_f32 = |v: [u32; 2]| {
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(
-            0,
-            ((v[1] as u64) << 32 | v[0] as u64) as i64,
-        )))
-    };
-    (to_f32(scales), to_f32(mins))
+    let join = |v: [u32; 2]| (v[1] as u64) << 32 | v[0] as u64;
+    (join(scales), join(mins))
+}
+
+/// 8 bytes (in a u64, first byte lowest) as 8 floats.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_to_f32(v: u64) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi64x(0, v as i64)))
 }
 
 /// Prefetch the cache lines `ahead` bytes past a super-block of `len` bytes at `p`.

@@ -107,7 +107,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
             let acts: Vec<Vec<BlockQ8>> = (0..4)
                 .map(|_| {
                     let mut q = vec![BlockQ8::default(); cols / QK8];
-                    quantize_activations(&activations(cols, next), &mut q);
+                    quantize_activations_for(ty, &activations(cols, next), &mut q);
                     q
                 })
                 .collect();

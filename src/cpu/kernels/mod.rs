@@ -174,21 +174,61 @@ pub fn uses_q8_activations(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
-/// Quantise `x` (a multiple of 32 long) to blocks: d = max|x| / 127, q = round(x / d).
-pub fn quantize_activations(x: &[f32], out: &mut [BlockQ8]) {
-    debug_assert_eq!(x.len(), out.len() * QK8);
-    for (xb, o) in x.chunks_exact(QK8).zip(out.iter_mut()) {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in o.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
+/// How a matmul quantises its activations for rows of a weight type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActScales {
+    /// One scale per block of 32 (Q8_0, Q4_0 rows).
+    PerBlock,
+    /// One scale per super-block of 256, written into each of its 8 blocks (K-quant rows, as
+    /// llama.cpp's Q8_K): the K-quant kernels then add the sub-blocks' integer sums, each times
+    /// its sub-block scale in integers, and multiply by floats once per super-block, not per
+    /// block of 32. The K-quant tiles read only the first block's scale of each super-block.
+    PerSuperBlock,
+}
+
+impl ActScales {
+    /// The activation scales rows of `ty` are multiplied with.
+    pub fn of(ty: GgmlType) -> ActScales {
+        match ty {
+            GgmlType::Q4_K | GgmlType::Q6_K => ActScales::PerSuperBlock,
+            _ => ActScales::PerBlock,
         }
-        o.d = d;
-        o.sum = sum;
     }
+
+    /// Quantise `x` (a multiple of 32 long; of 256 for `PerSuperBlock`) to blocks:
+    /// d = max|x| / 127 over the block or the super-block, q = round(x / d).
+    pub fn quantize(self, x: &[f32], out: &mut [BlockQ8]) {
+        debug_assert_eq!(x.len(), out.len() * QK8);
+        let group = match self {
+            ActScales::PerBlock => QK8,
+            ActScales::PerSuperBlock => QK_K,
+        };
+        debug_assert!(x.len().is_multiple_of(group));
+        for (xs, os) in x.chunks(group).zip(out.chunks_mut(group / QK8)) {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (xb, o) in xs.chunks_exact(QK8).zip(os.iter_mut()) {
+                let mut sum = 0i32;
+                for (q, &v) in o.qs.iter_mut().zip(xb) {
+                    *q = (v * id).round() as i8;
+                    sum += *q as i32;
+                }
+                o.d = d;
+                o.sum = sum;
+            }
+        }
+    }
+}
+
+/// Quantise `x` as rows of `ty` want it (see [`ActScales`]).
+pub fn quantize_activations_for(ty: GgmlType, x: &[f32], out: &mut [BlockQ8]) {
+    ActScales::of(ty).quantize(x, out)
+}
+
+/// Quantise `x` (a multiple of 32 long) to blocks of 32, each with its own scale.
+pub fn quantize_activations(x: &[f32], out: &mut [BlockQ8]) {
+    ActScales::PerBlock.quantize(x, out)
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {

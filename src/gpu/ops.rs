@@ -306,11 +306,7 @@ pub fn matmul<'a>(
     y: Out<'a>,
     fused: &Fused<'a>,
 ) {
-    if fits_matvec(x.n) {
-        matvec(pass, w, x, y, Matvec { norm: None, bias, epilogue: Epilogue::Store }, fused);
-    } else {
-        matmul_tiled(pass, w, bias, x, y, fused);
-    }
+    product(pass, w, bias, x, y, fused, false)
 }
 
 /// `y[t][col0 + r] += W[r] . x[t] (+ bias[r])`: a product added to the residual stream, by the
@@ -323,10 +319,24 @@ pub fn matmul_add<'a>(
     y: Out<'a>,
     fused: &Fused<'a>,
 ) {
+    product(pass, w, bias, x, y, fused, true)
+}
+
+/// `matmul` (`add` false) or `matmul_add` (true).
+fn product<'a>(
+    pass: &mut Pass<'a>,
+    w: &'a GpuTensor,
+    bias: Option<usize>,
+    x: Rows<'a>,
+    y: Out<'a>,
+    fused: &Fused<'a>,
+    add: bool,
+) {
     if fits_matvec(x.n) {
-        matvec(pass, w, x, y, Matvec { norm: None, bias, epilogue: Epilogue::Add }, fused);
+        let epilogue = if add { Epilogue::Add } else { Epilogue::Store };
+        matvec(pass, w, x, y, Matvec { norm: None, bias, epilogue }, fused);
     } else {
-        let opts = TiledOpts { accumulate: true, ..TiledOpts::default() };
+        let opts = TiledOpts { accumulate: add, ..TiledOpts::default() };
         matmul_tiled_with(pass, w, bias, x, y, fused, opts);
     }
 }

@@ -384,6 +384,16 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
     bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// A top-k kernel's result `[logsumexp, count, (id, logit) * count]` as read back, at most `k`.
+fn top_from_words(w: &[u32], k: usize) -> TopK {
+    let count = (w[1] as usize).min(k);
+    TopK {
+        ids: (0..count).map(|i| w[2 + 2 * i]).collect(),
+        logits: (0..count).map(|i| f32::from_bits(w[3 + 2 * i])).collect(),
+        logsumexp: f32::from_bits(w[0]) as f64,
+    }
+}
+
 impl GpuModel {
     /// Open the GPU and upload `model` (native; blocks).
     #[cfg(not(target_arch = "wasm32"))]
@@ -729,12 +739,7 @@ impl GpuModel {
         let k = k.min(self.model.config.n_vocab);
         let bytes = self.run(state, tokens, Output::TopK { k }).await?;
         let w: Vec<u32> = words(&bytes).collect();
-        let count = (w[1] as usize).min(k);
-        Ok(TopK {
-            ids: (0..count).map(|i| w[2 + 2 * i]).collect(),
-            logits: (0..count).map(|i| f32::from_bits(w[3 + 2 * i])).collect(),
-            logsumexp: f32::from_bits(w[0]) as f64,
-        })
+        Ok(top_from_words(&w, k))
     }
 
     /// Append `tokens` and rank for a constrained step on the GPU: the `k` (1..=64) most likely
@@ -766,21 +771,15 @@ impl GpuModel {
         let bytes = self.run_masked(state, tokens, output, Some(allowed.words())).await?;
         let w: Vec<u32> = words(&bytes).collect();
         let (masked, all) = w.split_at(2 + 2 * k);
-        let pairs = |w: &[u32], k: usize| -> (Vec<u32>, Vec<f32>) {
-            let count = (w[1] as usize).min(k);
-            (
-                (0..count).map(|i| w[2 + 2 * i]).collect(),
-                (0..count).map(|i| f32::from_bits(w[3 + 2 * i])).collect(),
-            )
-        };
-        let logsumexp = f32::from_bits(all[0]) as f64;
-        let (ids, logits) = pairs(masked, k);
+        let all = top_from_words(all, shown);
+        let mut allowed = top_from_words(masked, k);
+        // The log-sum-exp of all the logits, not of the allowed ones.
+        allowed.logsumexp = all.logsumexp;
         // An allowed token with a -inf logit is no candidate (as on the CPU).
-        let keep = logits.iter().take_while(|&&l| l > f32::NEG_INFINITY).count();
-        let allowed =
-            TopK { ids: ids[..keep].to_vec(), logits: logits[..keep].to_vec(), logsumexp };
-        let (ids, logits) = pairs(all, shown);
-        Ok(AllowedTop { allowed, all: TopK { ids, logits, logsumexp } })
+        let keep = allowed.logits.iter().take_while(|&&l| l > f32::NEG_INFINITY).count();
+        allowed.ids.truncate(keep);
+        allowed.logits.truncate(keep);
+        Ok(AllowedTop { allowed, all })
     }
 
     /// Blocking [`GpuModel::forward_top_allowed_async`] (native only).

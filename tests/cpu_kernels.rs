@@ -147,6 +147,59 @@ fn tiles_match_single_row_dot_products() {
     }
 }
 
+/// Prefill's panels (8 rows unpacked and interleaved, then multiplied with n tokens a few at a
+/// time) against the scalar single-row kernel, for token counts that leave every remainder.
+#[test]
+fn panels_match_single_row_dot_products() {
+    let mut rng = SplitMix64(7);
+    let mut tested = Vec::new();
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+        let sizes: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 1056] };
+        for &cols in sizes {
+            let rows: Vec<Vec<u8>> =
+                (0..kernels::PANEL_ROWS).map(|_| random_row(&mut rng, ty, cols)).collect();
+            let panel_rows: [&[u8]; kernels::PANEL_ROWS] =
+                std::array::from_fn(|r| rows[r].as_slice());
+            for n in [1, 2, 3, 5, 7, 12] {
+                let acts: Vec<Vec<BlockQ8>> =
+                    (0..n).map(|_| quantized(ty, &activations(&mut rng, cols))).collect();
+                let all: Vec<BlockQ8> = acts.concat();
+                for isa in Isa::available().into_iter().filter(|&i| kernels::has_panel(i, ty)) {
+                    let mut panel = kernels::Panel::default();
+                    let mut out = vec![f32::NAN; n * kernels::PANEL_ROWS];
+                    kernels::panel_gemm(isa, ty, panel_rows, &all, &mut panel, &mut out);
+                    for (t, a) in acts.iter().enumerate() {
+                        for (r, row) in rows.iter().enumerate() {
+                            let got = out[t * kernels::PANEL_ROWS + r];
+                            let want = kernels::scalar::dot_q8(ty, row, a);
+                            let mut x = vec![0f32; cols];
+                            for (xb, b) in x.chunks_mut(QK8).zip(a) {
+                                xb.iter_mut().zip(&b.qs).for_each(|(v, &q)| *v = b.d * q as f32);
+                            }
+                            let (_, mag, _) = reference(ty, row, &x, a);
+                            assert!(
+                                ((got - want) as f64).abs() <= 1e-5 * mag + 1e-6,
+                                "{} cols {cols} {} n {n} row {r} token {t}: panel {got} vs scalar {want}",
+                                ty.name(),
+                                isa.name()
+                            );
+                        }
+                    }
+                    tested.push((isa, ty));
+                }
+            }
+        }
+    }
+    eprintln!("panels tested: {tested:?}");
+    // Where AVX2 exists its panels must have run: a panel kernel that silently stopped being
+    // chosen would leave this test passing on nothing.
+    if Isa::available().contains(&Isa::Avx2) {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+            assert!(tested.iter().any(|&(_, t)| t == ty), "no panel kernel ran for {}", ty.name());
+        }
+    }
+}
+
 /// The library's own self-check (what the browser runs for simd128), for every ISA here.
 /// `NEXTTOKEN_REQUIRE_ISA=neon` (tools/test.sh under qemu) makes a missing instruction set a
 /// failure, so an undetected one cannot pass by testing scalar against itself.
@@ -384,8 +437,10 @@ fn fast_path_matches_exact_on_synthetic_models() {
             (GgmlType::F32, 1e-4),
         ] {
             let bytes = common::synth_model(arch, ty, 1);
-            // Prefill in two chunks, then decode: exercises the cache and the scratch reuse.
-            for (isa, worst) in fast_vs_exact(&bytes, &[1, 5, 9, 14, 30, 7, 3, 22], &[5, 7]) {
+            // Prefill in pieces of 5, 2, 12 (prefill panels from 8 tokens on) and 1 token, then
+            // decode: exercises the cache, the scratch reuse and each matrix-product kernel.
+            let prompt = [1, 5, 9, 14, 30, 7, 3, 22, 11, 2, 17, 40, 8, 6, 31, 12, 19, 4, 25, 10];
+            for (isa, worst) in fast_vs_exact(&bytes, &prompt, &[5, 7, 19]) {
                 eprintln!(
                     "synthetic {arch} {} {}: max abs logit diff {worst:.2e}",
                     ty.name(),

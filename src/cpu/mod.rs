@@ -142,6 +142,10 @@ impl KvStore {
     }
 }
 
+/// Tokens from which a matrix product packs its weight rows into panels (`kernels::Panel`):
+/// packing costs about as much as multiplying a panel with a few tokens.
+const PANEL_MIN_TOKENS: usize = 8;
+
 /// log2 of the least work (multiply-adds) worth a task of its own: waking a thread costs a few
 /// microseconds natively, and tens in a browser (a Web Worker waiting on `Atomics.wait`).
 #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
@@ -352,6 +356,37 @@ impl CpuModel {
                     }
                 };
                 self.par_ranges(rows, w.cols * n, &work);
+            }
+            (Precision::Fast, Some(xq))
+                if n >= PANEL_MIN_TOKENS && kernels::has_panel(isa, w.ty) =>
+            {
+                // Prefill: panels of PANEL_ROWS rows, each unpacked once and multiplied with
+                // every token; rows past the last whole panel go one at a time.
+                const P: usize = kernels::PANEL_ROWS;
+                let xq = &xq[..n * (w.cols / QK8)];
+                let work = |panels: Range<usize>| {
+                    let mut panel = kernels::Panel::default();
+                    let mut sums = vec![0f32; n * P];
+                    let (r0, r1) = (panels.start * P, (panels.end * P).min(rows));
+                    let mut r = r0;
+                    while r + P <= r1 {
+                        let rows = std::array::from_fn(|k| row(r + k));
+                        kernels::panel_gemm(isa, w.ty, rows, xq, &mut panel, &mut sums);
+                        for (t, s) in sums.chunks_exact(P).enumerate() {
+                            for (k, &v) in s.iter().enumerate() {
+                                store(t, r + k, v);
+                            }
+                        }
+                        r += P;
+                    }
+                    let blocks = w.cols / QK8;
+                    for r in r..r1 {
+                        for (t, a) in xq.chunks_exact(blocks).enumerate() {
+                            store(t, r, kernels::dot_q8(isa, w.ty, row(r), a));
+                        }
+                    }
+                };
+                self.par_ranges(rows.div_ceil(P), w.cols * n * P, &work);
             }
             (Precision::Fast, Some(xq)) => {
                 // Tiles of TILE_ROWS rows x 4 or 2 tokens (prefill) or x 1 token (decode, and the

@@ -372,7 +372,7 @@ fn super_blocks<const R: usize, const T: usize>(
 /// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, each as 8 bytes in a
 /// u64 (the bit shuffle of `quant::q4_k_scale_min`, done on all 8 at once in 32-bit words).
 #[inline]
-fn q4_k_scales_mins(packed: &[u8]) -> (u64, u64) {
+pub(super) fn q4_k_scales_mins(packed: &[u8]) -> (u64, u64) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const HIGH2: u32 = 0x0303_0303;
@@ -413,7 +413,7 @@ pub(super) fn tile_prefetch<const R: usize>(row_len: usize) -> usize {
 /// The f16 at `p`, by F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16c_ptr(p: *const u8) -> f32 {
+pub(super) unsafe fn f16c_ptr(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }

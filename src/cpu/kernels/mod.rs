@@ -294,6 +294,61 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     }
 }
 
+/// Weight rows in a prefill panel (see [`Panel`]).
+pub const PANEL_ROWS: usize = 8;
+
+/// Prefill's weight panel: `PANEL_ROWS` rows of a quantised matrix unpacked to one byte per
+/// weight and interleaved, so that one 256-bit vector holds 4 consecutive weights of each row
+/// (quants[8 b + j] = weights 4j..4j+4 of rows 0..8 in block b), with each row's scale and offset
+/// per block of 32 as floats (w = d q - m: Q4_0's m is 8 d, Q4_K's the sub-block's min, Q8_0's
+/// 0). Prefill packs a panel once per matrix product and then multiplies it with every token,
+/// so the unpacking is paid once, not once per token; the buffer is per thread and reused (the
+/// weights keep their file layout: no second copy of the model).
+#[derive(Clone, Debug, Default)]
+pub struct Panel {
+    quants: Vec<[u8; 32]>,
+    scales: Vec<[f32; PANEL_ROWS]>,
+    offsets: Vec<[f32; PANEL_ROWS]>,
+    /// Q8_0's quants are signed (-128..=127), the 4-bit types' 0..=15.
+    signed: bool,
+}
+
+/// Whether `isa` has a panel kernel ([`panel_gemm`]) for rows of `ty`.
+pub fn has_panel(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && avx2_panel::has_panel(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        false
+    }
+}
+
+/// `out[t * PANEL_ROWS + r] = dot_q8(rows[r], acts[t])` for every activation vector `t` in
+/// `acts` (`n` vectors of `rows[r].len() / block_bytes * block_size / 32` blocks each): `rows`
+/// are packed into `panel`, then multiplied with the vectors a few at a time. Only where
+/// [`has_panel`] says so.
+pub fn panel_gemm(
+    isa: Isa,
+    ty: GgmlType,
+    rows: [&[u8]; PANEL_ROWS],
+    acts: &[BlockQ8],
+    panel: &mut Panel,
+    out: &mut [f32],
+) {
+    assert!(has_panel(isa, ty), "panel_gemm: no panel kernel for {} on {}", ty.name(), isa.name());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: has_panel checked that isa is AVX2 (detected at run time, see `dot_q8`).
+    unsafe {
+        avx2_panel::panel_gemm(ty, rows, acts, panel, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, acts, panel, out);
+        unreachable!()
+    }
+}
+
 /// Dot product of one F32, F16 or BF16 weight row (`row` is its bytes) with f32 activations.
 pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match isa {
@@ -418,6 +473,9 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2_panel;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512vnni;

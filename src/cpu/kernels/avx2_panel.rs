@@ -1,0 +1,205 @@
+//! x86-64 AVX2 prefill panels (see `kernels::Panel`): 8 weight rows unpacked to one byte per
+//! weight and interleaved, so one 256-bit vector holds 4 consecutive weights of each of the 8
+//! rows. One broadcast of 4 activation bytes then multiplies all 8 rows in one `maddubs`; with
+//! 4-bit weights (0..=15) the products of a whole block of 32 add up in 16-bit lanes
+//! (8 x 2 x 15 x 127 < 2^15) before one `madd`, and the float work (the scales, Q4_0's -8,
+//! Q4_K's mins) is one vector for 8 rows. The 4-row tiles instead unpack each weight block again
+//! for every pair of tokens and do the float work per row and token.
+
+use super::avx2::{f16c_ptr, q4_k_scales_mins};
+use super::*;
+use std::arch::x86_64::*;
+
+/// Whether there is a panel kernel for `ty`.
+pub fn has_panel(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
+}
+
+/// See `kernels::panel_gemm`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn panel_gemm(
+    ty: GgmlType,
+    rows: [&[u8]; PANEL_ROWS],
+    acts: &[BlockQ8],
+    panel: &mut Panel,
+    out: &mut [f32],
+) {
+    pack(ty, rows, panel);
+    let nb = panel.scales.len();
+    assert!(nb > 0 && acts.len().is_multiple_of(nb), "panel_gemm: activations");
+    let n = acts.len() / nb;
+    assert_eq!(out.len(), n * PANEL_ROWS, "panel_gemm: output");
+    let act = |t: usize| acts.get_unchecked(t * nb..(t + 1) * nb);
+    let mut t = 0;
+    macro_rules! tiles {
+        ($t:literal) => {
+            #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
+            while t + $t <= n {
+                let sums = if panel.signed {
+                    panel_tile::<$t, true>(panel, std::array::from_fn(|k| act(t + k)))
+                } else {
+                    panel_tile::<$t, false>(panel, std::array::from_fn(|k| act(t + k)))
+                };
+                for (k, s) in sums.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add((t + k) * PANEL_ROWS), *s);
+                }
+                t += $t;
+            }
+        };
+    }
+    tiles!(4);
+    tiles!(2);
+    tiles!(1);
+}
+
+/// The panel times `T` activation vectors: for each, the 8 rows' dot products in one vector.
+/// `SIGNED`: Q8_0's -128..=127 weights, multiplied with the sign trick and summed in 32 bits
+/// per group of 4 (two products of 127 x 127 already fill 16 bits).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_tile<const T: usize, const SIGNED: bool>(
+    panel: &Panel,
+    acts: [&[BlockQ8]; T],
+) -> [__m256; T] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..panel.scales.len() {
+        let q = panel.quants.as_ptr().add(b * 8) as *const __m256i;
+        let x: [*const i32; T] =
+            std::array::from_fn(|t| acts[t].get_unchecked(b).qs.as_ptr() as *const i32);
+        let mut isum = [_mm256_setzero_si256(); T];
+        for j in 0..8 {
+            let w = _mm256_loadu_si256(q.add(j));
+            if SIGNED {
+                let abs_w = _mm256_sign_epi8(w, w);
+                for t in 0..T {
+                    let xj = _mm256_set1_epi32(x[t].add(j).read_unaligned());
+                    let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj, w));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+                }
+            } else {
+                for t in 0..T {
+                    let xj = _mm256_set1_epi32(x[t].add(j).read_unaligned());
+                    isum[t] = _mm256_add_epi16(isum[t], _mm256_maddubs_epi16(w, xj));
+                }
+            }
+        }
+        let d = _mm256_loadu_ps(panel.scales.get_unchecked(b).as_ptr());
+        let m = _mm256_loadu_ps(panel.offsets.get_unchecked(b).as_ptr());
+        for t in 0..T {
+            let a = acts[t].get_unchecked(b);
+            let sums = if SIGNED { isum[t] } else { _mm256_madd_epi16(isum[t], ones) };
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
+            if !SIGNED {
+                // w = d q - m, so sum(w x) = da (d sum(q xq) - m sum(xq)).
+                acc[t] = _mm256_fnmadd_ps(m, _mm256_set1_ps(a.d * a.sum as f32), acc[t]);
+            }
+        }
+    }
+    acc
+}
+
+/// Unpack and interleave 8 rows of `ty` into `panel` (every block of the shortest row's length
+/// is assumed present: the rows are `Tensor` rows of equal length).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
+    let bb = ty.block_bytes();
+    let per_block = ty.block_size() / QK8;
+    let nb = rows[0].len() / bb * per_block;
+    assert!(rows.iter().all(|r| r.len() == rows[0].len()), "panel: rows of equal length");
+    panel.quants.resize(nb * 8, [0; 32]);
+    panel.scales.resize(nb, [0.0; 8]);
+    panel.offsets.resize(nb, [0.0; 8]);
+    panel.signed = ty == GgmlType::Q8_0;
+    let mask = _mm256_set1_epi8(0x0f);
+    let quants = panel.quants.as_mut_ptr() as *mut __m256i;
+    let store = |b: usize, v: [__m256i; 8]| {
+        for (j, v) in transpose(v).into_iter().enumerate() {
+            _mm256_storeu_si256(quants.add(b * 8 + j), v);
+        }
+    };
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 => {
+            let q4 = ty == GgmlType::Q4_0;
+            for b in 0..nb {
+                let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(b * bb));
+                let v = std::array::from_fn(|r| {
+                    if q4 {
+                        // Low nibbles are elements 0..16, high nibbles 16..32.
+                        let bytes = _mm_loadu_si128(p[r].add(2) as *const __m128i);
+                        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), mask)
+                    } else {
+                        _mm256_loadu_si256(p[r].add(2) as *const __m256i)
+                    }
+                });
+                store(b, v);
+                let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
+                panel.scales[b] = d;
+                panel.offsets[b] = if q4 { d.map(|d| 8.0 * d) } else { [0.0; 8] };
+            }
+        }
+        GgmlType::Q4_K => {
+            for sb in 0..nb / per_block {
+                let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(sb * bb));
+                let (d, dmin): ([f32; 8], [f32; 8]) = (
+                    std::array::from_fn(|r| f16c_ptr(p[r])),
+                    std::array::from_fn(|r| f16c_ptr(p[r].add(2))),
+                );
+                let packed: [(u64, u64); 8] = std::array::from_fn(|r| {
+                    q4_k_scales_mins(std::slice::from_raw_parts(p[r].add(4), 12))
+                });
+                // Each 32 bytes of nibbles hold sub-blocks 2c (low nibbles) and 2c + 1 (high).
+                for c in 0..4 {
+                    let bytes: [__m256i; 8] = std::array::from_fn(|r| {
+                        _mm256_loadu_si256(p[r].add(16 + 32 * c) as *const __m256i)
+                    });
+                    let lo = bytes.map(|v| _mm256_and_si256(v, mask));
+                    let hi = bytes.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+                    for (j, v) in [(2 * c, lo), (2 * c + 1, hi)] {
+                        let b = sb * 8 + j;
+                        store(b, v);
+                        let byte = |v: u64| (v >> (8 * j)) as u8 as f32;
+                        panel.scales[b] = std::array::from_fn(|r| d[r] * byte(packed[r].0));
+                        panel.offsets[b] = std::array::from_fn(|r| dmin[r] * byte(packed[r].1));
+                    }
+                }
+            }
+        }
+        other => panic!("panel: no AVX2 panel for {}", other.name()),
+    }
+}
+
+/// 8 rows of 8 words (4 weights each) to 8 vectors of the rows' word j each.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose(v: [__m256i; 8]) -> [__m256i; 8] {
+    let v = v.map(|v| _mm256_castsi256_ps(v));
+    // Pairs of rows interleaved word by word, then groups of four, then the 128-bit halves.
+    let t: [__m256; 8] = std::array::from_fn(|k| {
+        let (a, b) = (v[k / 2 * 2], v[k / 2 * 2 + 1]);
+        if k % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // s[4h + k]: words k (and k + 4) of rows 4h..4h+4; t[4h + 2i + lo/hi] pairs rows.
+    let s: [__m256; 8] = std::array::from_fn(|i| {
+        let (h, k) = (i / 4, i % 4);
+        let (a, b) = (t[4 * h + k / 2], t[4 * h + 2 + k / 2]);
+        if k % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xee>(a, b)
+        }
+    });
+    std::array::from_fn(|j| {
+        let (a, b) = (s[j % 4], s[4 + j % 4]);
+        _mm256_castps_si256(if j < 4 {
+            _mm256_permute2f128_ps::<0x20>(a, b)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(a, b)
+        })
+    })
+}

@@ -339,6 +339,33 @@ fn activation_quantisation_is_within_half_a_step() {
     }
 }
 
+/// Each instruction set's quantiser gives the scalar one's bytes, halves included: a block
+/// whose largest value is 127 has d = 1, so x.5 values sit exactly on the rounding boundary.
+#[test]
+fn activation_quantisers_match_scalar_bit_for_bit() {
+    let mut rng = SplitMix64(12);
+    let mut x = activations(&mut rng, 256 * 4);
+    x[32..64].fill(0.0);
+    for (i, v) in x[64..96].iter_mut().enumerate() {
+        // -37.5, -35, -32.5, ...: every other one a half.
+        *v = if i == 0 { 127.0 } else { (i as f32 - 16.0) * 2.5 };
+    }
+    x[100] = -3.5;
+    for scales in [kernels::ActScales::PerBlock, kernels::ActScales::PerSuperBlock] {
+        let mut want = vec![BlockQ8::default(); x.len() / QK8];
+        scales.quantize(&x, &mut want);
+        if scales == kernels::ActScales::PerBlock {
+            assert_eq!(want[2].d, 1.0, "the block of halves has d = 1");
+            assert_eq!(want[2].qs[1], -38, "-37.5 rounds away from zero");
+        }
+        for isa in Isa::available() {
+            let mut got = vec![BlockQ8::default(); x.len() / QK8];
+            scales.quantize_with(isa, &x, &mut got);
+            assert_eq!(got, want, "{scales:?} {}", isa.name());
+        }
+    }
+}
+
 #[test]
 fn synth_quantisers_follow_ggml() {
     let mut rng = SplitMix64(5);

@@ -171,10 +171,10 @@ impl<'a> QuantisedInput<'a> {
 
 /// A raw pointer that tasks writing disjoint elements of one output may share.
 #[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
+struct SyncPtr<T>(*mut T);
 // SAFETY: only used by tasks that write disjoint indices while the owner waits for them.
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
 
 impl CpuModel {
     /// The reference model: exact precision, one thread.
@@ -365,16 +365,26 @@ impl CpuModel {
                 const P: usize = kernels::PANEL_ROWS;
                 let xq = &xq[..n * (w.cols / QK8)];
                 let work = |panels: Range<usize>| {
+                    // The whole SyncPtr (Sync), not its field (see `store`).
+                    #[allow(clippy::redundant_locals)]
+                    let out_ptr = out_ptr;
                     let mut panel = kernels::Panel::default();
                     let mut sums = vec![0f32; n * P];
                     let (r0, r1) = (panels.start * P, (panels.end * P).min(rows));
                     let mut r = r0;
                     while r + P <= r1 {
-                        let rows = std::array::from_fn(|k| row(r + k));
-                        kernels::panel_gemm(isa, w.ty, rows, xq, &mut panel, &mut sums);
+                        let tile = std::array::from_fn(|k| row(r + k));
+                        kernels::panel_gemm(isa, w.ty, tile, xq, &mut panel, &mut sums);
                         for (t, s) in sums.chunks_exact(P).enumerate() {
-                            for (k, &v) in s.iter().enumerate() {
-                                store(t, r + k, v);
+                            // SAFETY: rows r..r + P of every token belong to this task alone.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r), P)
+                            };
+                            dst.copy_from_slice(s);
+                            if let Some(b) = bias_bytes {
+                                dst.iter_mut()
+                                    .enumerate()
+                                    .for_each(|(k, v)| *v += f32_at(b, r + k));
                             }
                         }
                         r += P;
@@ -614,7 +624,22 @@ impl CpuModel {
         let blocks = x.len() / QK8;
         let scales = ActScales::of(w.ty);
         if xq.filled != Some(scales) {
-            scales.quantize(x, &mut xq.blocks[..blocks]);
+            // Token by token over the pool: at prefill this is a few per cent of the pass.
+            let (per_token, isa) = (w.cols / QK8, self.isa);
+            let out = SyncPtr(xq.blocks.as_mut_ptr());
+            self.par_ranges(x.len() / w.cols, w.cols, &|tokens: Range<usize>| {
+                #[allow(clippy::redundant_locals)] // the whole SyncPtr (see `matmul`)
+                let out = out;
+                // SAFETY: each task writes the blocks of its own tokens, within `blocks`.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.0.add(tokens.start * per_token),
+                        tokens.len() * per_token,
+                    )
+                };
+                let x = &x[tokens.start * w.cols..tokens.end * w.cols];
+                scales.quantize_with(isa, x, out);
+            });
             xq.filled = Some(scales);
         }
         Some(&xq.blocks[..blocks])

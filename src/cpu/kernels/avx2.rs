@@ -37,6 +37,49 @@ fn mul_u8(w: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 }
 
+/// `ActScales::quantize` in AVX2: the same operations in the same order, so the same bytes
+/// (`group` is 32 or 256 values per scale).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize(group: usize, x: &[f32], out: &mut [BlockQ8]) {
+    let magnitude = _mm256_set1_epi32(0x7fff_ffff);
+    let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+    let half = _mm256_set1_ps(0.5);
+    // After the two packs the 4-byte groups are in the order a0 b0 c0 d0 a1 b1 c1 d1.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (xs, os) in x.chunks_exact(group).zip(out.chunks_exact_mut(group / QK8)) {
+        let p = xs.as_ptr();
+        let mut m = _mm256_setzero_si256();
+        for i in (0..group).step_by(8) {
+            let v = _mm256_loadu_si256(p.add(i) as *const __m256i);
+            m = _mm256_max_epu32(m, _mm256_and_si256(v, magnitude));
+        }
+        let m = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+        let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+        let amax = f32::from_bits(_mm_cvtsi128_si32(m) as u32);
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        for (b, o) in os.iter_mut().enumerate() {
+            let q: [__m256i; 4] = std::array::from_fn(|k| {
+                let r = _mm256_mul_ps(_mm256_loadu_ps(p.add(b * QK8 + 8 * k)), id);
+                // Half away from zero, then truncate: as the scalar code.
+                _mm256_cvttps_epi32(_mm256_add_ps(r, _mm256_or_ps(half, _mm256_and_ps(r, sign))))
+            });
+            let sums = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let sums =
+                _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+            let sums = _mm_add_epi32(sums, _mm_shuffle_epi32::<0b01_00_11_10>(sums));
+            let sums = _mm_add_epi32(sums, _mm_shuffle_epi32::<0b10_11_00_01>(sums));
+            let bytes =
+                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let bytes = _mm256_permutevar8x32_epi32(bytes, order);
+            _mm256_storeu_si256(o.qs.as_mut_ptr() as *mut __m256i, bytes);
+            o.d = d;
+            o.sum = _mm_cvtsi128_si32(sums);
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
     match ty {

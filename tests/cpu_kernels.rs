@@ -153,7 +153,7 @@ fn tiles_match_single_row_dot_products() {
 fn panels_match_single_row_dot_products() {
     let mut rng = SplitMix64(7);
     let mut tested = Vec::new();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let sizes: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 1056] };
         for &cols in sizes {
             let rows: Vec<Vec<u8>> =
@@ -194,7 +194,7 @@ fn panels_match_single_row_dot_products() {
     // Where AVX2 exists its panels must have run: a panel kernel that silently stopped being
     // chosen would leave this test passing on nothing.
     if Isa::available().contains(&Isa::Avx2) {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
             assert!(tested.iter().any(|&(_, t)| t == ty), "no panel kernel ran for {}", ty.name());
         }
     }

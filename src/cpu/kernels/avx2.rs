@@ -385,7 +385,7 @@ unsafe fn q6_k_tile<const R: usize, const T: usize>(
 /// or high nibbles, with bits 2k, 2k+1 of qh on top.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn q6_k_weights(b: *const u8, half: usize) -> [__m256i; 4] {
+pub(super) unsafe fn q6_k_weights(b: *const u8, half: usize) -> [__m256i; 4] {
     let (m4, m2, m32) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
     let ql0 = _mm256_loadu_si256(b.add(half * 64) as *const __m256i);
     let ql1 = _mm256_loadu_si256(b.add(half * 64 + 32) as *const __m256i);

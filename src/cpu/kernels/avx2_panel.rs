@@ -3,16 +3,18 @@
 //! rows. One broadcast of 4 activation bytes then multiplies all 8 rows in one `maddubs`; with
 //! 4-bit weights (0..=15) the products of a whole block of 32 add up in 16-bit lanes
 //! (8 x 2 x 15 x 127 < 2^15) before one `madd`, and the float work (the scales, Q4_0's -8,
-//! Q4_K's mins) is one vector for 8 rows. The 4-row tiles instead unpack each weight block again
-//! for every pair of tokens and do the float work per row and token.
+//! Q4_K's mins) is one vector for 8 rows. Signed weights take llama.cpp's sign trick (`maddubs`
+//! wants one unsigned operand); Q6_K's (-32..=31) add up in 16 bits over their 16 weights that
+//! share an integer scale, which one `madd` then applies. The 4-row tiles instead unpack each
+//! weight block again for every pair of tokens and do the float work per row and token.
 
-use super::avx2::{f16c_ptr, q4_k_scales_mins};
+use super::avx2::{f16c_ptr, q4_k_scales_mins, q6_k_weights};
 use super::*;
 use std::arch::x86_64::*;
 
 /// Whether there is a panel kernel for `ty`.
 pub fn has_panel(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// See `kernels::panel_gemm`.
@@ -35,10 +37,11 @@ pub unsafe fn panel_gemm(
         ($t:literal) => {
             #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
             while t + $t <= n {
-                let sums = if panel.signed {
-                    panel_tile::<$t, true>(panel, std::array::from_fn(|k| act(t + k)))
-                } else {
-                    panel_tile::<$t, false>(panel, std::array::from_fn(|k| act(t + k)))
+                let acts = std::array::from_fn(|k| act(t + k));
+                let sums = match panel.kind {
+                    PanelQuants::Nibbles => panel_tile::<$t, NIBBLES>(panel, acts),
+                    PanelQuants::Bytes => panel_tile::<$t, BYTES>(panel, acts),
+                    PanelQuants::SixBits => panel_tile::<$t, SIX_BITS>(panel, acts),
                 };
                 for (k, s) in sums.iter().enumerate() {
                     _mm256_storeu_ps(out.as_mut_ptr().add((t + k) * PANEL_ROWS), *s);
@@ -52,12 +55,18 @@ pub unsafe fn panel_gemm(
     tiles!(1);
 }
 
+/// `PanelQuants` as const parameters of `panel_tile`.
+const NIBBLES: u8 = 0;
+const BYTES: u8 = 1;
+const SIX_BITS: u8 = 2;
+
 /// The panel times `T` activation vectors: for each, the 8 rows' dot products in one vector.
-/// `SIGNED`: Q8_0's -128..=127 weights, multiplied with the sign trick and summed in 32 bits
-/// per group of 4 (two products of 127 x 127 already fill 16 bits).
+/// `NIBBLES`: a block's 4 x 2 x 15 x 127 products fit 16 bits; `BYTES` (Q8_0's -128..=127):
+/// two products of 128 x 127 already fill 16 bits, so every `maddubs` is widened to 32;
+/// `SIX_BITS`: 16 weights fit (8 x 32 x 127), then times their scale in the widening `madd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_tile<const T: usize, const SIGNED: bool>(
+unsafe fn panel_tile<const T: usize, const KIND: u8>(
     panel: &Panel,
     acts: [&[BlockQ8]; T],
 ) -> [__m256; T] {
@@ -67,20 +76,45 @@ unsafe fn panel_tile<const T: usize, const SIGNED: bool>(
         let q = panel.quants.as_ptr().add(b * 8) as *const __m256i;
         let x: [*const i32; T] =
             std::array::from_fn(|t| acts[t].get_unchecked(b).qs.as_ptr() as *const i32);
+        // Four activations of vector t, broadcast: they meet weights 4j..4j+4 of every row.
+        let xj = |t: usize, j: usize| _mm256_set1_epi32(x[t].add(j).read_unaligned());
         let mut isum = [_mm256_setzero_si256(); T];
-        for j in 0..8 {
-            let w = _mm256_loadu_si256(q.add(j));
-            if SIGNED {
-                let abs_w = _mm256_sign_epi8(w, w);
-                for t in 0..T {
-                    let xj = _mm256_set1_epi32(x[t].add(j).read_unaligned());
-                    let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj, w));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+        match KIND {
+            NIBBLES => {
+                for j in 0..8 {
+                    let w = _mm256_loadu_si256(q.add(j));
+                    for t in 0..T {
+                        isum[t] = _mm256_add_epi16(isum[t], _mm256_maddubs_epi16(w, xj(t, j)));
+                    }
                 }
-            } else {
-                for t in 0..T {
-                    let xj = _mm256_set1_epi32(x[t].add(j).read_unaligned());
-                    isum[t] = _mm256_add_epi16(isum[t], _mm256_maddubs_epi16(w, xj));
+                isum = isum.map(|s| _mm256_madd_epi16(s, ones));
+            }
+            BYTES => {
+                for j in 0..8 {
+                    let w = _mm256_loadu_si256(q.add(j));
+                    let abs_w = _mm256_sign_epi8(w, w);
+                    for t in 0..T {
+                        let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj(t, j), w));
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+            _ => {
+                for h in 0..2 {
+                    let mut half = [_mm256_setzero_si256(); T];
+                    for j in 4 * h..4 * h + 4 {
+                        let w = _mm256_loadu_si256(q.add(j));
+                        let abs_w = _mm256_sign_epi8(w, w);
+                        for t in 0..T {
+                            let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj(t, j), w));
+                            half[t] = _mm256_add_epi16(half[t], p);
+                        }
+                    }
+                    let scale = panel.int_scales.get_unchecked(2 * b + h).as_ptr();
+                    let scale = _mm256_loadu_si256(scale as *const __m256i);
+                    for t in 0..T {
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(half[t], scale));
+                    }
                 }
             }
         }
@@ -88,10 +122,9 @@ unsafe fn panel_tile<const T: usize, const SIGNED: bool>(
         let m = _mm256_loadu_ps(panel.offsets.get_unchecked(b).as_ptr());
         for t in 0..T {
             let a = acts[t].get_unchecked(b);
-            let sums = if SIGNED { isum[t] } else { _mm256_madd_epi16(isum[t], ones) };
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
-            if !SIGNED {
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[t]);
+            if KIND == NIBBLES {
                 // w = d q - m, so sum(w x) = da (d sum(q xq) - m sum(xq)).
                 acc[t] = _mm256_fnmadd_ps(m, _mm256_set1_ps(a.d * a.sum as f32), acc[t]);
             }
@@ -111,7 +144,11 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
     panel.quants.resize(nb * 8, [0; 32]);
     panel.scales.resize(nb, [0.0; 8]);
     panel.offsets.resize(nb, [0.0; 8]);
-    panel.signed = ty == GgmlType::Q8_0;
+    panel.kind = match ty {
+        GgmlType::Q8_0 => PanelQuants::Bytes,
+        GgmlType::Q6_K => PanelQuants::SixBits,
+        _ => PanelQuants::Nibbles,
+    };
     let mask = _mm256_set1_epi8(0x0f);
     let quants = panel.quants.as_mut_ptr() as *mut __m256i;
     let store = |b: usize, v: [__m256i; 8]| {
@@ -162,6 +199,30 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
                         let byte = |v: u64| (v >> (8 * j)) as u8 as f32;
                         panel.scales[b] = std::array::from_fn(|r| d[r] * byte(packed[r].0));
                         panel.offsets[b] = std::array::from_fn(|r| dmin[r] * byte(packed[r].1));
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            panel.int_scales.resize(2 * nb, [0; 16]);
+            for sb in 0..nb / per_block {
+                let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(sb * bb));
+                let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r].add(208)));
+                for half in 0..2 {
+                    let ws: [[__m256i; 4]; 8] = std::array::from_fn(|r| q6_k_weights(p[r], half));
+                    for k in 0..4 {
+                        // Block k of this half: its first 16 weights take scale 2 kb, the rest
+                        // 2 kb + 1.
+                        let kb = 4 * half + k;
+                        let b = sb * 8 + kb;
+                        store(b, std::array::from_fn(|r| ws[r][k]));
+                        panel.scales[b] = d;
+                        panel.offsets[b] = [0.0; 8];
+                        for h in 0..2 {
+                            let sc: [i16; 8] =
+                                std::array::from_fn(|r| *p[r].add(192 + 2 * kb + h) as i8 as i16);
+                            panel.int_scales[2 * b + h] = std::array::from_fn(|i| sc[i / 2]);
+                        }
                     }
                 }
             }

@@ -324,16 +324,30 @@ pub const PANEL_ROWS: usize = 8;
 /// weight and interleaved, so that one 256-bit vector holds 4 consecutive weights of each row
 /// (quants[8 b + j] = weights 4j..4j+4 of rows 0..8 in block b), with each row's scale and offset
 /// per block of 32 as floats (w = d q - m: Q4_0's m is 8 d, Q4_K's the sub-block's min, Q8_0's
-/// 0). Prefill packs a panel once per matrix product and then multiplies it with every token,
-/// so the unpacking is paid once, not once per token; the buffer is per thread and reused (the
-/// weights keep their file layout: no second copy of the model).
+/// and Q6_K's 0) and, for Q6_K, each row's integer scale per 16 weights. Prefill packs a panel
+/// once per matrix product and then multiplies it with every token, so the unpacking is paid
+/// once, not once per token; the buffer is per thread and reused (the weights keep their file
+/// layout: no second copy of the model).
 #[derive(Clone, Debug, Default)]
 pub struct Panel {
     quants: Vec<[u8; 32]>,
     scales: Vec<[f32; PANEL_ROWS]>,
     offsets: Vec<[f32; PANEL_ROWS]>,
-    /// Q8_0's quants are signed (-128..=127), the 4-bit types' 0..=15.
-    signed: bool,
+    /// Q6_K: per half block (16 weights), row r's 8-bit scale in 16-bit lanes 2r and 2r + 1.
+    int_scales: Vec<[i16; 2 * PANEL_ROWS]>,
+    kind: PanelQuants,
+}
+
+/// What a panel's quants are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum PanelQuants {
+    /// 0..=15 (Q4_0, Q4_K), with an offset.
+    #[default]
+    Nibbles,
+    /// -128..=127 (Q8_0).
+    Bytes,
+    /// -32..=31 (Q6_K), with an integer scale per 16.
+    SixBits,
 }
 
 /// Whether `isa` has a panel kernel ([`panel_gemm`]) for rows of `ty`.

@@ -64,6 +64,8 @@ const SIX_BITS: u8 = 2;
 /// `NIBBLES`: a block's 4 x 2 x 15 x 127 products fit 16 bits; `BYTES` (Q8_0's -128..=127):
 /// two products of 128 x 127 already fill 16 bits, so every `maddubs` is widened to 32;
 /// `SIX_BITS`: 16 weights fit (8 x 32 x 127), then times their scale in the widening `madd`.
+// Token t's registers are indexed in lockstep with its activations: ranges read better here.
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn panel_tile<const T: usize, const KIND: u8>(
@@ -210,7 +212,7 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
                 let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r].add(208)));
                 for half in 0..2 {
                     let ws: [[__m256i; 4]; 8] = std::array::from_fn(|r| q6_k_weights(p[r], half));
-                    for k in 0..4 {
+                    for (k, _) in ws[0].iter().enumerate() {
                         // Block k of this half: its first 16 weights take scale 2 kb, the rest
                         // 2 kb + 1.
                         let kb = 4 * half + k;

@@ -583,9 +583,7 @@ impl CpuModel {
                     let hq = &mut QuantisedInput::new(act);
                     self.linear(wu, h, hq, up);
                     self.linear(wg, h, hq, gate);
-                    for (u, g) in up.iter_mut().zip(gate.iter()) {
-                        *u *= silu(*g);
-                    }
+                    kernels::silu_mul(self.kernel_isa(), gate, up);
                     down
                 }
                 Ffn::Gelu { up: wu, down } => {
@@ -709,7 +707,7 @@ impl CpuModel {
                     let qh = &q[t * q_dim + h * head_dim..][..head_dim];
                     let keys = k_cache.skip(kvh * head_dim);
                     kernels::attention_scores(isa, qh, keys, kv_dim, scale, &mut scores[..seen]);
-                    softmax_in_place(&mut scores[..seen]);
+                    kernels::softmax(isa, &mut scores[..seen]);
                     // SAFETY: see above.
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(
@@ -791,15 +789,7 @@ impl LanguageModel for CpuModel {
 
 /// Softmax with the maximum subtracted first, so large scores do not overflow.
 pub fn softmax_in_place(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in x.iter_mut() {
-        *v /= sum;
-    }
+    kernels::scalar::softmax(x)
 }
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -810,10 +800,6 @@ fn add_assign(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;
     }
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// GELU, tanh approximation (GPT-2's "gelu_new", and what ggml computes).

@@ -593,3 +593,71 @@ pub unsafe fn attention_values(weights: &[f32], values: KvRows, stride: usize, o
         c += 8 * width;
     }
 }
+
+/// e^x for 8 floats: x = n ln2 + r (ln2 in two parts, |r| <= ln2 / 2), e^r by Cephes' degree-6
+/// polynomial, 2^n into the exponent bits. x is clamped to [-87.3, 88.3] so 2^n stays a normal
+/// float (e^-87.3 ~ 1.2e-38 stands for anything smaller, 0 included).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp_ps(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.3));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let e = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+    let n = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    _mm256_mul_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn softmax(x: &mut [f32]) {
+    let main = x.len() / 8 * 8;
+    let p = x.as_mut_ptr();
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+    for i in (0..main).step_by(8) {
+        m = _mm256_max_ps(m, _mm256_loadu_ps(p.add(i)));
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    let max = x[main..].iter().fold(_mm_cvtss_f32(m), |a, &b| a.max(b));
+    let (mv, mut sums) = (_mm256_set1_ps(max), _mm256_setzero_ps());
+    for i in (0..main).step_by(8) {
+        let e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mv));
+        _mm256_storeu_ps(p.add(i), e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    let mut sum = hsum_ps(sums);
+    for v in &mut x[main..] {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = _mm256_set1_ps(1.0 / sum);
+    for i in (0..main).step_by(8) {
+        _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+    }
+    for v in &mut x[main..] {
+        *v /= sum;
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn silu_mul(gate: &[f32], up: &mut [f32]) {
+    let main = up.len() / 8 * 8;
+    let (g, u) = (gate.as_ptr(), up.as_mut_ptr());
+    let one = _mm256_set1_ps(1.0);
+    for i in (0..main).step_by(8) {
+        let gv = _mm256_loadu_ps(g.add(i));
+        let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        let silu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(u.add(i), _mm256_mul_ps(_mm256_loadu_ps(u.add(i)), silu));
+    }
+    scalar::silu_mul(&gate[main..], &mut up[main..]);
+}

@@ -505,6 +505,29 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
     }
 }
 
+/// `x = exp(x - max x) / sum`, in place (one head's attention weights). AVX2 takes a polynomial
+/// exp (within a few units in the last place; below e^-87 it gives ~1e-38 instead of 0), as
+/// llama.cpp's vectorised softmax does: libm's scalar expf was a twentieth of a long prefill.
+pub fn softmax(isa: Isa, x: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_q8`.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::softmax(x) },
+        _ => scalar::softmax(x),
+    }
+}
+
+/// `up[i] *= silu(gate[i])` (the gated feed-forward), with the exp of [`softmax`].
+pub fn silu_mul(isa: Isa, gate: &[f32], up: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "silu_mul: lengths");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_q8`.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::silu_mul(gate, up) },
+        _ => scalar::silu_mul(gate, up),
+    }
+}
+
 /// The portable kernels: the oracle for the SIMD ones.
 pub mod scalar;
 

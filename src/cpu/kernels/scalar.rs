@@ -136,3 +136,23 @@ pub fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mu
         }
     }
 }
+
+/// `x = exp(x - max x) / sum`, in place (attention weights).
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// `up[i] *= silu(gate[i])`, silu(g) = g / (1 + exp(-g)) (the gated feed-forward).
+pub fn silu_mul(gate: &[f32], up: &mut [f32]) {
+    for (u, &g) in up.iter_mut().zip(gate) {
+        *u *= g / (1.0 + (-g).exp());
+    }
+}

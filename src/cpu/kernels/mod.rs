@@ -329,6 +329,8 @@ pub const PANEL_ROWS: usize = 8;
 /// once, not once per token; the buffer is per thread and reused (the weights keep their file
 /// layout: no second copy of the model).
 #[derive(Clone, Debug, Default)]
+// Only x86-64 has panel kernels so far; elsewhere the type exists for the callers' sake.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Panel {
     quants: Vec<[u8; 32]>,
     scales: Vec<[f32; PANEL_ROWS]>,
@@ -340,6 +342,7 @@ pub struct Panel {
 
 /// What a panel's quants are.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum PanelQuants {
     /// 0..=15 (Q4_0, Q4_K), with an offset.
     #[default]

@@ -107,12 +107,8 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         GgmlType::Q4_0 => {
             let mut acc = _mm256_setzero_ps();
             let mut offset = 0f32;
-            let mask = _mm256_set1_epi8(0x0f);
             for (b, a) in row.chunks_exact(18).zip(act) {
-                let bytes = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
-                // Low nibbles are elements 0..16, high nibbles 16..32.
-                let both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-                let w = _mm256_and_si256(both, mask);
+                let w = block_weights(b.as_ptr(), true);
                 let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
                 let d = f16c(b, 0) * a.d;
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
@@ -252,14 +248,20 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn load_block(p: *const u8, q4: bool, ahead: usize) -> (__m256, __m256i) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-    let w = if q4 {
+    (_mm256_set1_ps(f16c_ptr(p)), block_weights(p, q4))
+}
+
+/// The 32 weights of the Q8_0 or Q4_0 block at `p` as bytes (Q4_0: the nibbles 0..15).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn block_weights(p: *const u8, q4: bool) -> __m256i {
+    if q4 {
         // Low nibbles are elements 0..16, high nibbles 16..32.
         let bytes = _mm_loadu_si128(p.add(2) as *const __m128i);
         _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f))
     } else {
         _mm256_loadu_si256(p.add(2) as *const __m256i)
-    };
-    (_mm256_set1_ps(f16c_ptr(p)), w)
+    }
 }
 
 /// The Q4_K tile: per super-block of 256 and row, 8 sub-blocks of 32 with 6-bit scales and mins.

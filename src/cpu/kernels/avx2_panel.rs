@@ -8,7 +8,7 @@
 //! share an integer scale, which one `madd` then applies. The 4-row tiles instead unpack each
 //! weight block again for every pair of tokens and do the float work per row and token.
 
-use super::avx2::{f16c_ptr, q4_k_scales_mins, q6_k_weights};
+use super::avx2::{block_weights, f16c_ptr, q4_k_scales_mins, q6_k_weights};
 use super::*;
 use std::arch::x86_64::*;
 
@@ -163,16 +163,7 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
             let q4 = ty == GgmlType::Q4_0;
             for b in 0..nb {
                 let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(b * bb));
-                let v = std::array::from_fn(|r| {
-                    if q4 {
-                        // Low nibbles are elements 0..16, high nibbles 16..32.
-                        let bytes = _mm_loadu_si128(p[r].add(2) as *const __m128i);
-                        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), mask)
-                    } else {
-                        _mm256_loadu_si256(p[r].add(2) as *const __m256i)
-                    }
-                });
-                store(b, v);
+                store(b, std::array::from_fn(|r| block_weights(p[r], q4)));
                 let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
                 panel.scales[b] = d;
                 panel.offsets[b] = if q4 { d.map(|d| 8.0 * d) } else { [0.0; 8] };

@@ -361,7 +361,8 @@ impl<T> Weights<T> {
     }
 }
 
-/// The bytes of a model file: mapped natively, owned in the browser. Never copied.
+/// The bytes of a model file: mapped natively, owned in the browser. Never copied, except into
+/// huge pages for the fast CPU path ([`Model::into_huge_pages`]), which then drops the mapping.
 pub enum Storage {
     Owned(Vec<u8>),
     /// Bytes compiled into the binary (the embedded default model).
@@ -465,6 +466,40 @@ impl Model {
     pub fn release_bytes(self) -> Model {
         let len = self.storage.file_len();
         Model { storage: Arc::new(Storage::Elsewhere { len }), ..self }
+    }
+
+    /// Linux: a mapped file's bytes moved into anonymous memory backed by transparent huge pages
+    /// (`MADV_HUGEPAGE`), and the file's mapping dropped, so the process still holds one copy.
+    /// Decode reads every weight once per token: through the page cache's 4 KiB pages that is a
+    /// TLB miss every 4 KiB, through 2 MiB pages almost none (measured on an AMD EPYC, 2 threads:
+    /// Qwen2.5-0.5B and Llama-3.2-1B Q4_0 decode ~10-20 % faster). The cost is at load, mostly
+    /// the kernel finding and clearing 2 MiB pages: 0.1-0.5 s per 265 MB on that virtual machine.
+    /// Anything else (owned bytes, bytes another handle shares, THP switched off in the kernel,
+    /// an allocation that fails) keeps the model as it is.
+    #[cfg(target_os = "linux")]
+    pub fn into_huge_pages(self) -> Model {
+        let Storage::Mapped(map) = &*self.storage else { return self };
+        if Arc::strong_count(&self.storage) > 1 {
+            return self;
+        }
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        if !thp.is_ok_and(|mode| mode.contains("[always]") || mode.contains("[madvise]")) {
+            return self;
+        }
+        let Ok(mut copy) = memmap2::MmapOptions::new().len(map.len()).map_anon() else {
+            return self;
+        };
+        // Advised before the first touch, so the copy faults in whole 2 MiB pages.
+        if copy.advise(memmap2::Advice::HugePage).is_err() {
+            return self;
+        }
+        // The file's pages mapped in one call rather than a fault per 4 KiB during the copy.
+        let _ = map.advise(memmap2::Advice::PopulateRead);
+        copy.copy_from_slice(map);
+        match copy.make_read_only() {
+            Ok(copy) => Model { storage: Arc::new(Storage::Mapped(copy)), ..self },
+            Err(_) => self,
+        }
     }
 
     /// Bytes of the model file, whether they are held here or not.

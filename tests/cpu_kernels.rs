@@ -491,6 +491,33 @@ fn fast_path_matches_exact_on_stories260k() {
     }
 }
 
+/// The fast path's weights in huge pages (Linux): the same bytes at a new address, one copy (a
+/// model whose bytes another handle shares stays where it is). The fast-vs-exact tests above
+/// run on the copy.
+#[cfg(target_os = "linux")]
+#[test]
+fn huge_page_copy_keeps_every_byte() {
+    let Some(shared) = common::shared() else { return };
+    let path = shared.join("models/stories260K/stories260K-q8_0.gguf");
+    let file = std::fs::read(&path).unwrap();
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|mode| !mode.contains("[never]"));
+
+    let mapped = Model::open(&path).unwrap();
+    let before = mapped.storage.as_ptr();
+    let moved = mapped.into_huge_pages();
+    assert_eq!(&moved.storage[..], &file[..], "the copy differs from the file");
+    if thp {
+        assert_ne!(moved.storage.as_ptr(), before, "THP is on but the weights were not moved");
+    }
+
+    let mapped = Model::open(&path).unwrap();
+    let handle = mapped.share();
+    let before = mapped.storage.as_ptr();
+    assert_eq!(mapped.into_huge_pages().storage.as_ptr(), before, "shared bytes were copied");
+    drop(handle);
+}
+
 #[test]
 fn fast_path_matches_exact_on_synthetic_models() {
     // Q8_0, Q4_0: Q8 activations (measured up to 0.06 on these random models); F16/F32: f32 activations.

@@ -203,8 +203,14 @@ impl CpuModel {
         self
     }
 
+    /// The fast path also moves a mapped file's weights into huge pages (Linux; see
+    /// [`Model::into_huge_pages`]); the exact one reads them where they are.
     pub fn with_precision(mut self, precision: Precision) -> CpuModel {
         self.precision = precision;
+        #[cfg(target_os = "linux")]
+        if precision == Precision::Fast {
+            self.model = self.model.into_huge_pages();
+        }
         self
     }
 

@@ -176,6 +176,20 @@ struct SyncPtr<T>(*mut T);
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
+/// A matrix product's work, not yet done: `units` pieces (rows, or tiles or panels of rows) of
+/// about `cost` multiply-adds each, and what computes a range of them.
+struct Product<'a> {
+    units: usize,
+    cost: usize,
+    work: Box<dyn Fn(Range<usize>) + Sync + 'a>,
+}
+
+impl<'a> Product<'a> {
+    fn new(units: usize, cost: usize, work: impl Fn(Range<usize>) + Sync + 'a) -> Product<'a> {
+        Product { units, cost, work: Box::new(work) }
+    }
+}
+
 impl CpuModel {
     /// The reference model: exact precision, one thread.
     pub fn new(model: Model) -> CpuModel {
@@ -324,23 +338,25 @@ impl CpuModel {
 
     /// `out[t][r] = dot(W[r], x[t])` for a batch of token vectors, plus the bias if any. `xq` is
     /// `x` quantised (fast path, quantised weights); otherwise rows multiply f32 activations.
-    fn matmul(
-        &self,
-        w: &Tensor,
-        bias: Option<&Tensor>,
-        x: &[f32],
-        xq: Option<&[BlockQ8]>,
-        out: &mut [f32],
-    ) {
+    /// Returned as work to split over threads (see [`Product`]), not done yet.
+    fn product<'a>(
+        &'a self,
+        w: &'a Tensor,
+        bias: Option<&'a Tensor>,
+        x: &'a [f32],
+        xq: Option<&'a [BlockQ8]>,
+        out: &'a mut [f32],
+    ) -> Product<'a> {
         let n = x.len() / w.cols;
         let rows = w.rows;
         debug_assert_eq!(out.len(), n * rows);
         let bytes = self.model.bytes(w);
         let row_bytes = w.row_bytes();
-        let row = |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
+        // `move` closures throughout: the work outlives this function (it runs in `products`).
+        let row = move |r: usize| &bytes[r * row_bytes..(r + 1) * row_bytes];
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let bias_bytes = bias.map(|b| self.model.bytes(b));
-        let store = |t: usize, r: usize, v: f32| {
+        let store = move |t: usize, r: usize, v: f32| {
             // Capture the whole SyncPtr (Sync), not its raw-pointer field (closures capture fields).
             #[allow(clippy::redundant_locals)]
             let out_ptr = out_ptr;
@@ -352,7 +368,7 @@ impl CpuModel {
         match (self.precision, xq) {
             (Precision::Exact, _) => {
                 // The reference decodes each row to f32 first.
-                let work = |range: Range<usize>| {
+                let work = move |range: Range<usize>| {
                     let mut wr = vec![0f32; w.cols];
                     for r in range {
                         dequantize_row(w.ty, row(r), &mut wr);
@@ -361,7 +377,7 @@ impl CpuModel {
                         }
                     }
                 };
-                self.par_ranges(rows, w.cols * n, &work);
+                Product::new(rows, w.cols * n, work)
             }
             (Precision::Fast, Some(xq))
                 if n >= PANEL_MIN_TOKENS && kernels::has_panel(isa, w.ty) =>
@@ -370,7 +386,7 @@ impl CpuModel {
                 // every token; rows past the last whole panel go one at a time.
                 const P: usize = kernels::PANEL_ROWS;
                 let xq = &xq[..n * (w.cols / QK8)];
-                let work = |panels: Range<usize>| {
+                let work = move |panels: Range<usize>| {
                     // The whole SyncPtr (Sync), not its field (see `store`).
                     #[allow(clippy::redundant_locals)]
                     let out_ptr = out_ptr;
@@ -402,15 +418,15 @@ impl CpuModel {
                         }
                     }
                 };
-                self.par_ranges(rows.div_ceil(P), w.cols * n * P, &work);
+                Product::new(rows.div_ceil(P), w.cols * n * P, work)
             }
             (Precision::Fast, Some(xq)) => {
                 // Tiles of TILE_ROWS rows x 4 or 2 tokens (prefill) or x 1 token (decode, and the
                 // odd token); rows past the last whole tile go one at a time.
                 const R: usize = kernels::TILE_ROWS;
                 let blocks = w.cols / QK8;
-                let act = |t: usize| &xq[t * blocks..(t + 1) * blocks];
-                let work = |tiles: Range<usize>| {
+                let act = move |t: usize| &xq[t * blocks..(t + 1) * blocks];
+                let work = move |tiles: Range<usize>| {
                     let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
                     let mut r = r0;
                     while r + R <= r1 {
@@ -449,10 +465,10 @@ impl CpuModel {
                         }
                     }
                 };
-                self.par_ranges(rows.div_ceil(R), w.cols * n * R, &work);
+                Product::new(rows.div_ceil(R), w.cols * n * R, work)
             }
             (Precision::Fast, None) => {
-                let work = |range: Range<usize>| {
+                let work = move |range: Range<usize>| {
                     for r in range {
                         for t in 0..n {
                             store(
@@ -468,9 +484,38 @@ impl CpuModel {
                         }
                     }
                 };
-                self.par_ranges(rows, w.cols * n, &work);
+                Product::new(rows, w.cols * n, work)
             }
         }
+    }
+
+    /// Run products over one parallel loop: one fork and join for all of them (q, k and v; gate
+    /// and up), which matters where waking the pool's threads is slow (Web Workers).
+    fn products(&self, products: &[Product]) {
+        let units = products.iter().map(|p| p.units).sum();
+        let cost = products.iter().map(|p| p.cost).max().unwrap_or(0);
+        self.par_ranges(units, cost, &|range: Range<usize>| {
+            let mut first = 0;
+            for p in products {
+                let (start, end) = (range.start.max(first), range.end.min(first + p.units));
+                if start < end {
+                    (p.work)(start - first..end - first);
+                }
+                first += p.units;
+            }
+        });
+    }
+
+    /// One product on its own (see [`CpuModel::product`]).
+    fn matmul(
+        &self,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        x: &[f32],
+        xq: Option<&[BlockQ8]>,
+        out: &mut [f32],
+    ) {
+        self.products(&[self.product(w, bias, x, xq, out)]);
     }
 
     /// Run the transformer over `tokens` at positions `cache.pos..`, appending to the cache.
@@ -565,10 +610,8 @@ impl CpuModel {
                     }
                 }
                 Qkv::Separate { q: wq, k: wk, v: wv } => {
-                    let hq = &mut QuantisedInput::new(act);
-                    self.linear(wq, h, hq, q);
-                    self.linear(wk, h, hq, k);
-                    self.linear(wv, h, hq, v);
+                    let jobs = [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)];
+                    self.linears(jobs, h, &mut QuantisedInput::new(act));
                 }
             }
             for t in 0..n {
@@ -586,9 +629,8 @@ impl CpuModel {
             self.norm(x, &lw.ffn_norm, h);
             let down = match &lw.ffn {
                 Ffn::GatedSilu { gate: wg, up: wu, down } => {
-                    let hq = &mut QuantisedInput::new(act);
-                    self.linear(wu, h, hq, up);
-                    self.linear(wg, h, hq, gate);
+                    let jobs = [(wu, &mut *up), (wg, &mut *gate)];
+                    self.linears(jobs, h, &mut QuantisedInput::new(act));
                     kernels::silu_mul(self.kernel_isa(), gate, up);
                     down
                 }
@@ -608,8 +650,40 @@ impl CpuModel {
 
     /// `out = W x + b` for a batch of token vectors `x` (see [`QuantisedInput`] for `xq`).
     fn linear(&self, w: &Linear, x: &[f32], xq: &mut QuantisedInput, out: &mut [f32]) {
-        let quantised = self.quantised(&w.weight, x, xq);
-        self.matmul(&w.weight, w.bias.as_ref(), x, quantised, out);
+        self.linears([(w, out)], x, xq);
+    }
+
+    /// [`CpuModel::linear`] for several weights of one input, over one parallel loop when they
+    /// all take the same activations (f32, or Q8 with the same scales), else one after another.
+    fn linears<const N: usize>(
+        &self,
+        jobs: [(&Linear, &mut [f32]); N],
+        x: &[f32],
+        xq: &mut QuantisedInput,
+    ) {
+        let kind = |w: &Linear| self.q8_scales(&w.weight);
+        if jobs.iter().any(|(w, _)| kind(w) != kind(jobs[0].0)) {
+            for (w, out) in jobs {
+                let quantised = self.quantised(&w.weight, x, xq);
+                self.matmul(&w.weight, w.bias.as_ref(), x, quantised, out);
+            }
+            return;
+        }
+        let Some((first, _)) = jobs.first() else { return };
+        let quantised = self.quantised(&first.weight, x, xq);
+        let products: Vec<_> = jobs
+            .into_iter()
+            .map(|(w, out)| self.product(&w.weight, w.bias.as_ref(), x, quantised, out))
+            .collect();
+        self.products(&products);
+    }
+
+    /// The scales of the Q8 activations the fast path multiplies `w` with; `None`: f32 ones.
+    fn q8_scales(&self, w: &Tensor) -> Option<ActScales> {
+        let wants_q8 = self.precision == Precision::Fast
+            && kernels::uses_q8_activations(w.ty)
+            && w.cols.is_multiple_of(QK8);
+        wants_q8.then(|| ActScales::of(w.ty))
     }
 
     /// `x` quantised to Q8 blocks when the fast path multiplies `w` in int8 (made on first use).
@@ -619,14 +693,8 @@ impl CpuModel {
         x: &[f32],
         xq: &'b mut QuantisedInput,
     ) -> Option<&'b [BlockQ8]> {
-        let wants_q8 = self.precision == Precision::Fast
-            && kernels::uses_q8_activations(w.ty)
-            && w.cols.is_multiple_of(QK8);
-        if !wants_q8 {
-            return None;
-        }
+        let scales = self.q8_scales(w)?;
         let blocks = x.len() / QK8;
-        let scales = ActScales::of(w.ty);
         if xq.filled != Some(scales) {
             // Token by token over the pool: at prefill this is a few per cent of the pass.
             let (per_token, isa) = (w.cols / QK8, self.isa);

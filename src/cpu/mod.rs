@@ -661,20 +661,18 @@ impl CpuModel {
         x: &[f32],
         xq: &mut QuantisedInput,
     ) {
-        let kind = |w: &Linear| self.q8_scales(&w.weight);
-        if jobs.iter().any(|(w, _)| kind(w) != kind(jobs[0].0)) {
+        let Some((first, _)) = jobs.first() else { return };
+        let scales = self.q8_scales(&first.weight);
+        if jobs.iter().any(|(w, _)| self.q8_scales(&w.weight) != scales) {
             for (w, out) in jobs {
                 let quantised = self.quantised(&w.weight, x, xq);
                 self.matmul(&w.weight, w.bias.as_ref(), x, quantised, out);
             }
             return;
         }
-        let Some((first, _)) = jobs.first() else { return };
         let quantised = self.quantised(&first.weight, x, xq);
-        let products: Vec<_> = jobs
-            .into_iter()
-            .map(|(w, out)| self.product(&w.weight, w.bias.as_ref(), x, quantised, out))
-            .collect();
+        let products =
+            jobs.map(|(w, out)| self.product(&w.weight, w.bias.as_ref(), x, quantised, out));
         self.products(&products);
     }
 

@@ -16,6 +16,8 @@
 //! each weight row is read once and multiplied with every token of the batch.
 
 pub mod kernels;
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+mod team;
 
 use std::ops::Range;
 
@@ -146,8 +148,10 @@ impl KvStore {
 /// packing costs about as much as multiplying a panel with a few tokens.
 const PANEL_MIN_TOKENS: usize = 8;
 
-/// log2 of the least work (multiply-adds) worth a task of its own: waking a thread costs a few
-/// microseconds natively, and tens in a browser (a Web Worker waiting on `Atomics.wait`).
+/// log2 of the least work (multiply-adds) worth a chunk of its own in a parallel loop. Outside a
+/// forward pass's team a loop wakes threads: a few microseconds natively, tens in a browser (a
+/// Web Worker waiting on `Atomics.wait`). The browser's value dates from before the team (with
+/// it, 14 measured no different there).
 #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
 const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
 
@@ -292,19 +296,20 @@ impl CpuModel {
     }
 
     /// Run `f` over `0..n` split into ranges on the thread pool (serially when small or single
-    /// threaded). `cost` is the work per item, to keep tiny loops on one thread.
+    /// threaded): on the team this thread leads during a forward pass (see [`team`]), else as a
+    /// rayon loop. `cost` is the work per item, to keep tiny loops on one thread.
     fn par_ranges(&self, n: usize, cost: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
         if self.threads > 1 {
             let total = n.saturating_mul(cost);
             let chunks = (self.threads * 4).min(n).min(total >> MIN_TASK_LOG2);
             if chunks > 1 {
+                let range = |c: usize| c * n / chunks..(c + 1) * n / chunks;
+                if team::run(chunks, &|c| f(range(c))) {
+                    return;
+                }
                 use rayon::prelude::*;
-                let run = || {
-                    (0..chunks)
-                        .into_par_iter()
-                        .for_each(|c| f(c * n / chunks..(c + 1) * n / chunks))
-                };
+                let run = || (0..chunks).into_par_iter().for_each(|c| f(range(c)));
                 match &self.pool {
                     Some(pool) => pool.install(run),
                     None => run(),
@@ -317,20 +322,22 @@ impl CpuModel {
         f(0..n)
     }
 
-    /// Run `f` inside the pool, so the forward pass's many parallel loops start from a worker
-    /// thread (cheap) instead of each being injected from outside (a wake-up each).
-    /// In the browser the caller is a JS thread outside the pool (the page's worker): each
-    /// parallel loop injected from it would wake a Web Worker (tens of microseconds), so the whole
-    /// pass runs as one job on the pool instead.
+    /// Run a forward pass `f` inside the pool as the leader of a [`team`] of its threads, so the
+    /// pass's many parallel loops cost no wake-ups. In the browser the caller is a JS thread
+    /// outside the pool (the page's worker), so the pass runs as one job on the pool.
     fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = &self.pool {
-            return pool.install(f);
+            return pool.install(|| team::lead(self.threads - 1, f));
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-        if self.threads > 1 && rayon::current_thread_index().is_none() {
+        if self.threads > 1 {
+            let lead = || team::lead(self.threads - 1, f);
+            if rayon::current_thread_index().is_some() {
+                return lead();
+            }
             let mut out = None;
-            rayon::scope(|s| s.spawn(|_| out = Some(f())));
+            rayon::scope(|s| s.spawn(|_| out = Some(lead())));
             return out.expect("the pool ran the job");
         }
         f()

@@ -14,7 +14,8 @@
 // files anywhere, served from their folders), REPS (default 5), THREADS (default 2; 1 skips the
 // threaded runs), NO_WLLAMA=1, NO_WEBGPU=1 (SwiftShader takes minutes per token on real shapes),
 // WEBGPU_REPS (default 1: this Chromium's WebGPU is SwiftShader, a software renderer, so its run
-// shows that the GPU path completes, not a speed worth repeating).
+// shows that the GPU path completes, not a speed worth repeating), PAGE_TIMEOUT_S (default 300,
+// per page; raise it for 135M shapes on a slow host).
 // Closing line: "N passed, N failed" (a run passes when it produced numbers).
 
 import fs from "node:fs";
@@ -30,6 +31,8 @@ const www = path.join(repo, "www");
 const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
 const REPS = process.env.REPS || "5";
 const THREADS = Number(process.env.THREADS || 2);
+// Per page: wllama on one thread runs the long prompt at a few tokens per second on 135M shapes.
+const PAGE_TIMEOUT_S = Number(process.env.PAGE_TIMEOUT_S || 300);
 // Files outside www/ are served from /bench-model/ and /bench-tokenizer/.
 const mounts = {};
 let MODEL = process.env.MODEL || "models/default.gguf";
@@ -132,7 +135,7 @@ async function runPage(name, url, { webgpu = false } = {}) {
     page.on("console", (m) => lines.push(`${m.type()}: ${m.text()}`));
     page.on("pageerror", (e) => lines.push(`pageerror: ${e.message}`));
     await page.goto(base + url);
-    await page.waitForFunction(() => window.benchResult || window.benchError, null, { timeout: 300_000 });
+    await page.waitForFunction(() => window.benchResult || window.benchError, null, { timeout: PAGE_TIMEOUT_S * 1000 });
     const r = await page.evaluate(() => window.benchResult || { error: window.benchError });
     if (r.error) throw new Error(r.error);
     results[name] = r;

@@ -1,0 +1,260 @@
+//! A team of threads that spins between the many small parallel loops of one forward pass.
+//!
+//! A decode step runs about six parallel loops per layer, each tens of microseconds of work on a
+//! small model. Through rayon, each loop wakes the pool's sleeping threads: a futex natively,
+//! `Atomics.wait` / `Atomics.notify` between Web Workers in a browser, where one wake-up costs
+//! about as much as the loop itself. A team instead holds the pool's threads for the whole pass
+//! (as llama.cpp's thread pool does): the helpers are recruited once, through rayon, and spin on
+//! one atomic word; the leader publishes each loop there and helpers claim its chunks. A loop
+//! never waits for a helper to arrive (the leader claims chunks too), only for the chunks
+//! already claimed to finish.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+/// Spins between checks before a waiting helper starts yielding its core now and then (natively;
+/// a Web Worker has nothing to yield to).
+const SPINS_BEFORE_YIELD: u32 = 1 << 16;
+
+/// Most chunks one loop may have (they share the state word with the epoch).
+pub const MAX_CHUNKS: usize = 0xffff;
+
+/// The loop a team is running: a function of the chunk index.
+type Chunk<'a> = &'a (dyn Fn(usize) + Sync);
+
+pub struct Team {
+    /// The current loop: epoch (high 32 bits), chunks (16 bits), next chunk to claim (low 16).
+    /// A helper claims a chunk by compare-and-swap on the whole word, so a claim can never land
+    /// in a later loop than the one it read.
+    state: AtomicU64,
+    /// The current loop's function: a `*const Chunk` on the leader's stack, read only after a
+    /// successful claim (the loop cannot end, nor its function go away, before that chunk is done).
+    job: AtomicPtr<()>,
+    /// Chunks of the current loop finished.
+    done: AtomicUsize,
+    /// Set when the pass is over: helpers go back to the pool.
+    quit: AtomicBool,
+    /// Set when a chunk panicked on a helper (the leader panics too rather than wait forever).
+    poisoned: AtomicBool,
+}
+
+thread_local! {
+    /// The team this thread leads, while it leads one (see [`lead`]).
+    static LEADING: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Run `f` as the leader of a team of `helpers` more threads from the current rayon pool: the
+/// parallel loops `f` runs through [`run`] are shared with them. Helpers that the pool cannot
+/// spare join late or never; the loops still finish (the leader does every chunk then).
+pub fn lead<R>(helpers: usize, f: impl FnOnce() -> R) -> R {
+    let team = Team {
+        state: AtomicU64::new(0),
+        job: AtomicPtr::new(std::ptr::null_mut()),
+        done: AtomicUsize::new(0),
+        quit: AtomicBool::new(false),
+        poisoned: AtomicBool::new(false),
+    };
+    let team = &team;
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(move |_| team.help());
+        }
+        // Helpers stop and this thread stops leading on every way out, unwinding included.
+        struct Dismiss<'a>(&'a Team, *const Team);
+        impl Drop for Dismiss<'_> {
+            fn drop(&mut self) {
+                self.0.quit.store(true, Ordering::Release);
+                LEADING.with(|l| l.set(self.1));
+            }
+        }
+        let _dismiss = Dismiss(team, LEADING.with(|l| l.replace(team)));
+        f()
+    })
+}
+
+/// Run `f(c)` for every chunk `c` in `0..chunks` on the team this thread leads and return true
+/// when all are done; or return false at once, running nothing, when this thread leads none.
+pub fn run(chunks: usize, f: Chunk) -> bool {
+    let team = LEADING.with(|l| l.get());
+    if team.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null LEADING points at the team `lead` keeps alive until it resets LEADING.
+    unsafe { &*team }.run(chunks, f);
+    true
+}
+
+impl Team {
+    fn run(&self, chunks: usize, f: Chunk) {
+        assert!(chunks <= MAX_CHUNKS, "{chunks} chunks in one loop");
+        // Helpers read the function only after claiming a chunk of this loop, so it may live on
+        // this stack frame: the loop ends (and the frame with it) only once every chunk is done.
+        self.job.store(&f as *const Chunk as *mut (), Ordering::Relaxed);
+        self.done.store(0, Ordering::Relaxed);
+        let epoch = (self.state.load(Ordering::Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+        // Release: a helper that claims a chunk of this loop sees the function and `done` reset.
+        self.state.store(epoch << 32 | (chunks as u64) << 16, Ordering::Release);
+        {
+            // Waits on every way out, unwinding from `f` included: no chunk may still run when
+            // the function goes away.
+            let _wait = WaitForClaimed(self, chunks);
+            while let Some(c) = self.claim() {
+                let _finish = Finish(self);
+                f(c);
+            }
+        }
+        assert!(!self.poisoned.load(Ordering::Relaxed), "a chunk of a parallel loop panicked");
+    }
+
+    /// The next unclaimed chunk of the current loop, if any is left.
+    fn claim(&self) -> Option<usize> {
+        let mut s = self.state.load(Ordering::Acquire);
+        loop {
+            let (chunks, next) = ((s >> 16) & 0xffff, s & 0xffff);
+            if next >= chunks {
+                return None;
+            }
+            match self.state.compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(next as usize),
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// A helper's life: claim and run chunks as loops are published, until the pass is over.
+    fn help(&self) {
+        let mut idle = 0u32;
+        loop {
+            if let Some(c) = self.claim() {
+                let _finish = Finish(self);
+                // SAFETY: the claim succeeded, so the loop (and the function `job` points at,
+                // stored before the loop was published) lasts until this chunk is counted done.
+                let f = unsafe { *(self.job.load(Ordering::Relaxed) as *const Chunk) };
+                f(c);
+                idle = 0;
+                continue;
+            }
+            if self.quit.load(Ordering::Acquire) {
+                return;
+            }
+            idle = idle.saturating_add(1);
+            if idle >= SPINS_BEFORE_YIELD && idle.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Counts a chunk done when it ends, even by panicking (the leader would wait for it forever).
+struct Finish<'a>(&'a Team);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poisoned.store(true, Ordering::Relaxed);
+        }
+        self.0.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Closes the current loop to new claims and waits until the chunks already claimed are done.
+struct WaitForClaimed<'a>(&'a Team, usize);
+
+impl Drop for WaitForClaimed<'_> {
+    fn drop(&mut self) {
+        let state = &self.0.state;
+        let mut s = state.load(Ordering::Acquire);
+        let claimed = loop {
+            let next = s & 0xffff;
+            let closed = s - next + (self.1 as u64);
+            match state.compare_exchange_weak(s, closed, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break next as usize,
+                Err(now) => s = now,
+            }
+        };
+        while self.0.done.load(Ordering::Acquire) < claimed {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+    }
+
+    #[test]
+    fn every_chunk_of_every_loop_runs_once() {
+        let seen = pool(4).install(|| {
+            lead(3, || {
+                let mut seen = std::collections::HashSet::new();
+                for i in 0..5000 {
+                    let chunks = i % 41;
+                    let runs: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
+                    let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+                    let on_team = run(chunks, &|c| {
+                        runs[c].fetch_add(1, Ordering::Relaxed);
+                        threads.lock().unwrap().insert(std::thread::current().id());
+                    });
+                    assert!(on_team, "the leader runs loops on its team");
+                    let runs: Vec<usize> = runs.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+                    assert_eq!(runs, vec![1; chunks], "loop {i}");
+                    seen.extend(threads.into_inner().unwrap());
+                }
+                seen.len()
+            })
+        });
+        assert!(seen > 1, "helpers took part ({seen} threads ran chunks)");
+    }
+
+    #[test]
+    fn loops_finish_when_no_helper_comes() {
+        // One thread in the pool: the helpers only run (and quit at once) after the pass.
+        let sum = pool(1).install(|| {
+            lead(3, || {
+                let total = AtomicUsize::new(0);
+                let on_team = run(10, &|c| {
+                    total.fetch_add(c, Ordering::Relaxed);
+                });
+                assert!(on_team, "the leader runs loops on its team");
+                total.into_inner()
+            })
+        });
+        assert_eq!(sum, 45);
+    }
+
+    #[test]
+    fn a_thread_that_leads_no_team_runs_nothing() {
+        let ran = AtomicUsize::new(0);
+        let f = |_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        };
+        assert!(!run(4, &f));
+        // Nor after leading one.
+        pool(2).install(|| lead(1, || ()));
+        assert!(!run(4, &f));
+        assert_eq!(ran.into_inner(), 0);
+    }
+
+    #[test]
+    fn a_panicking_chunk_panics_the_pass_instead_of_hanging_it() {
+        for bad in [0, 7] {
+            let r = std::panic::catch_unwind(|| {
+                pool(2).install(|| {
+                    lead(1, || {
+                        run(8, &|c| {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            assert!(c != bad, "chunk {c}");
+                        })
+                    })
+                })
+            });
+            assert!(r.is_err(), "chunk {bad} panicked");
+        }
+    }
+}

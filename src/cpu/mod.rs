@@ -438,6 +438,10 @@ impl CpuModel {
                     let mut r = r0;
                     while r + R <= r1 {
                         let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));
+                        kernels::touch_ahead(
+                            &bytes[(r * row_bytes).min(bytes.len())..],
+                            R * row_bytes,
+                        );
                         let mut t = 0;
                         // T tokens at a time while T of them are left.
                         macro_rules! tiles {

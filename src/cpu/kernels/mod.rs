@@ -258,6 +258,29 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+/// How far ahead [`touch_ahead`] reaches, at least, in bytes.
+#[cfg(target_arch = "wasm32")]
+const TOUCH_AHEAD: usize = 4096;
+
+/// wasm has no prefetch instruction, and the hardware prefetcher alone leaves a core far from
+/// memory bandwidth on short rows: so before each tile of `span` bytes the tile loop loads one
+/// byte per cache line of the next tile (or 4 KiB on, for tiles shorter than that): plain loads,
+/// which the out-of-order core issues early, as a prefetch. `rest` starts at the tile. Elsewhere the
+/// kernels prefetch for themselves and this does nothing.
+#[inline]
+pub fn touch_ahead(rest: &[u8], span: usize) {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let mut x = 0u8;
+        let ahead = span.max(TOUCH_AHEAD);
+        for b in rest.iter().skip(ahead).step_by(64).take(span.div_ceil(64)) {
+            x ^= *b;
+        }
+        std::hint::black_box(x);
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    let _ = (rest, span);
+}
 /// Dot product of one weight row of `ty` (Q8_0, Q4_0, Q4_K or Q6_K; `row` is its bytes) with the
 /// quantised activations `act` (`cols / 32` blocks).
 pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {

@@ -173,41 +173,131 @@ pub fn has_tile(ty: GgmlType) -> bool {
 }
 
 /// See `kernels::dot_q8_tile`: each weight block is unpacked once for the `T` vectors and each
-/// activation block used for `R` rows. Q8_0 and Q4_0 (`has_tile`).
+/// activation block used for `R` rows (a multiple of 4). Q8_0 and Q4_0 (`has_tile`).
 pub fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
     rows: [&[u8]; R],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
-    let nb = acts[0].len();
-    let bb = ty.block_bytes();
     assert!(has_tile(ty), "dot_q8_tile: no simd128 tile for {}", ty.name());
-    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
-    let mut acc = [[f32x4_splat(0.0); T]; R];
-    for i in 0..nb {
-        let w: [(f32, v128, v128); R] = std::array::from_fn(|r| {
-            let b = &rows[r][i * bb..(i + 1) * bb];
-            if ty == GgmlType::Q8_0 {
-                (f16_at(b, 0), load(b, 2), load(b, 18))
-            } else {
-                let bytes = load(b, 2);
-                let eight = i8x16_splat(8);
-                (
-                    f16_at(b, 0),
-                    i8x16_sub(v128_and(bytes, i8x16_splat(0x0f)), eight),
-                    i8x16_sub(u8x16_shr(bytes, 4), eight),
-                )
-            }
-        });
+    assert!(R.is_multiple_of(4), "dot_q8_tile: simd128 tiles take rows 4 at a time, not {R}");
+    let mut out = [[0f32; T]; R];
+    for (g, group) in out.chunks_exact_mut(4).enumerate() {
+        let four = tile4(ty, std::array::from_fn(|r| rows[4 * g + r]), acts);
+        group.copy_from_slice(&four);
+    }
+    out
+}
+
+/// Four rows at a time, so that what is per row in a scalar loop is one vector op for the four:
+/// the f16 scales are converted together, and the integer sums of the four rows are folded into
+/// one vector (lane r: row r) that is converted and scaled once per block and token.
+fn tile4<const T: usize>(ty: GgmlType, rows: [&[u8]; 4], acts: [&[BlockQ8]; T]) -> [[f32; T]; 4] {
+    let nb = acts[0].len();
+    assert!(rows.iter().all(|r| r.len() >= nb * ty.block_bytes()));
+    assert!(acts.iter().all(|a| a.len() == nb));
+    let acc = match ty {
+        GgmlType::Q4_0 => tile4_blocks::<T, true>(rows, acts),
+        _ => tile4_blocks::<T, false>(rows, acts),
+    };
+    let lanes: [[f32; 4]; T] = acc.map(|v| {
+        // SAFETY: a v128 is 16 bytes, as [f32; 4] is; every bit pattern is a valid f32.
+        unsafe { std::mem::transmute::<v128, [f32; 4]>(v) }
+    });
+    std::array::from_fn(|r| std::array::from_fn(|t| lanes[t][r]))
+}
+
+/// `tile4`'s loop for Q4_0 (`Q4`) or Q8_0 blocks, written out for four rows so that everything
+/// stays in wasm locals (an array of rows indexed in a loop lives in linear memory).
+#[inline(always)]
+fn tile4_blocks<const T: usize, const Q4: bool>(
+    rows: [&[u8]; 4],
+    acts: [&[BlockQ8]; T],
+) -> [v128; T] {
+    let bb = if Q4 { 18 } else { 34 };
+    let [p0, p1, p2, p3] = rows.map(|r| r.as_ptr());
+    // SAFETY (both): `b` is the start of a whole block of its row (the caller checked the rows'
+    // lengths); v128_load and read_unaligned take any alignment.
+    let scale = |b: *const u8| unsafe { (b as *const u16).read_unaligned() } as u32;
+    let weights = |b: *const u8| unsafe {
+        if Q4 {
+            // The nibbles 0..15 as they are; the offset 8 is subtracted from the sums below.
+            nibbles_i16(v128_load(b.add(2) as *const v128))
+        } else {
+            widen_i8(v128_load(b.add(2) as *const v128), v128_load(b.add(18) as *const v128))
+        }
+    };
+    let mut acc = [f32x4_splat(0.0); T];
+    #[allow(clippy::needless_range_loop)] // i indexes the rows (by pointer) and every token alike
+    for i in 0..acts[0].len() {
+        let at = i * bb;
+        // SAFETY: block i of rows of at least nb blocks.
+        let (b0, b1, b2, b3) = unsafe { (p0.add(at), p1.add(at), p2.add(at), p3.add(at)) };
+        let d = f16_bits_to_f32(u32x4(scale(b0), scale(b1), scale(b2), scale(b3)));
+        let (w0, w1, w2, w3) = (weights(b0), weights(b1), weights(b2), weights(b3));
         for t in 0..T {
             let a = &acts[t][i];
-            for r in 0..R {
-                let s = f32x4_convert_i32x4(dot32(w[r].1, w[r].2, a));
-                acc[r][t] = f32x4_add(acc[r][t], f32x4_mul(s, f32x4_splat(w[r].0 * a.d)));
-            }
+            let x = widen_i8(load_qs(a, 0), load_qs(a, 16));
+            let sums = fold4([
+                dot32_i16(&w0, &x),
+                dot32_i16(&w1, &x),
+                dot32_i16(&w2, &x),
+                dot32_i16(&w3, &x),
+            ]);
+            let sums = if Q4 { i32x4_sub(sums, i32x4_splat(8 * a.sum)) } else { sums };
+            let scaled = f32x4_mul(f32x4_convert_i32x4(sums), f32x4_mul(d, f32x4_splat(a.d)));
+            acc[t] = f32x4_add(acc[t], scaled);
         }
     }
-    std::array::from_fn(|r| std::array::from_fn(|t| hsum_f32(acc[r][t])))
+    acc
+}
+
+/// 32 int8 values (two vectors) widened to i16: elements 0..8, 8..16, 16..24, 24..32.
+fn widen_i8(lo: v128, hi: v128) -> [v128; 4] {
+    [
+        i16x8_extend_low_i8x16(lo),
+        i16x8_extend_high_i8x16(lo),
+        i16x8_extend_low_i8x16(hi),
+        i16x8_extend_high_i8x16(hi),
+    ]
+}
+
+/// A Q4_0 block's 16 bytes of nibbles as 32 i16 (0..15) in element order: byte j holds element
+/// j in its low nibble and j + 16 in its high one.
+fn nibbles_i16(bytes: v128) -> [v128; 4] {
+    let (first, second) = (u16x8_extend_low_u8x16(bytes), u16x8_extend_high_u8x16(bytes));
+    let low4 = u16x8_splat(0x0f);
+    [v128_and(first, low4), v128_and(second, low4), u16x8_shr(first, 4), u16x8_shr(second, 4)]
+}
+
+/// 32 i16 weights x 32 i16 activations as 4 i32 partial sums (`i32x4.dot_i16x8_s`: one
+/// multiply-add instruction per 8 on x86).
+fn dot32_i16(w: &[v128; 4], x: &[v128; 4]) -> v128 {
+    i32x4_add(
+        i32x4_add(i32x4_dot_i16x8(w[0], x[0]), i32x4_dot_i16x8(w[1], x[1])),
+        i32x4_add(i32x4_dot_i16x8(w[2], x[2]), i32x4_dot_i16x8(w[3], x[3])),
+    )
+}
+
+/// Four vectors of partial sums to one vector of their totals: lane r is the sum of `v[r]`.
+fn fold4(v: [v128; 4]) -> v128 {
+    let pair =
+        |a, b| i32x4_add(i32x4_shuffle::<0, 4, 1, 5>(a, b), i32x4_shuffle::<2, 6, 3, 7>(a, b));
+    // ab: [a0+a2, b0+b2, a1+a3, b1+b3]; cd likewise.
+    let (ab, cd) = (pair(v[0], v[1]), pair(v[2], v[3]));
+    i32x4_add(i32x4_shuffle::<0, 1, 4, 5>(ab, cd), i32x4_shuffle::<2, 3, 6, 7>(ab, cd))
+}
+
+/// Four f16 bit patterns (one per u32 lane) to f32, exactly: the magnitude's bits shifted into
+/// place are the value times 2^-112 for normal and subnormal numbers alike; infinities and NaNs
+/// (exponent 31) get the f32 exponent of all ones.
+fn f16_bits_to_f32(h: v128) -> v128 {
+    let mag = i32x4_shl(v128_and(h, u32x4_splat(0x7fff)), 13);
+    let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
+    let finite = f32x4_mul(mag, f32x4_splat(f32::from_bits((127 + 112) << 23)));
+    let special = v128_or(mag, u32x4_splat(0x7f80_0000));
+    let is_special = u32x4_ge(mag, u32x4_splat(0x7c00 << 13));
+    v128_or(v128_bitselect(special, finite, is_special), sign)
 }
 
 /// f32 keys (the wasm build's cache; f16 goes to scalar), `q.len()` a multiple of 4.

@@ -1,0 +1,48 @@
+// Decode speed of several one-thread wasm builds (wasm-bindgen `--target web` folders, e.g.
+// www/pkg/ and a copy of it from another commit), loaded into one Node process and run in
+// turn, so that a noisy host's drift falls on all of them alike:
+//
+//   node tools/wasm_ab.mjs MODEL.gguf STEPS ROUNDS PKG_DIR...
+//
+// Each round greedy-decodes STEPS tokens after the same short prompt with each build; prints
+// each build's median tok/s and every round's. TOKENIZER_FILE (default the llama-spm
+// tokenizer.json in ../shared/tokenizer-tests) only when the GGUF has no tokenizer of its own.
+import fs from "node:fs";
+import path from "node:path";
+
+const [model, stepsArg, roundsArg, ...pkgs] = process.argv.slice(2);
+if (!model || !pkgs.length) {
+  console.error("usage: node tools/wasm_ab.mjs MODEL.gguf STEPS ROUNDS PKG_DIR...");
+  process.exit(2);
+}
+const steps = Number(stepsArg), rounds = Number(roundsArg);
+const bytes = fs.readFileSync(model);
+const tok = fs.readFileSync(process.env.TOKENIZER_FILE || "../shared/tokenizer-tests/llama-spm/tokenizer.json");
+const PROMPT = "Once upon a time there was a little girl who lived in a village near the forest.";
+
+const engines = [];
+for (const pkg of pkgs) {
+  const dir = path.resolve(pkg);
+  // The query string makes each folder's glue a module of its own.
+  const m = await import(`${dir}/nexttoken.js?${dir}`);
+  m.initSync({ module: fs.readFileSync(`${dir}/nexttoken_bg.wasm`) });
+  const sink = new m.ByteSink(bytes.length);
+  sink.push(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length));
+  engines.push(await m.Engine.loadGguf(sink, new Uint8Array(tok), { backend: "cpu", maxSeq: 512 }));
+}
+const results = pkgs.map(() => []);
+for (let r = 0; r < rounds; r++) {
+  engines.forEach((engine, k) => {
+    const s = engine.start(PROMPT, { maxTokens: steps + 1, temperature: 0 });
+    s.nextSync(); // the first token comes from the prefill
+    const t0 = performance.now();
+    let n = 0;
+    while (n < steps && s.nextSync() !== null) n++;
+    results[k].push((n * 1000) / (performance.now() - t0));
+    s.free();
+  });
+}
+pkgs.forEach((p, k) => {
+  const sorted = results[k].slice().sort((a, b) => a - b);
+  console.log(`${p}: median ${sorted[sorted.length >> 1].toFixed(1)} tok/s  [${results[k].map((x) => x.toFixed(1)).join(" ")}]`);
+});

@@ -281,6 +281,7 @@ pub fn touch_ahead(rest: &[u8], span: usize) {
     #[cfg(not(target_arch = "wasm32"))]
     let _ = (rest, span);
 }
+
 /// Dot product of one weight row of `ty` (Q8_0, Q4_0, Q4_K or Q6_K; `row` is its bytes) with the
 /// quantised activations `act` (`cols / 32` blocks).
 pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {

@@ -55,6 +55,8 @@ WASM_OPT=tests/browser/node_modules/.bin/wasm-opt
 
 # wasm-bindgen then wasm-opt: `bindgen WASM OUT [extra wasm-opt flags]`.
 bindgen() {
+  # No snippets left from an older build's dependencies.
+  rm -rf "$2/snippets"
   mkdir -p "$2"
   log "wasm-bindgen --target web -> $2/"
   wasm-bindgen --target web --no-typescript --out-dir "$2" "$1"
@@ -91,11 +93,6 @@ else
   CARGO_TARGET_DIR="$CARGO_TARGET_DIR-threads" \
     cargo "+$NIGHTLY" build --release --lib --target "$TARGET" -Z build-std=panic_abort,std
   bindgen "$CARGO_TARGET_DIR-threads/$TARGET/release/nexttoken.wasm" "$THREADS_OUT" --enable-threads
-  # wasm-bindgen-rayon 1.3's worker helper starts each worker with the init function's old
-  # two-argument form, which makes wasm-bindgen print a deprecation warning per worker on every
-  # load: call it with the one-object form instead (same values).
-  sed -i 's/await pkg\.default(data\.module, data\.memory);/await pkg.default({ module_or_path: data.module, memory: data.memory });/' \
-    "$THREADS_OUT"/snippets/wasm-bindgen-rayon-*/src/workerHelpers.no-bundler.js
 fi
 
 # A build id for the service worker's cache name: a new build replaces the cached app shell.

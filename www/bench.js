@@ -8,6 +8,7 @@
 //   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
 // threads > 1 needs a cross-origin isolated page (the threads build, see wasm.js).
 import { loadWasm } from "./wasm.js";
+import { hostPool } from "./pool.js";
 
 const q = new URLSearchParams(location.search);
 const modelUrl = q.get("model") || "models/default.gguf";
@@ -165,6 +166,7 @@ if (inWorker) {
     show("result", e);
   };
   const worker = new Worker(new URL("bench.js" + location.search, import.meta.url), { type: "module" });
+  hostPool(worker);
   worker.onmessage = ({ data }) => {
     if (data.status) show("status", data.status);
     if (data.error) fail(data.error);

@@ -19,6 +19,7 @@
 // `completions` use one shared instance.
 
 import { openAI } from "./openai.js";
+import { hostPool } from "./pool.js";
 
 /** Models the page offers (`url`: a URL or a Hugging Face reference, see `resolveModelUrl`). */
 export const CATALOG = [
@@ -182,6 +183,7 @@ class WorkerLink {
       this.worker = { postMessage: () => queueMicrotask(() => fail(e.message)), terminate() {} };
       return;
     }
+    this.stopPool = hostPool(this.worker);
     this.worker.onmessage = (e) => this.pending.get(e.data.id)?.(e.data);
     this.worker.onerror = (e) => fail(e.message || `could not start ${url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`);
   }
@@ -390,7 +392,10 @@ export class NextToken {
 
   /** Stop the worker; on the shared worker, stop this instance's generation and free its model. */
   terminate() {
-    if (!this.shared) return this.link.worker.terminate();
+    if (!this.shared) {
+      this.link.worker.terminate();
+      return this.link.stopPool?.();
+    }
     this.abort();
     this.#post({ type: "unload" });
   }

@@ -19,6 +19,8 @@ const SHELL = [
   "model-cache.js",
   "worker.js",
   "wasm.js",
+  "pool.js",
+  "pool-worker.js",
   "pkg/nexttoken.js",
   "pkg/nexttoken_bg.wasm",
   "pkg/build-id.js",
@@ -28,7 +30,7 @@ const SHELL = [
 ];
 
 // The wasm threads build (only used by cross-origin isolated pages; absent with NO_THREADS=1):
-// cached when present, and everything under pkg-threads/ (its worker helper) as it is fetched.
+// cached when present, and anything else under pkg-threads/ as it is fetched.
 const OPTIONAL = ["pkg-threads/nexttoken.js", "pkg-threads/nexttoken_bg.wasm"];
 
 self.addEventListener("install", (event) => {

@@ -2,16 +2,32 @@
 // than one core, the threads build (pkg-threads/, built by ./build.sh) with a pool of Web Workers
 // that share its memory, so the CPU path runs on several cores; otherwise, or if that fails, the
 // one-thread build (pkg/), also when this script comes from another origin than the page.
+// The pool's workers are started by the page that started this worker (pool.js: hostPool), which
+// says so with a "pool-host" message; without it, one thread.
 // Resolves to the module's exports plus `threads` (the pool's size).
+
+/** Most pool threads (src/web/pool.rs: MAX_POOL_THREADS). */
+const MAX_POOL_THREADS = 64;
+/** How long the page may take to start the pool's workers before this goes on with one thread. */
+const POOL_START_MS = 30_000;
+
+let poolHost = false;
+self.addEventListener("message", ({ data }) => {
+  if (data?.type === "pool-host") poolHost = true;
+});
+
 export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } = {}) {
+  threads = Math.min(threads, MAX_POOL_THREADS);
   // The pool's workers start from a URL beside this script: impossible when the script comes from
   // another origin (a CDN; this worker then runs from a blob: trampoline).
   const sameOrigin = new URL(import.meta.url).origin === self.location.origin;
-  if (globalThis.crossOriginIsolated && threads > 1 && sameOrigin) {
+  if (globalThis.crossOriginIsolated && threads > 1 && sameOrigin && poolHost) {
     try {
-      const m = await import("./pkg-threads/nexttoken.js");
+      const mainJS = new URL("./pkg-threads/nexttoken.js", import.meta.url).href;
+      const m = await import(mainJS);
       await m.default({ module_or_path: new URL("./pkg-threads/nexttoken_bg.wasm", import.meta.url) });
-      return { ...m, threads: await m.initThreads(threads) };
+      await startPool(threads, { mainJS, module: m.poolModule(), memory: m.poolMemory() });
+      return { ...m, threads: m.buildPool(threads) };
     } catch (e) {
       console.warn(`wasm threads build unavailable (${(e && e.message) || e}); running one thread`);
     }
@@ -19,4 +35,25 @@ export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } 
   const m = await import("./pkg/nexttoken.js");
   await m.default({ module_or_path: new URL("./pkg/nexttoken_bg.wasm", import.meta.url) });
   return { ...m, threads: 1 };
+}
+
+/** Ask the page for `threads` pool workers running the module of `init`; resolves once they wait. */
+function startPool(threads, init) {
+  return new Promise((resolve, reject) => {
+    const done = (error) => {
+      clearTimeout(timer);
+      self.removeEventListener("message", onMessage);
+      if (error) {
+        self.postMessage({ type: "stop-pool" });
+        reject(new Error(error));
+      } else resolve();
+    };
+    const onMessage = ({ data }) => {
+      if (data?.type === "pool-started") done();
+      else if (data?.type === "pool-failed") done(data.message);
+    };
+    const timer = setTimeout(() => done(`the page did not start the thread pool within ${POOL_START_MS / 1000} s`), POOL_START_MS);
+    self.addEventListener("message", onMessage);
+    self.postMessage({ type: "start-pool", threads, init, script: new URL("./pool-worker.js", import.meta.url).href });
+  });
 }

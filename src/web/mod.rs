@@ -39,6 +39,8 @@ use crate::Error;
 
 mod engine;
 mod js;
+#[cfg(target_feature = "atomics")]
+mod pool;
 mod session;
 
 pub use engine::{BackendChoice, ByteSink, Engine, GgufStream};
@@ -142,17 +144,6 @@ pub fn sampler_view(
 #[wasm_bindgen(js_name = threadsBuild)]
 pub fn threads_build() -> bool {
     cfg!(target_feature = "atomics")
-}
-
-/// Threads build: start `n` Web Workers sharing this module's memory, as the CPU path's thread
-/// pool. Call once, before loading a model. Resolves to the pool's size.
-#[cfg(target_feature = "atomics")]
-#[wasm_bindgen(js_name = initThreads)]
-pub async fn init_threads(n: usize) -> Result<usize, JsValue> {
-    let n = n.max(1);
-    wasm_bindgen_futures::JsFuture::from(wasm_bindgen_rayon::init_thread_pool(n)).await?;
-    crate::cpu::BROWSER_THREADS.store(n, std::sync::atomic::Ordering::Relaxed);
-    Ok(n)
 }
 
 /// Bytes per second of a `mib` MiB copy inside wasm memory (bytes read plus bytes written), best

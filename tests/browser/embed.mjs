@@ -313,7 +313,7 @@ async function npmTest({ test, assert, assertEq, mode, www }, { start, newPage, 
     fs.writeFileSync(path.join(app, "package.json"), JSON.stringify({ name: "docs", private: true, type: "module" }));
     npm(["install", "--offline", path.join(packDir, tarball)], app);
     const pkg = path.join(app, "node_modules", "nexttoken");
-    for (const f of ["nexttoken.js", "next-token.js", "worker.js", "pkg/nexttoken_bg.wasm", "index.d.ts", "element.d.ts", "models/lesson-toy.json", "models/default.gguf"]) {
+    for (const f of ["nexttoken.js", "next-token.js", "worker.js", "pool.js", "pool-worker.js", "pkg/nexttoken_bg.wasm", "index.d.ts", "element.d.ts", "models/lesson-toy.json", "models/default.gguf"]) {
       assert(fs.existsSync(path.join(pkg, f)), `the package lacks ${f}`);
     }
     assert(!fs.existsSync(path.join(pkg, "index.html")) && !fs.existsSync(path.join(pkg, "app.js")), "the package carries the app's own pages");

@@ -80,7 +80,26 @@ const browser = await puppeteer.launch({ browser: "firefox", executablePath: fir
 const page = await browser.newPage();
 const consoleLines = [];
 page.on("console", (m) => consoleLines.push(`${m.type()}: ${m.text()}`));
-const waitState = (want, timeout = 120_000) => page.waitForFunction((w) => [].concat(w).includes(document.body.dataset.state), { timeout }, want);
+/** Wait for the page's state; on a timeout, say where the page was (state, error, stats, output). */
+async function waitState(want, timeout = 120_000) {
+  try {
+    await page.waitForFunction((w) => [].concat(w).includes(document.body.dataset.state), { timeout }, want);
+  } catch (e) {
+    const where = await page
+      .evaluate(() =>
+        JSON.stringify({
+          state: document.body.dataset.state,
+          error: document.getElementById("error-text")?.textContent,
+          status: document.getElementById("status")?.textContent,
+          stats: window.nexttokenApp?.stats,
+          output: document.getElementById("output-tokens")?.textContent,
+        }),
+      )
+      .catch((e2) => `(page unreadable: ${e2})`);
+    await page.screenshot({ path: path.join(outDir, "firefox-timeout.png") }).catch(() => {});
+    throw new Error(`waiting for state ${JSON.stringify(want)}: ${e.message}; the page: ${where}`);
+  }
+}
 const errorText = () => page.evaluate(() => (document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent));
 
 async function generateDefault(label) {
@@ -95,6 +114,13 @@ async function generateDefault(label) {
   return page.evaluate(() => document.getElementById("output-tokens").textContent);
 }
 
+/** Cross-origin isolated (serve.mjs): the threads build, its pool started by the page, one thread a core. */
+async function assertThreads(label) {
+  const { backend, cores } = await page.evaluate(() => ({ backend: window.nexttokenApp.stats.backend, cores: navigator.hardwareConcurrency }));
+  const threads = Number((/(\d+) threads?/.exec(backend) || [])[1] || 1);
+  if (cores > 1 && fs.existsSync(path.join(www, "pkg-threads", "nexttoken_bg.wasm"))) assertEq(threads, cores, `${label}: CPU threads (${backend})`);
+}
+
 try {
   await test("the app picks the default model, runs it on the wasm CPU path (saying why) and matches the native CLI", async () => {
     await page.goto(`${base}/?prompt=${encodeURIComponent(PROMPT)}`);
@@ -102,6 +128,7 @@ try {
     assertEq(text, expected, "greedy text vs the native CLI");
     const backend = await page.evaluate(() => window.nexttokenApp.stats.backend);
     assert(/^CPU/.test(backend) && /WebGPU/.test(backend), `the stats do not say why the CPU runs: ${backend}`);
+    await assertThreads("first visit");
     console.log(`      backend: ${backend}`);
   });
 
@@ -130,6 +157,7 @@ try {
       await page.reload();
       const text = await generateDefault("offline");
       assertEq(text, expected, "offline greedy text");
+      await assertThreads("offline");
       assert(/cache/.test(await page.evaluate(() => window.nexttokenApp.stats.download || "")), "offline: not loaded from the cache");
     } finally {
       server = await serve(www, port, {}, {});

@@ -1,0 +1,48 @@
+// The page's side of the wasm threads build: it starts the thread pool's Web Workers when the
+// inference worker asks, because Firefox sometimes blocks a worker for good inside `new Worker()`
+// when that worker starts workers of its own (src/web/pool.rs has the steps).
+//
+// Messages from the inference worker: {type:"start-pool", threads, script, init} | {type:"stop-pool"}
+// Messages to it: {type:"pool-host"} (first: this page starts pools) | {type:"pool-started"}
+//                 | {type:"pool-failed", message}
+
+/**
+ * Start pools for `worker` (an inference worker running worker.js) when it asks. Returns a
+ * function that ends the pool's workers (call it when terminating `worker`).
+ */
+export function hostPool(worker) {
+  // Held here, which also keeps the workers from being garbage collected while they run.
+  let threads = [];
+  const stop = () => {
+    for (const t of threads) t.terminate();
+    threads = [];
+  };
+  worker.addEventListener("message", async ({ data }) => {
+    if (data?.type === "stop-pool") return stop();
+    if (data?.type !== "start-pool") return;
+    try {
+      const started = Array.from({ length: data.threads }, () => new Worker(data.script, { type: "module" }));
+      threads.push(...started);
+      await Promise.all(started.map((t) => ready(t, data.init)));
+      worker.postMessage({ type: "pool-started" });
+    } catch (e) {
+      stop();
+      worker.postMessage({ type: "pool-failed", message: (e && e.message) || String(e) });
+    }
+  });
+  worker.postMessage({ type: "pool-host" });
+  return stop;
+}
+
+/** Send a pool worker the module and memory; resolves once it has instantiated them. */
+function ready(thread, init) {
+  return new Promise((resolve, reject) => {
+    thread.onmessage = ({ data }) => {
+      thread.onmessage = null;
+      if (data?.type === "pool-thread-ready") resolve();
+      else reject(new Error(`a pool thread failed: ${data?.message}`));
+    };
+    thread.onerror = (e) => reject(new Error(`a pool thread failed to start: ${e.message || "no script?"}`));
+    thread.postMessage(init);
+  });
+}

@@ -20,7 +20,10 @@ mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 
 # Formatting and lints first: rustfmt (rustfmt.toml), then clippy with warnings as errors, natively
 # (every target: lib, CLI, tests, benches) and for wasm32 with simd128, as build.sh compiles it.
-# The threads build (nightly, +atomics) compiles the same code with rayon: not linted separately.
+# The threads build (nightly, +atomics) compiles the same code with rayon, plus src/web/pool.rs (the
+# pool's start); not linted here, since a -Z build-std clippy costs minutes of CI. By hand:
+#   RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128" CARGO_TARGET_DIR=target/wasm-threads-clippy \
+#   cargo +nightly-2026-05-20 clippy --release --lib --target wasm32-unknown-unknown -Z build-std=panic_abort,std -- -D warnings
 for component in rustfmt clippy; do
   rustup component list --installed | grep -q "^$component" || rustup component add "$component"
 done

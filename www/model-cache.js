@@ -22,6 +22,8 @@ const FORMAT = 2;
 export const CHUNK_BYTES = 8 << 20;
 /** A download that sends nothing for this long is treated as broken (and can resume). */
 const STALL_MS = 30_000;
+/** Wait before the one retry of a request that got no answer (see `request`). */
+const RETRY_MS = 500;
 
 const hasCaches = () => typeof caches !== "undefined";
 
@@ -225,9 +227,19 @@ async function request(url, name, signal, headers = {}) {
   let response;
   try {
     response = await fetch(url, { signal, cache: "no-store", headers });
-  } catch (e) {
-    if (signal?.aborted) throw e;
-    throw new DownloadError(`cannot download ${name}: ${e.message || e} (offline, blocked, or the server refused the connection)`);
+  } catch (first) {
+    if (signal?.aborted) throw first;
+    // A request that got no answer at all is tried once more, half a second later: a connection
+    // can fail for a moment (Firefox failed a first visit's tokenizer request about once in 40
+    // test runs, the server up); offline or refused, the second try fails as fast.
+    await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
+    if (signal?.aborted) throw first;
+    try {
+      response = await fetch(url, { signal, cache: "no-store", headers });
+    } catch (e) {
+      if (signal?.aborted) throw e;
+      throw new DownloadError(`cannot download ${name}: ${e.message || e} (offline, blocked, or the server refused the connection)`);
+    }
   }
   if (!response.ok) {
     const error = new DownloadError(

@@ -225,20 +225,16 @@ function contentRange(headers) {
 
 async function request(url, name, signal, headers = {}) {
   let response;
-  try {
-    response = await fetch(url, { signal, cache: "no-store", headers });
-  } catch (first) {
-    if (signal?.aborted) throw first;
-    // A request that got no answer at all is tried once more, half a second later: a connection
-    // can fail for a moment (Firefox failed a first visit's tokenizer request about once in 40
-    // test runs, the server up); offline or refused, the second try fails as fast.
-    await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
-    if (signal?.aborted) throw first;
+  // A request that got no answer at all is tried once more, half a second later: a connection
+  // can fail for a moment (Firefox failed a first visit's tokenizer request about once in 40 test
+  // runs, the server up); offline or refused, the second try fails as fast.
+  for (let tries = 1; !response; tries++) {
     try {
       response = await fetch(url, { signal, cache: "no-store", headers });
     } catch (e) {
       if (signal?.aborted) throw e;
-      throw new DownloadError(`cannot download ${name}: ${e.message || e} (offline, blocked, or the server refused the connection)`);
+      if (tries === 2) throw new DownloadError(`cannot download ${name}: ${e.message || e} (offline, blocked, or the server refused the connection)`);
+      await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
     }
   }
   if (!response.ok) {

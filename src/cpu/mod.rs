@@ -103,43 +103,61 @@ pub fn browser_threads() -> usize {
 /// One layer's cached keys or values. f16 on the fast path for quantised weights where the
 /// machine converts f16 in hardware (as llama.cpp's default cache): at long contexts the cache is
 /// as many bytes per token as the weights, and the activations are already rounded to 8 bits.
+/// Head-major: each KV head's rows (`head_dim` values a position) are one vector of their own, so
+/// attention streams one head's keys sequentially instead of a slice of every row (1.6x faster
+/// attention at 1k positions on the AMD Zen 3 host, where the interleaved rows defeated prefetch).
 #[derive(Clone, Debug)]
 enum KvStore {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>),
 }
 
 impl KvStore {
-    fn new(f16: bool, reserve: usize) -> KvStore {
+    fn new(f16: bool, heads: usize, reserve: usize) -> KvStore {
         if f16 {
-            KvStore::F16(Vec::with_capacity(reserve))
+            KvStore::F16((0..heads).map(|_| Vec::with_capacity(reserve)).collect())
         } else {
-            KvStore::F32(Vec::with_capacity(reserve))
+            KvStore::F32((0..heads).map(|_| Vec::with_capacity(reserve)).collect())
         }
     }
 
-    fn push(&mut self, rows: &[f32]) {
+    /// Append positions: `rows` holds one row of all heads (`heads x head_dim`) per position.
+    fn push(&mut self, rows: &[f32], head_dim: usize) {
         match self {
-            KvStore::F32(v) => v.extend_from_slice(rows),
-            KvStore::F16(v) => {
-                let start = v.len();
-                v.resize(start + rows.len(), f16::ZERO);
-                v[start..].convert_from_f32_slice(rows);
+            KvStore::F32(heads) => {
+                let row_len = heads.len() * head_dim;
+                for (h, store) in heads.iter_mut().enumerate() {
+                    for row in rows.chunks_exact(row_len) {
+                        store.extend_from_slice(&row[h * head_dim..][..head_dim]);
+                    }
+                }
+            }
+            KvStore::F16(heads) => {
+                let row_len = heads.len() * head_dim;
+                for (h, store) in heads.iter_mut().enumerate() {
+                    for row in rows.chunks_exact(row_len) {
+                        let start = store.len();
+                        store.resize(start + head_dim, f16::ZERO);
+                        store[start..].convert_from_f32_slice(&row[h * head_dim..][..head_dim]);
+                    }
+                }
             }
         }
     }
 
+    /// Keep the first `len` values of each head (`positions x head_dim`).
     fn truncate(&mut self, len: usize) {
         match self {
-            KvStore::F32(v) => v.truncate(len),
-            KvStore::F16(v) => v.truncate(len),
+            KvStore::F32(heads) => heads.iter_mut().for_each(|v| v.truncate(len)),
+            KvStore::F16(heads) => heads.iter_mut().for_each(|v| v.truncate(len)),
         }
     }
 
-    fn rows(&self) -> KvRows<'_> {
+    /// KV head `h`'s rows, `head_dim` apart.
+    fn head(&self, h: usize) -> KvRows<'_> {
         match self {
-            KvStore::F32(v) => KvRows::F32(v),
-            KvStore::F16(v) => KvRows::F16(v),
+            KvStore::F32(heads) => KvRows::F32(&heads[h]),
+            KvStore::F16(heads) => KvRows::F16(&heads[h]),
         }
     }
 }
@@ -543,10 +561,10 @@ impl CpuModel {
         if cache.k.len() != c.n_layer {
             let fits = c.n_layer * self.max_seq * kv_dim * 8 <= KV_RESERVE_LIMIT;
             let reserve =
-                if fits && !cfg!(target_arch = "wasm32") { self.max_seq * kv_dim } else { 0 };
-            let f16 = self.kv_f16();
-            cache.k = (0..c.n_layer).map(|_| KvStore::new(f16, reserve)).collect();
-            cache.v = (0..c.n_layer).map(|_| KvStore::new(f16, reserve)).collect();
+                if fits && !cfg!(target_arch = "wasm32") { self.max_seq * c.head_dim } else { 0 };
+            let (f16, heads) = (self.kv_f16(), c.n_head_kv);
+            cache.k = (0..c.n_layer).map(|_| KvStore::new(f16, heads, reserve)).collect();
+            cache.v = (0..c.n_layer).map(|_| KvStore::new(f16, heads, reserve)).collect();
         }
         let s = &mut cache.scratch;
         if s.n < n || s.scores.len() < c.n_head * self.max_seq {
@@ -630,9 +648,9 @@ impl CpuModel {
                 m.rope.apply(&mut q[t * q_dim..(t + 1) * q_dim], c.head_dim, cs);
                 m.rope.apply(&mut k[t * kv_dim..(t + 1) * kv_dim], c.head_dim, cs);
             }
-            cache.k[l].push(k);
-            cache.v[l].push(v);
-            self.attention(pos0, q, cache.k[l].rows(), cache.v[l].rows(), &mut s.scores, attn);
+            cache.k[l].push(k, c.head_dim);
+            cache.v[l].push(v, c.head_dim);
+            self.attention(pos0, q, &cache.k[l], &cache.v[l], &mut s.scores, attn);
             self.linear(&lw.attn_output, attn, &mut QuantisedInput::new(act), proj);
             add_assign(x, proj);
 
@@ -762,14 +780,14 @@ impl CpuModel {
         &self,
         pos0: usize,
         q: &[f32],
-        k_cache: KvRows,
-        v_cache: KvRows,
+        k_cache: &KvStore,
+        v_cache: &KvStore,
         scores: &mut [f32],
         out: &mut [f32],
     ) {
         let c = &self.model.config;
         let (n_head, head_dim) = (c.n_head, c.head_dim);
-        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+        let q_dim = c.q_dim();
         let group = n_head / c.n_head_kv;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let n = q.len() / q_dim;
@@ -788,8 +806,8 @@ impl CpuModel {
                 for t in 0..n {
                     let seen = pos0 + t + 1;
                     let qh = &q[t * q_dim + h * head_dim..][..head_dim];
-                    let keys = k_cache.skip(kvh * head_dim);
-                    kernels::attention_scores(isa, qh, keys, kv_dim, scale, &mut scores[..seen]);
+                    let keys = k_cache.head(kvh);
+                    kernels::attention_scores(isa, qh, keys, head_dim, scale, &mut scores[..seen]);
                     kernels::softmax(isa, &mut scores[..seen]);
                     // SAFETY: see above.
                     let o = unsafe {
@@ -798,13 +816,7 @@ impl CpuModel {
                             head_dim,
                         )
                     };
-                    kernels::attention_values(
-                        isa,
-                        &scores[..seen],
-                        v_cache.skip(kvh * head_dim),
-                        kv_dim,
-                        o,
-                    );
+                    kernels::attention_values(isa, &scores[..seen], v_cache.head(kvh), head_dim, o);
                 }
             }
         };
@@ -844,9 +856,9 @@ impl LanguageModel for CpuModel {
     }
     fn truncate(&self, state: &mut KvCache, len: usize) -> Result<()> {
         check_truncate(state.pos, len)?;
-        let kv_dim = self.model.config.kv_dim();
+        let head_dim = self.model.config.head_dim;
         for store in state.k.iter_mut().chain(&mut state.v) {
-            store.truncate(len * kv_dim);
+            store.truncate(len * head_dim);
         }
         state.pos = len;
         Ok(())

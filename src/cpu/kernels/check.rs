@@ -167,8 +167,9 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
         }
     }
 
-    // Attention over a cache of f32 or f16 rows, `stride` apart (several heads interleaved).
-    for (head_dim, stride) in [(64, 192), (128, 128), (40, 80), (8, 24)] {
+    // Attention over a cache of f32 or f16 rows, `stride` apart (one head's rows, or several
+    // heads interleaved); head sizes that take each column width of the SIMD values kernels.
+    for (head_dim, stride) in [(64, 192), (128, 128), (40, 80), (8, 24), (96, 96), (24, 48)] {
         for seen in [1, 3, 4, 5, 17, 64] {
             let q = activations(head_dim, next);
             let cache = activations(seen * stride, next);

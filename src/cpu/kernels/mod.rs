@@ -476,14 +476,6 @@ impl KvRows<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// The rows from element `at` on.
-    pub fn skip(self, at: usize) -> Self {
-        match self {
-            KvRows::F32(r) => KvRows::F32(&r[at..]),
-            KvRows::F16(r) => KvRows::F16(&r[at..]),
-        }
-    }
 }
 
 /// One query head's attention scores against `out.len()` cached keys:

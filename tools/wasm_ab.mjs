@@ -7,6 +7,7 @@
 // Each round greedy-decodes STEPS tokens after the same short prompt with each build; prints
 // each build's median tok/s and every round's. TOKENIZER_FILE (default the llama-spm
 // tokenizer.json in ../shared/tokenizer-tests) only when the GGUF has no tokenizer of its own.
+// PROMPT_REPEAT=N repeats the prompt N times, to decode at a long context (attention's share).
 import fs from "node:fs";
 import path from "node:path";
 
@@ -18,7 +19,8 @@ if (!model || !pkgs.length) {
 const steps = Number(stepsArg), rounds = Number(roundsArg);
 const bytes = fs.readFileSync(model);
 const tok = fs.readFileSync(process.env.TOKENIZER_FILE || "../shared/tokenizer-tests/llama-spm/tokenizer.json");
-const PROMPT = "Once upon a time there was a little girl who lived in a village near the forest.";
+const PROMPT = "Once upon a time there was a little girl who lived in a village near the forest. "
+  .repeat(Number(process.env.PROMPT_REPEAT || 1)).trim();
 
 const engines = [];
 for (const pkg of pkgs) {
@@ -28,7 +30,7 @@ for (const pkg of pkgs) {
   m.initSync({ module: fs.readFileSync(`${dir}/nexttoken_bg.wasm`) });
   const sink = new m.ByteSink(bytes.length);
   sink.push(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length));
-  engines.push(await m.Engine.loadGguf(sink, new Uint8Array(tok), { backend: "cpu", maxSeq: 512 }));
+  engines.push(await m.Engine.loadGguf(sink, new Uint8Array(tok), { backend: "cpu", maxSeq: 4096 }));
 }
 const results = pkgs.map(() => []);
 for (let r = 0; r < rounds; r++) {

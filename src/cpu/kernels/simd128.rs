@@ -300,11 +300,36 @@ fn f16_bits_to_f32(h: v128) -> v128 {
     v128_or(v128_bitselect(special, finite, is_special), sign)
 }
 
-/// f32 keys (the wasm build's cache; f16 goes to scalar), `q.len()` a multiple of 4.
+/// f32 keys (the wasm build's cache; f16 goes to scalar), `q.len()` a multiple of 4: four keys
+/// per pass, their four sums reduced together (a horizontal sum per key was as much work as its
+/// dot product at head size 64).
 pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out: &mut [f32]) {
     let KvRows::F32(k) = keys else { return scalar::attention_scores(q, keys, stride, scale, out) };
-    let d = q.len();
-    for (p, s) in out.iter_mut().enumerate() {
+    let (d, done) = (q.len(), out.len() / 4 * 4);
+    for (b, o) in out[..done].chunks_exact_mut(4).enumerate() {
+        let rows: [&[f32]; 4] = std::array::from_fn(|j| &k[(4 * b + j) * stride..][..d]);
+        let mut acc = [f32x4_splat(0.0); 4];
+        for i in (0..d).step_by(4) {
+            let qv = load_f32x4_f(&q[i..i + 4]);
+            for (a, row) in acc.iter_mut().zip(rows) {
+                *a = f32x4_add(*a, f32x4_mul(qv, load_f32x4_f(&row[i..i + 4])));
+            }
+        }
+        // [a0 a1 a2 a3] -> [sum a0, sum a1, sum a2, sum a3]
+        let s01 = f32x4_add(
+            i32x4_shuffle::<0, 4, 1, 5>(acc[0], acc[1]),
+            i32x4_shuffle::<2, 6, 3, 7>(acc[0], acc[1]),
+        );
+        let s23 = f32x4_add(
+            i32x4_shuffle::<0, 4, 1, 5>(acc[2], acc[3]),
+            i32x4_shuffle::<2, 6, 3, 7>(acc[2], acc[3]),
+        );
+        let sums =
+            f32x4_add(i32x4_shuffle::<0, 1, 4, 5>(s01, s23), i32x4_shuffle::<2, 3, 6, 7>(s01, s23));
+        // SAFETY: o is 4 floats; v128_store is unaligned.
+        unsafe { v128_store(o.as_mut_ptr() as *mut v128, f32x4_mul(sums, f32x4_splat(scale))) };
+    }
+    for (p, s) in out.iter_mut().enumerate().skip(done) {
         let kr = &k[p * stride..][..d];
         let mut acc = f32x4_splat(0.0);
         for i in (0..d).step_by(4) {
@@ -315,25 +340,65 @@ pub fn attention_scores(q: &[f32], keys: KvRows, stride: usize, scale: f32, out:
     }
 }
 
-/// f32 values, `out.len()` a multiple of 4: the output stays in registers (16 floats at a time)
-/// while the values stream past.
+/// f32 values, `out.len()` a multiple of 4: the output stays in registers while the values stream
+/// past, 32 columns at a time in eight accumulators, narrower remainders over two interleaved sets
+/// of positions (at least eight independent adds in flight).
 pub fn attention_values(weights: &[f32], values: KvRows, stride: usize, out: &mut [f32]) {
     let KvRows::F32(v) = values else {
         return scalar::attention_values(weights, values, stride, out);
     };
-    for (c, oc) in out.chunks_mut(16).enumerate() {
-        let mut acc = [f32x4_splat(0.0); 4];
-        let width = oc.len() / 4;
-        for (p, &w) in weights.iter().enumerate() {
-            let row = &v[p * stride + c * 16..][..oc.len()];
-            let wv = f32x4_splat(w);
-            for (k, a) in acc.iter_mut().enumerate().take(width) {
-                *a = f32x4_add(*a, f32x4_mul(wv, load_f32x4_f(&row[4 * k..4 * k + 4])));
+    let d = out.len();
+    let mut c = 0;
+    while d - c >= 32 {
+        values_columns::<8, 1>(weights, v, stride, c, out);
+        c += 32;
+    }
+    for width in [4, 2, 1] {
+        if d - c >= 4 * width {
+            match width {
+                4 => values_columns::<4, 2>(weights, v, stride, c, out),
+                2 => values_columns::<2, 2>(weights, v, stride, c, out),
+                _ => values_columns::<1, 2>(weights, v, stride, c, out),
+            }
+            c += 4 * width;
+        }
+    }
+}
+
+/// Columns `c..c + 4W` of [`attention_values`], with `S` sets of accumulators taking every
+/// `S`-th position.
+#[inline]
+fn values_columns<const W: usize, const S: usize>(
+    weights: &[f32],
+    v: &[f32],
+    stride: usize,
+    c: usize,
+    out: &mut [f32],
+) {
+    let mut acc = [[f32x4_splat(0.0); W]; S];
+    let row = |p: usize| &v[p * stride + c..][..4 * W];
+    let mut sets = weights.chunks_exact(S);
+    for (r, ws) in sets.by_ref().enumerate() {
+        for (s, (&w, a)) in ws.iter().zip(&mut acc).enumerate() {
+            let (wv, vr) = (f32x4_splat(w), row(r * S + s));
+            for (k, a) in a.iter_mut().enumerate() {
+                *a = f32x4_add(*a, f32x4_mul(wv, load_f32x4_f(&vr[4 * k..4 * k + 4])));
             }
         }
-        for (k, a) in acc.iter().enumerate().take(width) {
-            // SAFETY: 4 floats inside oc; v128_store is unaligned.
-            unsafe { v128_store(oc[4 * k..4 * k + 4].as_mut_ptr() as *mut v128, *a) };
+    }
+    let done = weights.len() - sets.remainder().len();
+    for (p, &w) in sets.remainder().iter().enumerate() {
+        let (wv, vr) = (f32x4_splat(w), row(done + p));
+        for (k, a) in acc[0].iter_mut().enumerate() {
+            *a = f32x4_add(*a, f32x4_mul(wv, load_f32x4_f(&vr[4 * k..4 * k + 4])));
         }
+    }
+    for k in 0..W {
+        let mut sum = acc[0][k];
+        for set in &acc[1..] {
+            sum = f32x4_add(sum, set[k]);
+        }
+        // SAFETY: 4 floats inside out (c + 4W <= out.len()); v128_store is unaligned.
+        unsafe { v128_store(out[c + 4 * k..c + 4 * k + 4].as_mut_ptr() as *mut v128, sum) };
     }
 }

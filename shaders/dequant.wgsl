@@ -2,7 +2,7 @@
 //
 // The including kernel declares `W: array<u32>` holding a tensor's raw little-endian bytes (padded
 // to whole words) and Rust appends one `fn decode(...)` that forwards to the weight type's
-// decoder. A row is decoded in chunks of CH = 32 elements (one Q8_0/Q4_0 block, one Q4_K
+// decoder. A row is decoded in chunks of CH = 32 elements (one Q8_0/Q4_0/Q5_0 block, one Q4_K
 // sub-block, two Q6_K scale groups; for F32/F16/BF16 any 32 elements, the last chunk of a row
 // possibly shorter: `n` valid elements). Blocks are not word-aligned (Q8_0 is 34 bytes, Q4_0 18),
 // so bytes are read four at a time with word loads and shifts (`word_at`: at most two loads per
@@ -98,6 +98,25 @@ fn decode_q4_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
             let j = 4u * w + k;
             (*v)[j] = d * f32(i32(b & 0xfu) - 8);
             (*v)[j + 16u] = d * f32(i32(b >> 4u) - 8);
+        }
+    }
+}
+
+// Q5_0: d (f16), qh (32 fifth bits, bit j for element j), then Q4_0's 16 bytes of nibbles;
+// offset 16. 22 bytes per block.
+fn decode_q5_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + c * 22u;
+    let d = f16_at(off);
+    let qh = word_at(off + 2u);
+    for (var w = 0u; w < 4u; w++) {
+        let q = word_at(off + 6u + 4u * w);
+        for (var k = 0u; k < 4u; k++) {
+            let b = (q >> (8u * k)) & 0xffu;
+            let j = 4u * w + k;
+            let lo = (b & 0xfu) | (((qh >> j) & 1u) << 4u);
+            let hi = (b >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
+            (*v)[j] = d * f32(i32(lo) - 16);
+            (*v)[j + 16u] = d * f32(i32(hi) - 16);
         }
     }
 }

@@ -16,6 +16,7 @@ pub enum GgmlType {
     BF16,
     Q8_0,
     Q4_0,
+    Q5_0,
     Q4_K,
     Q6_K,
 }
@@ -24,13 +25,14 @@ pub enum GgmlType {
 pub const QK_K: usize = 256;
 
 impl GgmlType {
-    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K";
-    pub const ALL: [GgmlType; 7] = [
+    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K";
+    pub const ALL: [GgmlType; 8] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
+        GgmlType::Q5_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ];
@@ -41,6 +43,7 @@ impl GgmlType {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
+            6 => GgmlType::Q5_0,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4_K,
             14 => GgmlType::Q6_K,
@@ -54,6 +57,7 @@ impl GgmlType {
             GgmlType::F32 => 0,
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
+            GgmlType::Q5_0 => 6,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4_K => 12,
             GgmlType::Q6_K => 14,
@@ -118,6 +122,7 @@ impl GgmlType {
             GgmlType::BF16 => "BF16",
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q6_K => "Q6_K",
         }
@@ -127,7 +132,7 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q8_0 | GgmlType::Q4_0 => 32,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => 32,
             GgmlType::Q4_K | GgmlType::Q6_K => QK_K,
         }
     }
@@ -139,6 +144,7 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => 2,
             GgmlType::Q8_0 => 2 + 32,
             GgmlType::Q4_0 => 2 + 16,
+            GgmlType::Q5_0 => 2 + 4 + 16,
             GgmlType::Q4_K => 2 + 2 + 12 + QK_K / 2,
             GgmlType::Q6_K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
         }
@@ -183,6 +189,20 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
             for j in 0..16 {
                 out[j] = d * ((qs[j] & 0x0f) as i32 - 8) as f32;
                 out[j + 16] = d * ((qs[j] >> 4) as i32 - 8) as f32;
+            }
+        }
+        GgmlType::Q5_0 => {
+            // d: f16, qh: 32 fifth bits (bit j is element j's), then Q4_0's 16 bytes of nibbles;
+            // offset 16. (Q4_K_M files take it for rows that are not whole super-blocks of 256:
+            // SmolLM2's 576, Qwen2.5-0.5B's 896.)
+            let d = f16_at(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            let qs = &b[6..22];
+            for j in 0..16 {
+                let lo = (qs[j] & 0x0f) as i32 | (((qh >> j) & 1) << 4) as i32;
+                let hi = (qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                out[j] = d * (lo - 16) as f32;
+                out[j + 16] = d * (hi - 16) as f32;
             }
         }
         GgmlType::Q4_K => dequantize_q4_k(b, out),
@@ -304,7 +324,36 @@ pub fn quantize_row_q4_0(values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
-/// Encode `values` (whole rows) as `ty`. Supports F32, F16, BF16, Q8_0 and Q4_0 (the types
+/// ggml's `quantize_row_q5_0_ref`: as Q4_0 with 5 bits, d = max / -16, q = min(31, (int)(x / d +
+/// 16.5)); the fifth bits go to `qh` (bit j for element j).
+pub fn quantize_row_q5_0(values: &[f32], out: &mut Vec<u8>) {
+    assert!(values.len().is_multiple_of(32), "Q5_0 needs whole blocks of 32, got {}", values.len());
+    for block in values.chunks_exact(32) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in block {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (mut qh, mut qs) = (0u32, [0u8; 16]);
+        for j in 0..16 {
+            // C's (int8_t) cast truncates toward zero; x / d + 16.5 is >= 0.5 here.
+            let x0 = ((block[j] * id + 16.5) as i8).min(31) as u8;
+            let x1 = ((block[j + 16] * id + 16.5) as i8).min(31) as u8;
+            qs[j] = (x0 & 0x0f) | ((x1 & 0x0f) << 4);
+            qh |= ((x0 as u32 & 0x10) >> 4) << j;
+            qh |= ((x1 as u32 & 0x10) >> 4) << (j + 16);
+        }
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&qh.to_le_bytes());
+        out.extend_from_slice(&qs);
+    }
+}
+
+/// Encode `values` (whole rows) as `ty`. Supports F32, F16, BF16, Q8_0, Q4_0 and Q5_0 (the types
 /// `synth` writes); None for the K-quants, which need ggml's search-based quantisers.
 pub fn quantize(ty: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(values.len() / ty.block_size() * ty.block_bytes());
@@ -318,6 +367,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
         }
         GgmlType::Q8_0 => quantize_row_q8_0(values, &mut out),
         GgmlType::Q4_0 => quantize_row_q4_0(values, &mut out),
+        GgmlType::Q5_0 => quantize_row_q5_0(values, &mut out),
         GgmlType::Q4_K | GgmlType::Q6_K => return None,
     }
     Some(out)

@@ -10,7 +10,7 @@
 //! the row), so the output depends neither on the thread count nor on which other tensors exist.
 //!
 //! Matrices are encoded as their type (`Spec::weight_type`, or a per-tensor override): F32, F16,
-//! BF16, Q8_0 and Q4_0 by `quant::quantize` (ggml's reference quantisers); Q4_K and Q6_K as
+//! BF16, Q8_0, Q4_0 and Q5_0 by `quant::quantize` (ggml's reference quantisers); Q4_K and Q6_K as
 //! random blocks (any bytes are valid) whose scales give the same magnitude, since the library
 //! has no K-quant quantiser. A matrix whose rows are not whole blocks of its type is written F16
 //! (F32 when F32 was asked for). Norms, biases and `rope_freqs` are always F32.
@@ -350,6 +350,7 @@ fn file_type(ty: GgmlType) -> u32 {
         GgmlType::F16 => 1,
         GgmlType::Q4_0 => 2,
         GgmlType::Q8_0 => 7,
+        GgmlType::Q5_0 => 8,
         GgmlType::Q4_K => 15,
         GgmlType::Q6_K => 18,
         GgmlType::BF16 => 32,

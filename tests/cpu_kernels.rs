@@ -74,7 +74,7 @@ fn quantised_dot_products_match_scalar_and_reference() {
     let mut rng = SplitMix64(42);
     let isas = Isa::available();
     eprintln!("instruction sets: {:?}", isas);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let sizes: &[usize] =
             if ty.block_size() == 256 { &[256, 512, 1280] } else { &[32, 64, 96, 224, 576, 1056] };
         for &cols in sizes {
@@ -114,7 +114,7 @@ fn quantised_dot_products_match_scalar_and_reference() {
 #[test]
 fn tiles_match_single_row_dot_products() {
     let mut rng = SplitMix64(99);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let sizes: &[usize] =
             if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 576, 1056] };
         for &cols in sizes {
@@ -147,13 +147,39 @@ fn tiles_match_single_row_dot_products() {
     }
 }
 
+/// The panels' 16-bit partial sums at their largest: every weight at the top of its range and
+/// every activation 127 (a kernel that summed a whole Q5_0 block in 16 bits would overflow here).
+#[test]
+fn panels_hold_the_largest_sums() {
+    let cols = 64;
+    for (ty, block) in [
+        // d = 1/64, nibbles all 15 (Q4_0: 15 - 8 = 7).
+        (GgmlType::Q4_0, [&[0x00, 0x24][..], &[0xff; 16]].concat()),
+        // d = 1/64, qh all ones and nibbles all 15: q = 31 (31 - 16 = 15).
+        (GgmlType::Q5_0, [&[0x00, 0x24][..], &[0xff; 4], &[0xff; 16]].concat()),
+    ] {
+        let row: Vec<u8> = block.iter().copied().cycle().take(ty.row_bytes(cols)).collect();
+        let rows: [&[u8]; kernels::PANEL_ROWS] = std::array::from_fn(|_| row.as_slice());
+        let acts = quantized(ty, &vec![1.0; cols]);
+        assert!(acts.iter().all(|a| a.qs.iter().all(|&q| q == 127)));
+        let want = kernels::scalar::dot_q8(ty, &row, &acts);
+        for isa in Isa::available().into_iter().filter(|&i| kernels::has_panel(i, ty)) {
+            let mut out = vec![f32::NAN; kernels::PANEL_ROWS];
+            kernels::panel_gemm(isa, ty, rows, &acts, &mut kernels::Panel::default(), &mut out);
+            for got in out {
+                assert!((got - want).abs() <= 1e-5 * want.abs(), "{}: {got} vs {want}", ty.name());
+            }
+        }
+    }
+}
+
 /// Prefill's panels (8 rows unpacked and interleaved, then multiplied with n tokens a few at a
 /// time) against the scalar single-row kernel, for token counts that leave every remainder.
 #[test]
 fn panels_match_single_row_dot_products() {
     let mut rng = SplitMix64(7);
     let mut tested = Vec::new();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let sizes: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 1056] };
         for &cols in sizes {
             let rows: Vec<Vec<u8>> =
@@ -194,7 +220,7 @@ fn panels_match_single_row_dot_products() {
     // Where AVX2 exists its panels must have run: a panel kernel that silently stopped being
     // chosen would leave this test passing on nothing.
     if Isa::available().contains(&Isa::Avx2) {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
             assert!(tested.iter().any(|&(_, t)| t == ty), "no panel kernel ran for {}", ty.name());
         }
     }
@@ -408,7 +434,7 @@ fn activation_quantisers_match_scalar_bit_for_bit() {
 fn synth_quantisers_follow_ggml() {
     let mut rng = SplitMix64(5);
     let vals: Vec<f32> = (0..32 * 16).map(|_| rng.uniform(1.0)).collect();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
         let bytes = quantize(ty, &vals).unwrap();
         assert_eq!(bytes.len(), ty.row_bytes(vals.len()));
         let mut back = vec![0f32; vals.len()];
@@ -419,8 +445,9 @@ fn synth_quantisers_follow_ggml() {
                     .to_f32();
             for (x, y) in b.iter().zip(v) {
                 // Half a step of rounding, plus the f16 rounding of d (2^-11 relative) times |q| <= 128.
-                // Q4_0 maps the largest magnitude to -8, so the other sign clips at +7: a whole step.
-                let steps = if ty == GgmlType::Q4_0 { 1.0 } else { 0.5 };
+                // Q4_0 (Q5_0) maps the largest magnitude to -8 (-16), so the other sign clips at +7
+                // (+15): a whole step.
+                let steps = if ty == GgmlType::Q8_0 { 0.5 } else { 1.0 };
                 assert!(
                     (x - y).abs() <= d.abs() * (steps + 128.0 / 2048.0) + 1e-6,
                     "{}: {x} vs {y}",
@@ -433,6 +460,15 @@ fn synth_quantisers_follow_ggml() {
                 let byte = bytes[i * 18 + 2 + imax % 16];
                 let q = if imax < 16 { byte & 15 } else { byte >> 4 };
                 assert_eq!(q, 0, "block {i}");
+            }
+            if ty == GgmlType::Q5_0 {
+                // The same for Q5_0: the largest magnitude is q = 0 (-16), fifth bit clear.
+                let imax = (0..32).max_by(|&a, &b| v[a].abs().total_cmp(&v[b].abs())).unwrap();
+                let blk = &bytes[i * 22..(i + 1) * 22];
+                let byte = blk[6 + imax % 16];
+                let low = if imax < 16 { byte & 15 } else { byte >> 4 };
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                assert_eq!((low, (qh >> imax) & 1), (0, 0), "block {i}");
             }
         }
     }
@@ -520,11 +556,12 @@ fn huge_page_copy_keeps_every_byte() {
 
 #[test]
 fn fast_path_matches_exact_on_synthetic_models() {
-    // Q8_0, Q4_0: Q8 activations (measured up to 0.06 on these random models); F16/F32: f32 activations.
+    // Q8_0, Q4_0, Q5_0: Q8 activations (measured up to 0.06 on these random models); F16/F32: f32 activations.
     for arch in ["llama", "qwen2", "gpt2"] {
         for (ty, tol) in [
             (GgmlType::Q8_0, 0.15f32),
             (GgmlType::Q4_0, 0.15),
+            (GgmlType::Q5_0, 0.15),
             (GgmlType::F16, 1e-4),
             (GgmlType::F32, 1e-4),
         ] {

@@ -130,6 +130,7 @@ fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: 
                 match ty {
                     GgmlType::Q8_0 => put_f16(blk, 0, d / 127.0),
                     GgmlType::Q4_0 => put_f16(blk, 0, d / 8.0),
+                    GgmlType::Q5_0 => put_f16(blk, 0, d / 16.0),
                     GgmlType::Q4_K => {
                         // dmin = 7.5 d: the values d*sc*q - dmin*m then centre on zero.
                         put_f16(blk, 0, d / (63.0 * 15.0) * 2.0);
@@ -182,7 +183,7 @@ fn check_abs(what: &str, a: &[f32], b: &[f32], tol: f32) -> f32 {
     d
 }
 
-const ALL_TYPES: [GgmlType; 7] = GgmlType::ALL;
+const ALL_TYPES: [GgmlType; 8] = GgmlType::ALL;
 
 /// Column counts to try for a type: awkward ones where the block size allows.
 fn col_options(ty: GgmlType) -> Vec<usize> {
@@ -1092,6 +1093,9 @@ fn mixed_weight_types_pack_what_they_can() {
                 (block(0, names::ATTN_V), GgmlType::F16),
                 (block(1, names::ATTN_Q), GgmlType::Q4_0),
                 (block(0, names::FFN_UP), GgmlType::F32),
+                // What Q4_K_M files hold for rows that are not whole super-blocks of 256.
+                (block(1, names::ATTN_K), GgmlType::Q5_0),
+                (block(1, names::FFN_GATE), GgmlType::Q5_0),
             ],
             seed: 77,
             ..Spec::new(arch, 300, 96, 2, 4, 160, 160)

@@ -60,7 +60,7 @@ fn close(got: f32, want: f32) -> bool {
 #[test]
 fn fixture_covers_every_type() {
     let f = load();
-    for name in ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16", "BF16"] {
+    for name in ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "F16", "BF16"] {
         assert!(f.types.contains_key(name), "quant_blocks.json has no {name}");
     }
 }

@@ -587,6 +587,10 @@ def do_stories(shared: Path):
 # quant block vectors
 # ----------------------------------------------------------------------------------------------
 
+def f16b_of(vals):
+    return np.asarray(vals, dtype=np.float16).view(np.uint8)
+
+
 def do_quant_blocks():
     print("== quant_blocks")
     rng = np.random.default_rng(12345)
@@ -639,6 +643,20 @@ def do_quant_blocks():
         out["types"][kind] = {"ggml_type": int(qt), "block_size": 1, "type_size": 2, "rows": 2, "blocks_per_row": 32,
                               "elements_per_row": 32, "bytes": raw.tobytes().hex(),
                               "values": [float(v) for v in vals.ravel()]}
+    # Q5_0 (Q4_K_M files use it for rows that are not whole super-blocks of 256), from a generator
+    # of its own so the entries above stay as they were: d (f16), qh (32 fifth bits), 16 bytes of
+    # nibbles.
+    rng5 = np.random.default_rng(5005)
+    qt = Q["Q5_0"]
+    blk, tsz = gguf.GGML_QUANT_SIZES[qt]
+    data = np.stack([np.concatenate([np.concatenate([
+        f16b_of([rng5.uniform(0.001, 0.05) * rng5.choice([-1, 1])]),
+        rng5.integers(0, 256, 4).astype(np.uint8), rng5.integers(0, 256, 16).astype(np.uint8)])
+        for _ in range(4)]) for _ in range(2)])
+    vals = dequantize(data, qt).astype(np.float32)
+    out["types"]["Q5_0"] = {"ggml_type": int(qt), "block_size": blk, "type_size": tsz, "rows": 2,
+                            "blocks_per_row": 4, "elements_per_row": 4 * blk, "bytes": data.tobytes().hex(),
+                            "values": [float(v) for v in vals.ravel()]}
     (FIX / "quant_blocks.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

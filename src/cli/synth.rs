@@ -136,8 +136,11 @@ pub fn run(
         "f16" => GgmlType::F16,
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
+        "q5_0" => GgmlType::Q5_0,
         other => {
-            return Err(Error::Input(format!("--type {other}: expected q8_0, q4_0, f16 or f32")))
+            return Err(Error::Input(format!(
+                "--type {other}: expected q8_0, q4_0, q5_0, f16 or f32"
+            )))
         }
     };
     let text = std::fs::read_to_string(config)

@@ -117,6 +117,18 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             }
             hsum_ps(acc) - offset
         }
+        GgmlType::Q5_0 => {
+            let mut acc = _mm256_setzero_ps();
+            let mut offset = 0f32;
+            for (b, a) in row.chunks_exact(22).zip(act) {
+                let w = q5_0_weights(b.as_ptr());
+                let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let d = f16c(b, 0) * a.d;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
+                offset += d * (16 * a.sum) as f32;
+            }
+            hsum_ps(acc) - offset
+        }
         GgmlType::Q4_K => {
             let mut acc = _mm256_setzero_ps();
             let mut mins = 0f32;
@@ -174,7 +186,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// How far ahead of the current block the kernels prefetch each weight row, at least, in bytes:
@@ -182,7 +194,7 @@ pub fn has_tile(ty: GgmlType) -> bool {
 /// rows of small models.
 const PREFETCH_BYTES: usize = 3072;
 
-/// See `kernels::dot_q8_tile`: Q8_0 and Q4_0 here, the K-quants in their own tiles.
+/// See `kernels::dot_q8_tile`: Q8_0, Q4_0 and Q5_0 here, the K-quants in their own tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
@@ -202,9 +214,11 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     for a in acts {
         assert_eq!(a.len(), nb);
     }
-    let q4 = match ty {
-        GgmlType::Q8_0 => false,
-        GgmlType::Q4_0 => true,
+    // Q4_0 and Q5_0 weights are unsigned bytes to which the offset (8, 16) is not yet applied.
+    let (q4, q5, offset) = match ty {
+        GgmlType::Q8_0 => (false, false, 0),
+        GgmlType::Q4_0 => (true, false, 8),
+        GgmlType::Q5_0 => (true, true, 16),
         other => panic!("dot_q8_tile: no AVX2 tile for {}", other.name()),
     };
     let ones = _mm256_set1_epi16(1);
@@ -214,7 +228,13 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), q4, ahead);
+            let p = rows[r].as_ptr().add(i * bb);
+            (dw[r], w[r]) = if q5 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                (_mm256_set1_ps(f16c_ptr(p)), q5_0_weights(p))
+            } else {
+                load_block(p, q4, ahead)
+            };
         }
         // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
         let abs_w: [__m256i; R] =
@@ -224,7 +244,7 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
             let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             let da = _mm256_set1_ps(a.d);
             // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x); the correction rides in lane 0.
-            let offset = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * a.sum));
+            let offset = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-offset * a.sum));
             for r in 0..R {
                 let sums = if q4 {
                     _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones), offset)
@@ -249,6 +269,24 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
 pub(super) unsafe fn load_block(p: *const u8, q4: bool, ahead: usize) -> (__m256, __m256i) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
     (_mm256_set1_ps(f16c_ptr(p)), block_weights(p, q4))
+}
+
+/// The 32 weights of the Q5_0 block at `p` as bytes 0..31 (offset 16 not yet applied): Q4_0's
+/// nibbles (4 bytes further on) with the fifth bits of `qh` spread to one byte each (llama.cpp's
+/// `bytes_from_bits_32`: byte j gets qh's byte j / 8, then all bits but j % 8 are set, so it is
+/// all ones exactly when bit j was).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn q5_0_weights(p: *const u8) -> __m256i {
+    let nibbles = block_weights(p.add(4), true);
+    let qh = (p.add(2) as *const i32).read_unaligned();
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(qh),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi8(-1));
+    _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
 }
 
 /// The 32 weights of the Q8_0 or Q4_0 block at `p` as bytes (Q4_0: the nibbles 0..15).

@@ -2,19 +2,19 @@
 //! weight and interleaved, so one 256-bit vector holds 4 consecutive weights of each of the 8
 //! rows. One broadcast of 4 activation bytes then multiplies all 8 rows in one `maddubs`; with
 //! 4-bit weights (0..=15) the products of a whole block of 32 add up in 16-bit lanes
-//! (8 x 2 x 15 x 127 < 2^15) before one `madd`, and the float work (the scales, Q4_0's -8,
-//! Q4_K's mins) is one vector for 8 rows. Signed weights take llama.cpp's sign trick (`maddubs`
+//! (8 x 2 x 15 x 127 < 2^15) before one `madd` (5-bit ones, Q5_0's 0..=31, half a block), and
+//! the float work (the scales, Q4_0's -8, Q5_0's -16, Q4_K's mins) is one vector for 8 rows. Signed weights take llama.cpp's sign trick (`maddubs`
 //! wants one unsigned operand); Q6_K's (-32..=31) add up in 16 bits over their 16 weights that
 //! share an integer scale, which one `madd` then applies. The 4-row tiles instead unpack each
 //! weight block again for every pair of tokens and do the float work per row and token.
 
-use super::avx2::{block_weights, f16c_ptr, q4_k_scales_mins, q6_k_weights};
+use super::avx2::{block_weights, f16c_ptr, q4_k_scales_mins, q5_0_weights, q6_k_weights};
 use super::*;
 use std::arch::x86_64::*;
 
 /// Whether there is a panel kernel for `ty`.
 pub fn has_panel(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// See `kernels::panel_gemm`.
@@ -42,6 +42,7 @@ pub unsafe fn panel_gemm(
                     PanelQuants::Nibbles => panel_tile::<$t, NIBBLES>(panel, acts),
                     PanelQuants::Bytes => panel_tile::<$t, BYTES>(panel, acts),
                     PanelQuants::SixBits => panel_tile::<$t, SIX_BITS>(panel, acts),
+                    PanelQuants::FiveBits => panel_tile::<$t, FIVE_BITS>(panel, acts),
                 };
                 for (k, s) in sums.iter().enumerate() {
                     _mm256_storeu_ps(out.as_mut_ptr().add((t + k) * PANEL_ROWS), *s);
@@ -59,11 +60,13 @@ pub unsafe fn panel_gemm(
 const NIBBLES: u8 = 0;
 const BYTES: u8 = 1;
 const SIX_BITS: u8 = 2;
+const FIVE_BITS: u8 = 3;
 
 /// The panel times `T` activation vectors: for each, the 8 rows' dot products in one vector.
 /// `NIBBLES`: a block's 4 x 2 x 15 x 127 products fit 16 bits; `BYTES` (Q8_0's -128..=127):
 /// two products of 128 x 127 already fill 16 bits, so every `maddubs` is widened to 32;
-/// `SIX_BITS`: 16 weights fit (8 x 32 x 127), then times their scale in the widening `madd`.
+/// `SIX_BITS`: 16 weights fit (8 x 32 x 127), then times their scale in the widening `madd`;
+/// `FIVE_BITS`: half a block fits (4 x 2 x 31 x 127), so two widening `madd`s a block.
 // Token t's registers are indexed in lockstep with its activations: ranges read better here.
 #[allow(clippy::needless_range_loop)]
 #[inline]
@@ -90,6 +93,20 @@ unsafe fn panel_tile<const T: usize, const KIND: u8>(
                     }
                 }
                 isum = isum.map(|s| _mm256_madd_epi16(s, ones));
+            }
+            FIVE_BITS => {
+                for h in 0..2 {
+                    let mut half = [_mm256_setzero_si256(); T];
+                    for j in 4 * h..4 * h + 4 {
+                        let w = _mm256_loadu_si256(q.add(j));
+                        for t in 0..T {
+                            half[t] = _mm256_add_epi16(half[t], _mm256_maddubs_epi16(w, xj(t, j)));
+                        }
+                    }
+                    for t in 0..T {
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(half[t], ones));
+                    }
+                }
             }
             BYTES => {
                 for j in 0..8 {
@@ -126,7 +143,7 @@ unsafe fn panel_tile<const T: usize, const KIND: u8>(
             let a = acts[t].get_unchecked(b);
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[t]);
-            if KIND == NIBBLES {
+            if KIND == NIBBLES || KIND == FIVE_BITS {
                 // w = d q - m, so sum(w x) = da (d sum(q xq) - m sum(xq)).
                 acc[t] = _mm256_fnmadd_ps(m, _mm256_set1_ps(a.d * a.sum as f32), acc[t]);
             }
@@ -149,6 +166,7 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
     panel.kind = match ty {
         GgmlType::Q8_0 => PanelQuants::Bytes,
         GgmlType::Q6_K => PanelQuants::SixBits,
+        GgmlType::Q5_0 => PanelQuants::FiveBits,
         _ => PanelQuants::Nibbles,
     };
     let mask = _mm256_set1_epi8(0x0f);
@@ -167,6 +185,15 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
                 let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
                 panel.scales[b] = d;
                 panel.offsets[b] = if q4 { d.map(|d| 8.0 * d) } else { [0.0; 8] };
+            }
+        }
+        GgmlType::Q5_0 => {
+            for b in 0..nb {
+                let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(b * bb));
+                store(b, std::array::from_fn(|r| q5_0_weights(p[r])));
+                let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
+                panel.scales[b] = d;
+                panel.offsets[b] = d.map(|d| 16.0 * d);
             }
         }
         GgmlType::Q4_K => {

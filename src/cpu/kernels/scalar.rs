@@ -27,6 +27,21 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 f16_at(b, 0) * a.d * s as f32
             })
             .sum(),
+        GgmlType::Q5_0 => row
+            .chunks_exact(22)
+            .zip(act)
+            .map(|(b, a)| {
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let mut s = 0i32;
+                // Byte j holds the low 4 bits of elements j and j + 16; bit j of qh the fifth.
+                for (j, &q) in b[6..22].iter().enumerate() {
+                    let lo = (q & 0x0f) as i32 | (((qh >> j) & 1) << 4) as i32;
+                    let hi = (q >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                    s += (lo - 16) * a.qs[j] as i32 + (hi - 16) * a.qs[j + 16] as i32;
+                }
+                f16_at(b, 0) * a.d * s as f32
+            })
+            .sum(),
         GgmlType::Q4_K => row
             .chunks_exact(144)
             .zip(act.chunks_exact(QK_K / QK8))

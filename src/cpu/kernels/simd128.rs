@@ -35,6 +35,16 @@ fn load_qs(a: &BlockQ8, at: usize) -> v128 {
     unsafe { v128_load(a.qs[at..at + 16].as_ptr() as *const v128) }
 }
 
+/// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's fifth bits).
+fn fifth_bits(bits: u16) -> v128 {
+    let twice = i8x16_shuffle::<0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1>(
+        u16x8_splat(bits),
+        u16x8_splat(bits),
+    );
+    let bit = u8x16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+    v128_and(i8x16_ne(v128_and(twice, bit), i8x16_splat(0)), i8x16_splat(0x10))
+}
+
 /// 32 int8 weights (two vectors) times one activation block, as 4 i32 partial sums.
 fn dot32(w0: v128, w1: v128, a: &BlockQ8) -> v128 {
     i32x4_add(mul16(w0, load_qs(a, 0)), mul16(w1, load_qs(a, 16)))
@@ -55,6 +65,19 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 let eight = i8x16_splat(8);
                 let lo = i8x16_sub(v128_and(bytes, i8x16_splat(0x0f)), eight);
                 let hi = i8x16_sub(u8x16_shr(bytes, 4), eight);
+                f16_at(b, 0) * a.d * hsum_i32(dot32(lo, hi, a)) as f32
+            })
+            .sum(),
+        GgmlType::Q5_0 => row
+            .chunks_exact(22)
+            .zip(act)
+            .map(|(b, a)| {
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let bytes = load(b, 6);
+                let sixteen = i8x16_splat(16);
+                let lo = v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(qh as u16));
+                let hi = v128_or(u8x16_shr(bytes, 4), fifth_bits((qh >> 16) as u16));
+                let (lo, hi) = (i8x16_sub(lo, sixteen), i8x16_sub(hi, sixteen));
                 f16_at(b, 0) * a.d * hsum_i32(dot32(lo, hi, a)) as f32
             })
             .sum(),

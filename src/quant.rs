@@ -300,19 +300,24 @@ pub fn quantize_row_q8_0(values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
+/// The value of largest magnitude in `block`, with its sign (the first of equal magnitudes).
+fn signed_max(block: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in block {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// ggml's `quantize_row_q4_0_ref`: per block of 32, the value of largest magnitude `max` (with its
 /// sign) gives d = max / -8, so it maps to -8 exactly; q = min(15, (int)(x / d + 8.5)).
 pub fn quantize_row_q4_0(values: &[f32], out: &mut Vec<u8>) {
     assert!(values.len().is_multiple_of(32), "Q4_0 needs whole blocks of 32, got {}", values.len());
     for block in values.chunks_exact(32) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in block {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -8.0;
+        let d = signed_max(block) / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
         for j in 0..16 {
@@ -329,14 +334,7 @@ pub fn quantize_row_q4_0(values: &[f32], out: &mut Vec<u8>) {
 pub fn quantize_row_q5_0(values: &[f32], out: &mut Vec<u8>) {
     assert!(values.len().is_multiple_of(32), "Q5_0 needs whole blocks of 32, got {}", values.len());
     for block in values.chunks_exact(32) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in block {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -16.0;
+        let d = signed_max(block) / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let (mut qh, mut qs) = (0u32, [0u8; 16]);
         for j in 0..16 {

@@ -25,6 +25,18 @@ fn load_qs(a: &BlockQ8) -> [int8x16_t; 2] {
     unsafe { [vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16))] }
 }
 
+/// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's fifth bits).
+#[inline]
+#[target_feature(enable = "neon")]
+fn fifth_bits(bits: u16) -> uint8x16_t {
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let [lo, hi] = bits.to_le_bytes();
+    let spread = vcombine_u8(vdup_n_u8(lo), vdup_n_u8(hi));
+    // SAFETY: BIT is 16 bytes; vld1q_u8 has no alignment requirement.
+    let bit = unsafe { vld1q_u8(BIT.as_ptr()) };
+    vandq_u8(vtstq_u8(spread, bit), vdupq_n_u8(0x10))
+}
+
 #[inline]
 #[target_feature(enable = "neon")]
 fn signed(v: uint8x16_t) -> int8x16_t {
@@ -70,6 +82,19 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
                 // sum((q - 8) * x) = sum(q * x) - 8 * sum(x)
                 offset += d * (8 * a.sum) as f32;
+            }
+        }
+        GgmlType::Q5_0 => {
+            for (b, a) in row.chunks_exact(22).zip(act) {
+                // Q4_0's nibbles 4 bytes further on, with the fifth bits of qh; offset 16.
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let bytes = load(b, 6);
+                let lo = vorrq_u8(vandq_u8(bytes, m4), fifth_bits(qh as u16));
+                let hi = vorrq_u8(vshrq_n_u8::<4>(bytes), fifth_bits((qh >> 16) as u16));
+                let s = dot32([signed(lo), signed(hi)], a);
+                let d = f16_at(b, 0) * a.d;
+                acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
+                offset += d * (16 * a.sum) as f32;
             }
         }
         GgmlType::Q4_K => {

@@ -123,25 +123,25 @@ impl KvStore {
 
     /// Append positions: `rows` holds one row of all heads (`heads x head_dim`) per position.
     fn push(&mut self, rows: &[f32], head_dim: usize) {
+        /// Each head's slice of every row onto that head's vector, by `put`.
+        fn split<T>(
+            heads: &mut [Vec<T>],
+            rows: &[f32],
+            d: usize,
+            put: impl Fn(&mut Vec<T>, &[f32]),
+        ) {
+            let row_len = heads.len() * d;
+            for (h, store) in heads.iter_mut().enumerate() {
+                rows.chunks_exact(row_len).for_each(|row| put(store, &row[h * d..][..d]));
+            }
+        }
         match self {
-            KvStore::F32(heads) => {
-                let row_len = heads.len() * head_dim;
-                for (h, store) in heads.iter_mut().enumerate() {
-                    for row in rows.chunks_exact(row_len) {
-                        store.extend_from_slice(&row[h * head_dim..][..head_dim]);
-                    }
-                }
-            }
-            KvStore::F16(heads) => {
-                let row_len = heads.len() * head_dim;
-                for (h, store) in heads.iter_mut().enumerate() {
-                    for row in rows.chunks_exact(row_len) {
-                        let start = store.len();
-                        store.resize(start + head_dim, f16::ZERO);
-                        store[start..].convert_from_f32_slice(&row[h * head_dim..][..head_dim]);
-                    }
-                }
-            }
+            KvStore::F32(heads) => split(heads, rows, head_dim, |v, x| v.extend_from_slice(x)),
+            KvStore::F16(heads) => split(heads, rows, head_dim, |v, x| {
+                let start = v.len();
+                v.resize(start + x.len(), f16::ZERO);
+                v[start..].convert_from_f32_slice(x);
+            }),
         }
     }
 

@@ -104,28 +104,16 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             }
             total
         }
-        GgmlType::Q4_0 => {
-            let mut acc = _mm256_setzero_ps();
-            let mut offset = 0f32;
-            for (b, a) in row.chunks_exact(18).zip(act) {
-                let w = block_weights(b.as_ptr(), true);
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let (mut acc, mut offset) = (_mm256_setzero_ps(), 0f32);
+            let bias = unsigned_offset(ty);
+            for (b, a) in row.chunks_exact(ty.block_bytes()).zip(act) {
+                let w = block_weights(b.as_ptr(), ty);
                 let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
                 let d = f16c(b, 0) * a.d;
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
-                // sum((q - 8) * x) = sum(q * x) - 8 * sum(x)
-                offset += d * (8 * a.sum) as f32;
-            }
-            hsum_ps(acc) - offset
-        }
-        GgmlType::Q5_0 => {
-            let mut acc = _mm256_setzero_ps();
-            let mut offset = 0f32;
-            for (b, a) in row.chunks_exact(22).zip(act) {
-                let w = q5_0_weights(b.as_ptr());
-                let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let d = f16c(b, 0) * a.d;
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
-                offset += d * (16 * a.sum) as f32;
+                // sum((q - 8) * x) = sum(q * x) - 8 * sum(x) (Q5_0: 16)
+                offset += d * (bias * a.sum) as f32;
             }
             hsum_ps(acc) - offset
         }
@@ -214,13 +202,13 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     for a in acts {
         assert_eq!(a.len(), nb);
     }
+    assert!(
+        matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0),
+        "dot_q8_tile: no AVX2 tile for {}",
+        ty.name()
+    );
     // Q4_0 and Q5_0 weights are unsigned bytes to which the offset (8, 16) is not yet applied.
-    let (q4, q5, offset) = match ty {
-        GgmlType::Q8_0 => (false, false, 0),
-        GgmlType::Q4_0 => (true, false, 8),
-        GgmlType::Q5_0 => (true, true, 16),
-        other => panic!("dot_q8_tile: no AVX2 tile for {}", other.name()),
-    };
+    let (unsigned, offset) = (ty != GgmlType::Q8_0, unsigned_offset(ty));
     let ones = _mm256_set1_epi16(1);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -228,25 +216,20 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            let p = rows[r].as_ptr().add(i * bb);
-            (dw[r], w[r]) = if q5 {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                (_mm256_set1_ps(f16c_ptr(p)), q5_0_weights(p))
-            } else {
-                load_block(p, q4, ahead)
-            };
+            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), ty, ahead);
         }
         // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
         let abs_w: [__m256i; R] =
-            std::array::from_fn(|r| if q4 { w[r] } else { _mm256_sign_epi8(w[r], w[r]) });
+            std::array::from_fn(|r| if unsigned { w[r] } else { _mm256_sign_epi8(w[r], w[r]) });
         for t in 0..T {
             let a = acts[t].get_unchecked(i);
             let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             let da = _mm256_set1_ps(a.d);
-            // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x); the correction rides in lane 0.
+            // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x) (Q5_0: 16); the correction rides in
+            // lane 0.
             let offset = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-offset * a.sum));
             for r in 0..R {
-                let sums = if q4 {
+                let sums = if unsigned {
                     _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones), offset)
                 } else {
                     _mm256_madd_epi16(
@@ -262,44 +245,60 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
 }
 
-/// One Q8_0 or Q4_0 block at `p` for the tiles (after prefetching `ahead` bytes on): its scale
-/// broadcast, and its 32 weights as bytes (Q4_0: the nibbles 0..15, offset 8 not yet applied).
+/// One Q8_0, Q4_0 or Q5_0 block at `p` for the tiles (after prefetching `ahead` bytes on): its
+/// scale broadcast, and its 32 weights as bytes ([`block_weights`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn load_block(p: *const u8, q4: bool, ahead: usize) -> (__m256, __m256i) {
+pub(super) unsafe fn load_block(p: *const u8, ty: GgmlType, ahead: usize) -> (__m256, __m256i) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-    (_mm256_set1_ps(f16c_ptr(p)), block_weights(p, q4))
+    (_mm256_set1_ps(f16c_ptr(p)), block_weights(p, ty))
 }
 
-/// The 32 weights of the Q5_0 block at `p` as bytes 0..31 (offset 16 not yet applied): Q4_0's
-/// nibbles (4 bytes further on) with the fifth bits of `qh` spread to one byte each (llama.cpp's
-/// `bytes_from_bits_32`: byte j gets qh's byte j / 8, then all bits but j % 8 are set, so it is
-/// all ones exactly when bit j was).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn q5_0_weights(p: *const u8) -> __m256i {
-    let nibbles = block_weights(p.add(4), true);
-    let qh = (p.add(2) as *const i32).read_unaligned();
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(qh),
-        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
-    );
-    let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-    let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi8(-1));
-    _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
-}
-
-/// The 32 weights of the Q8_0 or Q4_0 block at `p` as bytes (Q4_0: the nibbles 0..15).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn block_weights(p: *const u8, q4: bool) -> __m256i {
-    if q4 {
-        // Low nibbles are elements 0..16, high nibbles 16..32.
-        let bytes = _mm_loadu_si128(p.add(2) as *const __m128i);
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f))
-    } else {
-        _mm256_loadu_si256(p.add(2) as *const __m256i)
+/// What Q4_0 (8) and Q5_0 (16) rows subtract from the unsigned bytes of [`block_weights`]; 0 for
+/// Q8_0, whose bytes are the signed weights.
+pub(super) fn unsigned_offset(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 0,
     }
+}
+
+/// The 32 weights of the Q8_0, Q4_0 or Q5_0 block at `p` as bytes: Q8_0's signed bytes, Q4_0's
+/// nibbles 0..15, Q5_0's 0..31 (its offset, [`unsigned_offset`], not yet applied).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn block_weights(p: *const u8, ty: GgmlType) -> __m256i {
+    match ty {
+        GgmlType::Q4_0 => nibbles(p.add(2)),
+        GgmlType::Q5_0 => {
+            // Q4_0's nibbles 4 bytes further on with the fifth bits of `qh` spread to one byte
+            // each (llama.cpp's `bytes_from_bits_32`: byte j gets qh's byte j / 8, then all bits
+            // but j % 8 are set, so it is all ones exactly when bit j was).
+            let qh = (p.add(2) as *const i32).read_unaligned();
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(qh),
+                _mm256_set_epi64x(
+                    0x0303_0303_0303_0303,
+                    0x0202_0202_0202_0202,
+                    0x0101_0101_0101_0101,
+                    0,
+                ),
+            );
+            let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+            let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi8(-1));
+            _mm256_or_si256(nibbles(p.add(6)), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+        }
+        _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
+    }
+}
+
+/// 16 bytes at `p` as 32 nibbles: the low ones are elements 0..16, the high ones 16..32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let bytes = _mm_loadu_si128(p as *const __m128i);
+    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0f))
 }
 
 /// The Q4_K tile: per super-block of 256 and row, 8 sub-blocks of 32 with 6-bit scales and mins.

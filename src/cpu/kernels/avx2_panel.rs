@@ -3,12 +3,13 @@
 //! rows. One broadcast of 4 activation bytes then multiplies all 8 rows in one `maddubs`; with
 //! 4-bit weights (0..=15) the products of a whole block of 32 add up in 16-bit lanes
 //! (8 x 2 x 15 x 127 < 2^15) before one `madd` (5-bit ones, Q5_0's 0..=31, half a block), and
-//! the float work (the scales, Q4_0's -8, Q5_0's -16, Q4_K's mins) is one vector for 8 rows. Signed weights take llama.cpp's sign trick (`maddubs`
-//! wants one unsigned operand); Q6_K's (-32..=31) add up in 16 bits over their 16 weights that
-//! share an integer scale, which one `madd` then applies. The 4-row tiles instead unpack each
+//! the float work (the scales, Q4_0's -8, Q5_0's -16, Q4_K's mins) is one vector for 8 rows.
+//! Signed weights take llama.cpp's sign trick (`maddubs` wants one unsigned operand); Q6_K's
+//! (-32..=31) add up in 16 bits over their 16 weights that share an integer scale, which one
+//! `madd` then applies. The 4-row tiles instead unpack each
 //! weight block again for every pair of tokens and do the float work per row and token.
 
-use super::avx2::{block_weights, f16c_ptr, q4_k_scales_mins, q5_0_weights, q6_k_weights};
+use super::avx2::{block_weights, f16c_ptr, q4_k_scales_mins, q6_k_weights, unsigned_offset};
 use super::*;
 use std::arch::x86_64::*;
 
@@ -177,23 +178,14 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
         }
     };
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 => {
-            let q4 = ty == GgmlType::Q4_0;
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let offset = unsigned_offset(ty) as f32;
             for b in 0..nb {
                 let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(b * bb));
-                store(b, std::array::from_fn(|r| block_weights(p[r], q4)));
+                store(b, std::array::from_fn(|r| block_weights(p[r], ty)));
                 let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
                 panel.scales[b] = d;
-                panel.offsets[b] = if q4 { d.map(|d| 8.0 * d) } else { [0.0; 8] };
-            }
-        }
-        GgmlType::Q5_0 => {
-            for b in 0..nb {
-                let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(b * bb));
-                store(b, std::array::from_fn(|r| q5_0_weights(p[r])));
-                let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
-                panel.scales[b] = d;
-                panel.offsets[b] = d.map(|d| 16.0 * d);
+                panel.offsets[b] = d.map(|d| offset * d);
             }
         }
         GgmlType::Q4_K => {

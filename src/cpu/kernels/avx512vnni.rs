@@ -30,7 +30,7 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), q4, ahead);
+            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), ty, ahead);
         }
         // The unsigned operand: Q4_0's nibbles as they are; Q8_0's |w|, its sign moved onto x.
         let unsigned_w: [__m256i; R] =

@@ -2,8 +2,8 @@
 //
 // The including kernel declares `W: array<u32>` holding a tensor's raw little-endian bytes (padded
 // to whole words) and Rust appends one `fn decode(...)` that forwards to the weight type's
-// decoder. A row is decoded in chunks of CH = 32 elements (one Q8_0/Q4_0/Q5_0 block, one Q4_K
-// sub-block, two Q6_K scale groups; for F32/F16/BF16 any 32 elements, the last chunk of a row
+// decoder. A row is decoded in chunks of CH = 32 elements (one Q8_0/Q4_0/Q5_0/Q5_1 block, one
+// Q4_K/Q5_K sub-block, two Q6_K scale groups; for F32/F16/BF16 any 32 elements, the last chunk of a row
 // possibly shorter: `n` valid elements). Blocks are not word-aligned (Q8_0 is 34 bytes, Q4_0 18),
 // so bytes are read four at a time with word loads and shifts (`word_at`: at most two loads per
 // four bytes, one where aligned). The formulas follow src/quant.rs line by line.
@@ -121,6 +121,25 @@ fn decode_q5_0(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
     }
 }
 
+// Q5_1: d, m (f16), qh (32 fifth bits), then 16 bytes of nibbles as Q5_0; w = d q + m. 24 bytes.
+fn decode_q5_1(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + c * 24u;
+    let d = f16_at(off);
+    let m = f16_at(off + 2u);
+    let qh = word_at(off + 4u);
+    for (var w = 0u; w < 4u; w++) {
+        let q = word_at(off + 8u + 4u * w);
+        for (var k = 0u; k < 4u; k++) {
+            let b = (q >> (8u * k)) & 0xffu;
+            let j = 4u * w + k;
+            let lo = (b & 0xfu) | (((qh >> j) & 1u) << 4u);
+            let hi = (b >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
+            (*v)[j] = f32(lo) * d + m;
+            (*v)[j + 16u] = f32(hi) * d + m;
+        }
+    }
+}
+
 // The 6-bit scale and min of Q4_K sub-block j (0..8) from the 12 scale bytes at `sc`.
 fn q4_k_scale_min(sc: u32, j: u32) -> vec2<u32> {
     if (j < 4u) {
@@ -149,6 +168,28 @@ fn decode_q4_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
         let qw = word_at(q + 4u * w) >> shift;
         for (var k = 0u; k < 4u; k++) {
             (*v)[4u * w + k] = d1 * f32((qw >> (8u * k)) & 0xfu) - m1;
+        }
+    }
+}
+
+// Q5_K: Q4_K's d, dmin and 12 scale bytes, 32 bytes of fifth bits (bit j of byte l: element l of
+// sub-block j), then Q4_K's 128 bytes of nibbles; 176 bytes per 256 elements.
+fn decode_q5_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
+    let off = rb + (c / 8u) * 176u;
+    let j = c % 8u;
+    let d = f16_at(off);
+    let dmin = f16_at(off + 2u);
+    let sm = q4_k_scale_min(off + 4u, j);
+    let d1 = d * f32(sm.x);
+    let m1 = dmin * f32(sm.y);
+    let q = off + 48u + (j / 2u) * 32u;
+    let shift = (j & 1u) * 4u;
+    for (var w = 0u; w < 8u; w++) {
+        let qw = word_at(q + 4u * w) >> shift;
+        let hw = word_at(off + 16u + 4u * w) >> j;
+        for (var k = 0u; k < 4u; k++) {
+            let five = ((qw >> (8u * k)) & 0xfu) | (((hw >> (8u * k)) & 1u) << 4u);
+            (*v)[4u * w + k] = d1 * f32(five) - m1;
         }
     }
 }

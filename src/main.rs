@@ -54,7 +54,7 @@ enum Command {
         /// Hugging Face config.json (llama, qwen2 or gpt2).
         #[arg(long)]
         config: PathBuf,
-        /// Weight type of the matrices: q8_0, q4_0, q5_0, f16 or f32.
+        /// Weight type of the matrices: q8_0, q4_0, q5_0, q5_1, f16 or f32.
         #[arg(long = "type", default_value = "q8_0")]
         ty: String,
         #[arg(long)]

@@ -17,7 +17,9 @@ pub enum GgmlType {
     Q8_0,
     Q4_0,
     Q5_0,
+    Q5_1,
     Q4_K,
+    Q5_K,
     Q6_K,
 }
 
@@ -25,15 +27,27 @@ pub enum GgmlType {
 pub const QK_K: usize = 256;
 
 impl GgmlType {
-    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K";
-    pub const ALL: [GgmlType; 8] = [
+    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+    pub const ALL: [GgmlType; 10] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    /// The block-quantised types (the fast path multiplies them with int8 activations).
+    pub const QUANTISED: [GgmlType; 7] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
     ];
 
@@ -44,8 +58,10 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             _ => return None,
@@ -58,8 +74,10 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
         }
@@ -123,7 +141,9 @@ impl GgmlType {
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q4_0 => "Q4_0",
             GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
         }
     }
@@ -132,8 +152,8 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => 32,
-            GgmlType::Q4_K | GgmlType::Q6_K => QK_K,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
         }
     }
 
@@ -145,7 +165,9 @@ impl GgmlType {
             GgmlType::Q8_0 => 2 + 32,
             GgmlType::Q4_0 => 2 + 16,
             GgmlType::Q5_0 => 2 + 4 + 16,
+            GgmlType::Q5_1 => 2 + 2 + 4 + 16,
             GgmlType::Q4_K => 2 + 2 + 12 + QK_K / 2,
+            GgmlType::Q5_K => 2 + 2 + 12 + QK_K / 8 + QK_K / 2,
             GgmlType::Q6_K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
         }
     }
@@ -205,7 +227,21 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
                 out[j + 16] = d * (hi - 16) as f32;
             }
         }
+        GgmlType::Q5_1 => {
+            // d, m: f16, qh: 32 fifth bits, then 16 bytes of nibbles as Q5_0; w = d q + m.
+            // (Q5_K_M files take it for rows that are not whole super-blocks of 256.)
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            let qs = &b[8..24];
+            for j in 0..16 {
+                let lo = (qs[j] & 0x0f) as u32 | (((qh >> j) & 1) << 4);
+                let hi = (qs[j] >> 4) as u32 | (((qh >> (j + 16)) & 1) << 4);
+                out[j] = lo as f32 * d + m;
+                out[j + 16] = hi as f32 * d + m;
+            }
+        }
         GgmlType::Q4_K => dequantize_q4_k(b, out),
+        GgmlType::Q5_K => dequantize_q5_k(b, out),
         GgmlType::Q6_K => dequantize_q6_k(b, out),
     }
 }
@@ -236,6 +272,30 @@ fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
         for l in 0..32 {
             o[l] = d1 * (q[l] & 0x0f) as f32 - min1;
             o[l + 32] = d2 * (q[l] >> 4) as f32 - min2;
+        }
+    }
+}
+
+/// Q5_K: Q4_K's d, dmin and 12 scale bytes, then 32 bytes of fifth bits (bit j of byte l is
+/// element l of sub-block j) and Q4_K's 128 bytes of nibbles.
+fn dequantize_q5_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for chunk in 0..4 {
+        let q = &qs[chunk * 32..chunk * 32 + 32];
+        let (sc1, m1) = q4_k_scale_min(2 * chunk, scales);
+        let (sc2, m2) = q4_k_scale_min(2 * chunk + 1, scales);
+        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
+        let o = &mut out[chunk * 64..chunk * 64 + 64];
+        for l in 0..32 {
+            let h1 = ((qh[l] >> (2 * chunk)) & 1) << 4;
+            let h2 = ((qh[l] >> (2 * chunk + 1)) & 1) << 4;
+            o[l] = d1 * ((q[l] & 0x0f) | h1) as f32 - min1;
+            o[l + 32] = d2 * ((q[l] >> 4) | h2) as f32 - min2;
         }
     }
 }
@@ -351,8 +411,33 @@ pub fn quantize_row_q5_0(values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
-/// Encode `values` (whole rows) as `ty`. Supports F32, F16, BF16, Q8_0, Q4_0 and Q5_0 (the types
-/// `synth` writes); None for the K-quants, which need ggml's search-based quantisers.
+/// ggml's `quantize_row_q5_1_ref`: per block of 32, d = (max - min) / 31 and m = min (both f16),
+/// q = (int)((x - min) / d + 0.5); the fifth bits go to `qh` as in Q5_0.
+pub fn quantize_row_q5_1(values: &[f32], out: &mut Vec<u8>) {
+    assert!(values.len().is_multiple_of(32), "Q5_1 needs whole blocks of 32, got {}", values.len());
+    for block in values.chunks_exact(32) {
+        let min = block.iter().copied().fold(f32::MAX, f32::min);
+        let max = block.iter().copied().fold(-f32::MAX, f32::max);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (mut qh, mut qs) = (0u32, [0u8; 16]);
+        for j in 0..16 {
+            // C's (uint8_t) cast truncates; (x - min) / d + 0.5 is in 0.5..=31.5 here.
+            let x0 = ((block[j] - min) * id + 0.5) as u8;
+            let x1 = ((block[j + 16] - min) * id + 0.5) as u8;
+            qs[j] = (x0 & 0x0f) | ((x1 & 0x0f) << 4);
+            qh |= ((x0 as u32 & 0x10) >> 4) << j;
+            qh |= ((x1 as u32 & 0x10) >> 4) << (j + 16);
+        }
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+        out.extend_from_slice(&qh.to_le_bytes());
+        out.extend_from_slice(&qs);
+    }
+}
+
+/// Encode `values` (whole rows) as `ty`. Supports F32, F16, BF16, Q8_0, Q4_0, Q5_0 and Q5_1 (the
+/// types `synth` quantises); None for the K-quants, which need ggml's search-based quantisers.
 pub fn quantize(ty: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(values.len() / ty.block_size() * ty.block_bytes());
     match ty {
@@ -366,7 +451,8 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Option<Vec<u8>> {
         GgmlType::Q8_0 => quantize_row_q8_0(values, &mut out),
         GgmlType::Q4_0 => quantize_row_q4_0(values, &mut out),
         GgmlType::Q5_0 => quantize_row_q5_0(values, &mut out),
-        GgmlType::Q4_K | GgmlType::Q6_K => return None,
+        GgmlType::Q5_1 => quantize_row_q5_1(values, &mut out),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => return None,
     }
     Some(out)
 }

@@ -10,7 +10,7 @@
 //! the row), so the output depends neither on the thread count nor on which other tensors exist.
 //!
 //! Matrices are encoded as their type (`Spec::weight_type`, or a per-tensor override): F32, F16,
-//! BF16, Q8_0, Q4_0 and Q5_0 by `quant::quantize` (ggml's reference quantisers); Q4_K and Q6_K as
+//! BF16, Q8_0, Q4_0, Q5_0 and Q5_1 by `quant::quantize` (ggml's reference quantisers); the K-quants as
 //! random blocks (any bytes are valid) whose scales give the same magnitude, since the library
 //! has no K-quant quantiser. A matrix whose rows are not whole blocks of its type is written F16
 //! (F32 when F32 was asked for). Norms, biases and `rope_freqs` are always F32.
@@ -351,7 +351,9 @@ fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Q4_0 => 2,
         GgmlType::Q8_0 => 7,
         GgmlType::Q5_0 => 8,
+        GgmlType::Q5_1 => 9,
         GgmlType::Q4_K => 15,
+        GgmlType::Q5_K => 17,
         GgmlType::Q6_K => 18,
         GgmlType::BF16 => 32,
     }
@@ -494,7 +496,9 @@ fn matrix(seed: u64, cols: usize, rows: usize, ty: GgmlType) -> (GgmlType, Vec<u
         for (i, o) in out.chunks_exact_mut(row_bytes).enumerate() {
             let seed = row_seed(seed, first_row + i);
             match ty {
-                GgmlType::Q4_K | GgmlType::Q6_K => random_k_quant_row(ty, seed, std, o),
+                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                    random_k_quant_row(ty, seed, std, o)
+                }
                 _ => o.copy_from_slice(
                     &quantize(ty, &normalish(seed, cols, std, 0.0)).expect("a quantisable type"),
                 ),
@@ -514,7 +518,7 @@ fn matrix(seed: u64, cols: usize, rows: usize, ty: GgmlType) -> (GgmlType, Vec<u
     (ty, data)
 }
 
-/// Random Q4_K or Q6_K blocks (any bytes are valid) with their f16 super-block scales set so the
+/// Random Q4_K, Q5_K or Q6_K blocks (any bytes are valid) with their f16 super-block scales set so the
 /// values have about standard deviation `std` and mean 0.
 fn random_k_quant_row(ty: GgmlType, seed: u64, std: f32, out: &mut [u8]) {
     let mut s = seed;
@@ -533,6 +537,12 @@ fn random_k_quant_row(ty: GgmlType, seed: u64, std: f32, out: &mut [u8]) {
                 let d = std / 245.0;
                 put(blk, 0, d);
                 put(blk, 2, 7.5 * d);
+            }
+            // The same with q uniform 5-bit: mean 0 when dmin = 15.5 d, deviation about 527 d.
+            GgmlType::Q5_K => {
+                let d = std / 527.0;
+                put(blk, 0, d);
+                put(blk, 2, 15.5 * d);
             }
             // x = d * scale * (q - 32), scale a uniform i8, q uniform 6-bit: about 1370 d.
             GgmlType::Q6_K => put(blk, 208, std / 1370.0),

@@ -74,7 +74,7 @@ fn quantised_dot_products_match_scalar_and_reference() {
     let mut rng = SplitMix64(42);
     let isas = Isa::available();
     eprintln!("instruction sets: {:?}", isas);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in GgmlType::QUANTISED {
         let sizes: &[usize] =
             if ty.block_size() == 256 { &[256, 512, 1280] } else { &[32, 64, 96, 224, 576, 1056] };
         for &cols in sizes {
@@ -114,7 +114,7 @@ fn quantised_dot_products_match_scalar_and_reference() {
 #[test]
 fn tiles_match_single_row_dot_products() {
     let mut rng = SplitMix64(99);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in GgmlType::QUANTISED {
         let sizes: &[usize] =
             if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 576, 1056] };
         for &cols in sizes {
@@ -157,6 +157,8 @@ fn panels_hold_the_largest_sums() {
         (GgmlType::Q4_0, [&[0x00, 0x24][..], &[0xff; 16]].concat()),
         // d = 1/64, qh all ones and nibbles all 15: q = 31 (31 - 16 = 15).
         (GgmlType::Q5_0, [&[0x00, 0x24][..], &[0xff; 4], &[0xff; 16]].concat()),
+        // d = 1/64, m = 0: q = 31.
+        (GgmlType::Q5_1, [&[0x00, 0x24, 0, 0][..], &[0xff; 4], &[0xff; 16]].concat()),
     ] {
         let row: Vec<u8> = block.iter().copied().cycle().take(ty.row_bytes(cols)).collect();
         let rows: [&[u8]; kernels::PANEL_ROWS] = std::array::from_fn(|_| row.as_slice());
@@ -179,7 +181,7 @@ fn panels_hold_the_largest_sums() {
 fn panels_match_single_row_dot_products() {
     let mut rng = SplitMix64(7);
     let mut tested = Vec::new();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in GgmlType::QUANTISED {
         let sizes: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 1056] };
         for &cols in sizes {
             let rows: Vec<Vec<u8>> =
@@ -220,7 +222,7 @@ fn panels_match_single_row_dot_products() {
     // Where AVX2 exists its panels must have run: a panel kernel that silently stopped being
     // chosen would leave this test passing on nothing.
     if Isa::available().contains(&Isa::Avx2) {
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in GgmlType::QUANTISED {
             assert!(tested.iter().any(|&(_, t)| t == ty), "no panel kernel ran for {}", ty.name());
         }
     }
@@ -385,7 +387,7 @@ fn activation_quantisation_is_within_half_a_step() {
     let mut x = activations(&mut rng, 32 * 8 * 3);
     x[32..64].fill(0.0); // an all-zero block quantises to d = 0, q = 0 (per block)
     x[512..768].fill(0.0); // and an all-zero super-block (per super-block)
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in GgmlType::QUANTISED {
         let q = quantized(ty, &x);
         let group = if ty.block_size() == 256 { 256 } else { QK8 };
         for (xs, qs) in x.chunks(group).zip(q.chunks(group / QK8)) {
@@ -434,7 +436,7 @@ fn activation_quantisers_match_scalar_bit_for_bit() {
 fn synth_quantisers_follow_ggml() {
     let mut rng = SplitMix64(5);
     let vals: Vec<f32> = (0..32 * 16).map(|_| rng.uniform(1.0)).collect();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1] {
         let bytes = quantize(ty, &vals).unwrap();
         assert_eq!(bytes.len(), ty.row_bytes(vals.len()));
         let mut back = vec![0f32; vals.len()];
@@ -447,7 +449,8 @@ fn synth_quantisers_follow_ggml() {
                 // Half a step of rounding, plus the f16 rounding of d (2^-11 relative) times |q| <= 128.
                 // Q4_0 (Q5_0) maps the largest magnitude to -8 (-16), so the other sign clips at +7
                 // (+15): a whole step.
-                let steps = if ty == GgmlType::Q8_0 { 0.5 } else { 1.0 };
+                // Q5_1 (min and max as the ends of its range) rounds to the nearest step.
+                let steps = if matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_1) { 0.5 } else { 1.0 };
                 assert!(
                     (x - y).abs() <= d.abs() * (steps + 128.0 / 2048.0) + 1e-6,
                     "{}: {x} vs {y}",
@@ -469,6 +472,19 @@ fn synth_quantisers_follow_ggml() {
                 let low = if imax < 16 { byte & 15 } else { byte >> 4 };
                 let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
                 assert_eq!((low, (qh >> imax) & 1), (0, 0), "block {i}");
+            }
+            if ty == GgmlType::Q5_1 {
+                // The block's minimum is q = 0 and its maximum q = 31.
+                let blk = &bytes[i * 24..(i + 1) * 24];
+                let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                let q = |j: usize| {
+                    let byte = blk[8 + j % 16];
+                    let low = if j < 16 { byte & 15 } else { byte >> 4 };
+                    low as u32 | ((qh >> j) & 1) << 4
+                };
+                let imin = (0..32).min_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+                let imax = (0..32).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+                assert_eq!((q(imin), q(imax)), (0, 31), "block {i}");
             }
         }
     }
@@ -562,6 +578,7 @@ fn fast_path_matches_exact_on_synthetic_models() {
             (GgmlType::Q8_0, 0.15f32),
             (GgmlType::Q4_0, 0.15),
             (GgmlType::Q5_0, 0.15),
+            (GgmlType::Q5_1, 0.15),
             (GgmlType::F16, 1e-4),
             (GgmlType::F32, 1e-4),
         ] {
@@ -618,7 +635,7 @@ fn fast_path_matches_exact_on_k_quant_models() {
     use nexttoken::model::Arch;
     use nexttoken::synthetic::{self, Spec};
     for arch in [Arch::Llama, Arch::Qwen2] {
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
             let spec = Spec {
                 n_head_kv: 2,
                 tied: arch != Arch::Llama,

@@ -131,10 +131,20 @@ fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, scale: 
                     GgmlType::Q8_0 => put_f16(blk, 0, d / 127.0),
                     GgmlType::Q4_0 => put_f16(blk, 0, d / 8.0),
                     GgmlType::Q5_0 => put_f16(blk, 0, d / 16.0),
+                    GgmlType::Q5_1 => {
+                        // m = -16 d: the values d*q + m then centre on zero.
+                        put_f16(blk, 0, d / 16.0);
+                        put_f16(blk, 2, -d);
+                    }
                     GgmlType::Q4_K => {
                         // dmin = 7.5 d: the values d*sc*q - dmin*m then centre on zero.
                         put_f16(blk, 0, d / (63.0 * 15.0) * 2.0);
                         put_f16(blk, 2, d / (63.0 * 15.0) * 15.0);
+                    }
+                    GgmlType::Q5_K => {
+                        // dmin = 15.5 d, as for Q4_K with 5-bit q.
+                        put_f16(blk, 0, d / (63.0 * 31.0) * 2.0);
+                        put_f16(blk, 2, d / (63.0 * 31.0) * 31.0);
                     }
                     GgmlType::Q6_K => put_f16(blk, 208, d / (127.0 * 32.0) * 2.0),
                     _ => unreachable!(),
@@ -183,7 +193,7 @@ fn check_abs(what: &str, a: &[f32], b: &[f32], tol: f32) -> f32 {
     d
 }
 
-const ALL_TYPES: [GgmlType; 8] = GgmlType::ALL;
+const ALL_TYPES: [GgmlType; 10] = GgmlType::ALL;
 
 /// Column counts to try for a type: awkward ones where the block size allows.
 fn col_options(ty: GgmlType) -> Vec<usize> {
@@ -1096,6 +1106,9 @@ fn mixed_weight_types_pack_what_they_can() {
                 // What Q4_K_M files hold for rows that are not whole super-blocks of 256.
                 (block(1, names::ATTN_K), GgmlType::Q5_0),
                 (block(1, names::FFN_GATE), GgmlType::Q5_0),
+                // And Q5_K_M files.
+                (block(1, names::ATTN_V), GgmlType::Q5_1),
+                (block(0, names::FFN_DOWN), GgmlType::Q5_1),
             ],
             seed: 77,
             ..Spec::new(arch, 300, 96, 2, 4, 160, 160)

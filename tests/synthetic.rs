@@ -163,7 +163,9 @@ fn weights_have_the_documented_scale() {
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
     ] {
         let spec = Spec { weight_type: ty, ..Spec::new(Arch::Llama, 300, 256, 1, 4, 512, 16) };

@@ -657,6 +657,30 @@ def do_quant_blocks():
     out["types"]["Q5_0"] = {"ggml_type": int(qt), "block_size": blk, "type_size": tsz, "rows": 2,
                             "blocks_per_row": 4, "elements_per_row": 4 * blk, "bytes": data.tobytes().hex(),
                             "values": [float(v) for v in vals.ravel()]}
+    # Q5_1 and Q5_K (Q5_K_M files: Q5_K, and Q5_1 for rows that are not whole super-blocks of
+    # 256), again from generators of their own. Q5_1: d, m (f16), qh, 16 bytes of nibbles;
+    # Q5_K: d, dmin (f16), 12 bytes of packed 6-bit scales/mins, qh[32], 128 bytes of nibbles.
+    rng51 = np.random.default_rng(5105)
+    rng5k = np.random.default_rng(5505)
+
+    def q5_1_block():
+        return np.concatenate([f16b_of([rng51.uniform(0.001, 0.05), rng51.uniform(-0.8, 0.0)]),
+                               rng51.integers(0, 256, 20).astype(np.uint8)])
+
+    def q5_k_block():
+        return np.concatenate([f16b_of([rng5k.uniform(0.0005, 0.01), rng5k.uniform(0.0005, 0.01)]),
+                               rng5k.integers(0, 256, 12 + 32 + 128).astype(np.uint8)])
+
+    for kind, make, blocks_per_row in (("Q5_1", q5_1_block, 4), ("Q5_K", q5_k_block, 2)):
+        qt = Q[kind]
+        blk, tsz = gguf.GGML_QUANT_SIZES[qt]
+        data = np.stack([np.concatenate([make() for _ in range(blocks_per_row)]) for _ in range(2)])
+        assert data.shape[1] == blocks_per_row * tsz, (kind, data.shape)
+        vals = dequantize(data, qt).astype(np.float32)
+        out["types"][kind] = {"ggml_type": int(qt), "block_size": blk, "type_size": tsz, "rows": 2,
+                              "blocks_per_row": blocks_per_row, "elements_per_row": blocks_per_row * blk,
+                              "bytes": data.tobytes().hex(), "values": [float(v) for v in vals.ravel()]}
+    out["versions"]["gguf_q5_1_q5_k"] = f"gguf-py {gguf_py_version()} (the Q5_1 and Q5_K entries)"
     (FIX / "quant_blocks.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -137,9 +137,10 @@ pub fn run(
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
         "q5_0" => GgmlType::Q5_0,
+        "q5_1" => GgmlType::Q5_1,
         other => {
             return Err(Error::Input(format!(
-                "--type {other}: expected q8_0, q4_0, q5_0, f16 or f32"
+                "--type {other}: expected q8_0, q4_0, q5_0, q5_1, f16 or f32"
             )))
         }
     };

@@ -110,7 +110,9 @@ fn type_suffix(ty: GgmlType) -> &'static str {
         GgmlType::Q8_0 => "q8_0",
         GgmlType::Q4_0 => "q4_0",
         GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
         GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
         GgmlType::Q6_K => "q6_k",
     }
 }

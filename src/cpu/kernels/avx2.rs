@@ -104,7 +104,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             }
             total
         }
-        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let (mut acc, mut offset) = (_mm256_setzero_ps(), 0f32);
             let bias = unsigned_offset(ty);
             for (b, a) in row.chunks_exact(ty.block_bytes()).zip(act) {
@@ -112,8 +112,12 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
                 let d = f16c(b, 0) * a.d;
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(mul_u8(w, x)), acc);
-                // sum((q - 8) * x) = sum(q * x) - 8 * sum(x) (Q5_0: 16)
-                offset += d * (bias * a.sum) as f32;
+                // sum((q - 8) * x) = sum(q * x) - 8 * sum(x) (Q5_0: 16); Q5_1: + m sum(x).
+                offset += if ty == GgmlType::Q5_1 {
+                    -f16c(b, 2) * a.d * a.sum as f32
+                } else {
+                    d * (bias * a.sum) as f32
+                };
             }
             hsum_ps(acc) - offset
         }
@@ -142,6 +146,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             }
             hsum_ps(acc) - mins
         }
+        GgmlType::Q5_K => q4_k_tile::<1, 1, true>([row], [act])[0][0],
         GgmlType::Q6_K => {
             let mut acc = _mm256_setzero_ps();
             for (b, a) in row.chunks_exact(210).zip(act.chunks_exact(QK_K / QK8)) {
@@ -174,7 +179,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    GgmlType::QUANTISED.contains(&ty)
 }
 
 /// How far ahead of the current block the kernels prefetch each weight row, at least, in bytes:
@@ -182,7 +187,7 @@ pub fn has_tile(ty: GgmlType) -> bool {
 /// rows of small models.
 const PREFETCH_BYTES: usize = 3072;
 
-/// See `kernels::dot_q8_tile`: Q8_0, Q4_0 and Q5_0 here, the K-quants in their own tiles.
+/// See `kernels::dot_q8_tile`: the blocks of 32 here, the K-quants in their own tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
@@ -190,7 +195,8 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     match ty {
-        GgmlType::Q4_K => return q4_k_tile(rows, acts),
+        GgmlType::Q4_K => return q4_k_tile::<R, T, false>(rows, acts),
+        GgmlType::Q5_K => return q4_k_tile::<R, T, true>(rows, acts),
         GgmlType::Q6_K => return q6_k_tile(rows, acts),
         _ => {}
     }
@@ -203,20 +209,27 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
         assert_eq!(a.len(), nb);
     }
     assert!(
-        matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0),
+        matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1),
         "dot_q8_tile: no AVX2 tile for {}",
         ty.name()
     );
-    // Q4_0 and Q5_0 weights are unsigned bytes to which the offset (8, 16) is not yet applied.
+    // Q4_0, Q5_0 and Q5_1 weights are unsigned bytes to which the offset (8, 16; Q5_1's float m)
+    // is not yet applied.
     let (unsigned, offset) = (ty != GgmlType::Q8_0, unsigned_offset(ty));
+    let float_min = ty == GgmlType::Q5_1;
     let ones = _mm256_set1_epi16(1);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
+        let mut mw = [_mm256_setzero_ps(); R];
         for r in 0..R {
-            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), ty, ahead);
+            let p = rows[r].as_ptr().add(i * bb);
+            (dw[r], w[r]) = load_block(p, ty, ahead);
+            if float_min {
+                mw[r] = _mm256_set1_ps(f16c_ptr(p.add(2)));
+            }
         }
         // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
         let abs_w: [__m256i; R] =
@@ -226,9 +239,13 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
             let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             let da = _mm256_set1_ps(a.d);
             // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x) (Q5_0: 16); the correction rides in
-            // lane 0.
+            // lane 0. Q5_1: + m da sum(x), in lane 0 of the float sums.
             let offset = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-offset * a.sum));
+            let dasum = _mm256_zextps128_ps256(_mm_set_ss(a.d * a.sum as f32));
             for r in 0..R {
+                if float_min {
+                    acc[r][t] = _mm256_fmadd_ps(mw[r], dasum, acc[r][t]);
+                }
                 let sums = if unsigned {
                     _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones), offset)
                 } else {
@@ -255,7 +272,7 @@ pub(super) unsafe fn load_block(p: *const u8, ty: GgmlType, ahead: usize) -> (__
 }
 
 /// What Q4_0 (8) and Q5_0 (16) rows subtract from the unsigned bytes of [`block_weights`]; 0 for
-/// Q8_0, whose bytes are the signed weights.
+/// Q8_0, whose bytes are the signed weights, and Q5_1, whose offset is a float (`m`, at byte 2).
 pub(super) fn unsigned_offset(ty: GgmlType) -> i32 {
     match ty {
         GgmlType::Q4_0 => 8,
@@ -264,33 +281,34 @@ pub(super) fn unsigned_offset(ty: GgmlType) -> i32 {
     }
 }
 
-/// The 32 weights of the Q8_0, Q4_0 or Q5_0 block at `p` as bytes: Q8_0's signed bytes, Q4_0's
-/// nibbles 0..15, Q5_0's 0..31 (its offset, [`unsigned_offset`], not yet applied).
+/// The 32 weights of the Q8_0, Q4_0, Q5_0 or Q5_1 block at `p` as bytes: Q8_0's signed bytes,
+/// Q4_0's nibbles 0..15, Q5_0's and Q5_1's 0..31 (their offsets not yet applied).
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn block_weights(p: *const u8, ty: GgmlType) -> __m256i {
     match ty {
         GgmlType::Q4_0 => nibbles(p.add(2)),
-        GgmlType::Q5_0 => {
-            // Q4_0's nibbles 4 bytes further on with the fifth bits of `qh` spread to one byte
-            // each (llama.cpp's `bytes_from_bits_32`: byte j gets qh's byte j / 8, then all bits
-            // but j % 8 are set, so it is all ones exactly when bit j was).
-            let qh = (p.add(2) as *const i32).read_unaligned();
-            let spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32(qh),
-                _mm256_set_epi64x(
-                    0x0303_0303_0303_0303,
-                    0x0202_0202_0202_0202,
-                    0x0101_0101_0101_0101,
-                    0,
-                ),
-            );
-            let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-            let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi8(-1));
-            _mm256_or_si256(nibbles(p.add(6)), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
-        }
+        // Q4_0's nibbles with the fifth bits of `qh` on top (Q5_1: after d and m).
+        GgmlType::Q5_0 => _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))),
+        GgmlType::Q5_1 => _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4))),
         _ => _mm256_loadu_si256(p.add(2) as *const __m256i),
     }
+}
+
+/// The 32 bits at `p` (Q5_0's and Q5_1's `qh`) as 32 bytes, 0x10 where the bit is set
+/// (llama.cpp's `bytes_from_bits_32`: byte j gets the bits' byte j / 8, then all bits but j % 8
+/// are set, so it is all ones exactly when bit j was).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn fifth_bits(p: *const u8) -> __m256i {
+    let qh = (p as *const i32).read_unaligned();
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(qh),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi8(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
 /// 16 bytes at `p` as 32 nibbles: the low ones are elements 0..16, the high ones 16..32.
@@ -306,14 +324,17 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 /// `d da sum_j sc_j dot(q_j, x_j) - dmin da sum_j m_j sum(x_j)`: each sub-block's products are
 /// multiplied by its scale in the `madd` that sums them (integers) and added up over the
 /// super-block; floats once per super-block. The mins go into the same accumulator (the lanes
-/// are summed at the end anyway).
+/// are summed at the end anyway). `FIVE`: the Q5_K tile, the same with 32 bytes of fifth bits
+/// before the nibbles (bit j of byte l for element l of sub-block j; 5-bit weights x 127 x 2
+/// still fit `maddubs`'s 16 bits, and x 63 `madd`'s 32).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_tile<const R: usize, const T: usize>(
+unsafe fn q4_k_tile<const R: usize, const T: usize, const FIVE: bool>(
     rows: [&[u8]; R],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     const SUB: usize = QK_K / QK8;
-    let nsb = super_blocks(rows, acts, 144);
+    let (bb, qs) = if FIVE { (176, 48) } else { (144, 16) };
+    let nsb = super_blocks(rows, acts, bb);
     let mask = _mm256_set1_epi8(0x0f);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -330,18 +351,28 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(
             dasum[t] = _mm256_mul_ps(da[t], sums);
         }
         for r in 0..R {
-            let b = rows[r].get_unchecked(sb * 144..(sb + 1) * 144);
-            prefetch_block(b.as_ptr(), 144, ahead);
+            let b = rows[r].get_unchecked(sb * bb..(sb + 1) * bb);
+            prefetch_block(b.as_ptr(), bb, ahead);
             let (d, dmin) = (f16c(b, 0), f16c(b, 2));
             let (sc, m) = q4_k_scales_mins(&b[4..16]);
             let sc = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128(sc as i64));
             let mv = _mm256_mul_ps(bytes_to_f32(m), _mm256_set1_ps(dmin));
             let mut isum = [_mm256_setzero_si256(); T];
+            // Q5_K: each byte's next fifth bit in bit 0 (shifted right once per sub-block).
+            let mut high = if FIVE {
+                _mm256_loadu_si256(b.as_ptr().add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
             for chunk in 0..4 {
-                let bytes = _mm256_loadu_si256(b.as_ptr().add(16 + chunk * 32) as *const __m256i);
+                let bytes = _mm256_loadu_si256(b.as_ptr().add(qs + chunk * 32) as *const __m256i);
                 let lo = _mm256_and_si256(bytes, mask);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
-                for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                for (j, mut w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                    if FIVE {
+                        w = _mm256_or_si256(w, fifth_bit(high));
+                        high = _mm256_srli_epi16(high, 1);
+                    }
                     // Sub-block j's scale in every 16-bit lane (byte j, then a zero byte).
                     let s = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x8000 | j) as i16));
                     for t in 0..T {
@@ -362,6 +393,14 @@ unsafe fn q4_k_tile<const R: usize, const T: usize>(
         }
     }
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
+}
+
+/// Bit 0 of each byte of `v` moved to bit 4 (0x10 where it is set), the rest cleared.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn fifth_bit(v: __m256i) -> __m256i {
+    // In 16-bit lanes bit 0 of either byte lands on bit 4 of the same byte.
+    _mm256_and_si256(_mm256_slli_epi16(v, 4), _mm256_set1_epi8(0x10))
 }
 
 /// The Q6_K tile: per super-block of 256 and row, 16 groups of 16 six-bit weights (stored

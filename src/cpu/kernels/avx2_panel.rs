@@ -2,20 +2,23 @@
 //! weight and interleaved, so one 256-bit vector holds 4 consecutive weights of each of the 8
 //! rows. One broadcast of 4 activation bytes then multiplies all 8 rows in one `maddubs`; with
 //! 4-bit weights (0..=15) the products of a whole block of 32 add up in 16-bit lanes
-//! (8 x 2 x 15 x 127 < 2^15) before one `madd` (5-bit ones, Q5_0's 0..=31, half a block), and
-//! the float work (the scales, Q4_0's -8, Q5_0's -16, Q4_K's mins) is one vector for 8 rows.
+//! (8 x 2 x 15 x 127 < 2^15) before one `madd` (5-bit ones, Q5_0's, Q5_1's and Q5_K's 0..=31,
+//! half a block), and the float work (the scales, Q4_0's -8, Q5_0's -16, Q5_1's m, the K-quants'
+//! mins) is one vector for 8 rows.
 //! Signed weights take llama.cpp's sign trick (`maddubs` wants one unsigned operand); Q6_K's
 //! (-32..=31) add up in 16 bits over their 16 weights that share an integer scale, which one
 //! `madd` then applies. The 4-row tiles instead unpack each
 //! weight block again for every pair of tokens and do the float work per row and token.
 
-use super::avx2::{block_weights, f16c_ptr, q4_k_scales_mins, q6_k_weights, unsigned_offset};
+use super::avx2::{
+    block_weights, f16c_ptr, fifth_bit, q4_k_scales_mins, q6_k_weights, unsigned_offset,
+};
 use super::*;
 use std::arch::x86_64::*;
 
 /// Whether there is a panel kernel for `ty`.
 pub fn has_panel(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    GgmlType::QUANTISED.contains(&ty)
 }
 
 /// See `kernels::panel_gemm`.
@@ -167,7 +170,7 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
     panel.kind = match ty {
         GgmlType::Q8_0 => PanelQuants::Bytes,
         GgmlType::Q6_K => PanelQuants::SixBits,
-        GgmlType::Q5_0 => PanelQuants::FiveBits,
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => PanelQuants::FiveBits,
         _ => PanelQuants::Nibbles,
     };
     let mask = _mm256_set1_epi8(0x0f);
@@ -178,17 +181,25 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
         }
     };
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let offset = unsigned_offset(ty) as f32;
             for b in 0..nb {
                 let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(b * bb));
                 store(b, std::array::from_fn(|r| block_weights(p[r], ty)));
                 let d: [f32; 8] = std::array::from_fn(|r| f16c_ptr(p[r]));
                 panel.scales[b] = d;
-                panel.offsets[b] = d.map(|d| offset * d);
+                panel.offsets[b] = if ty == GgmlType::Q5_1 {
+                    // w = d q + m: the offset subtracted is -m.
+                    std::array::from_fn(|r| -f16c_ptr(p[r].add(2)))
+                } else {
+                    d.map(|d| offset * d)
+                };
             }
         }
-        GgmlType::Q4_K => {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            // Q5_K: the fifth bits (32 bytes) sit between the scales and the nibbles.
+            let five = ty == GgmlType::Q5_K;
+            let qs = if five { 48 } else { 16 };
             for sb in 0..nb / per_block {
                 let p: [*const u8; 8] = std::array::from_fn(|r| rows[r].as_ptr().add(sb * bb));
                 let (d, dmin): ([f32; 8], [f32; 8]) = (
@@ -198,15 +209,27 @@ unsafe fn pack(ty: GgmlType, rows: [&[u8]; PANEL_ROWS], panel: &mut Panel) {
                 let packed: [(u64, u64); 8] = std::array::from_fn(|r| {
                     q4_k_scales_mins(std::slice::from_raw_parts(p[r].add(4), 12))
                 });
+                let mut high: [__m256i; 8] = std::array::from_fn(|r| {
+                    if five {
+                        _mm256_loadu_si256(p[r].add(16) as *const __m256i)
+                    } else {
+                        _mm256_setzero_si256()
+                    }
+                });
                 // Each 32 bytes of nibbles hold sub-blocks 2c (low nibbles) and 2c + 1 (high).
                 for c in 0..4 {
                     let bytes: [__m256i; 8] = std::array::from_fn(|r| {
-                        _mm256_loadu_si256(p[r].add(16 + 32 * c) as *const __m256i)
+                        _mm256_loadu_si256(p[r].add(qs + 32 * c) as *const __m256i)
                     });
                     let lo = bytes.map(|v| _mm256_and_si256(v, mask));
                     let hi = bytes.map(|v| _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
-                    for (j, v) in [(2 * c, lo), (2 * c + 1, hi)] {
+                    for (j, mut v) in [(2 * c, lo), (2 * c + 1, hi)] {
                         let b = sb * 8 + j;
+                        if five {
+                            // Sub-block j's fifth bits: bit 0 of `high` by now.
+                            v = std::array::from_fn(|r| _mm256_or_si256(v[r], fifth_bit(high[r])));
+                            high = high.map(|h| _mm256_srli_epi16(h, 1));
+                        }
                         store(b, v);
                         let byte = |v: u64| (v >> (8 * j)) as u8 as f32;
                         panel.scales[b] = std::array::from_fn(|r| d[r] * byte(packed[r].0));

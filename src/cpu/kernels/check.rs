@@ -9,16 +9,16 @@ use crate::quant::{dequantize_row, quantize};
 use crate::sampling::Rng;
 
 /// A random row of `ty` (`cols` elements) as bytes, from the random source `next`: uniform values
-/// through the library's quantiser for Q8_0, Q4_0, Q5_0 and the float types; random bytes for Q4_K and
-/// Q6_K (any bytes are a valid block) except their f16 scales, which get sane magnitudes.
+/// through the library's quantiser for Q8_0, Q4_0, Q5_0, Q5_1 and the float types; random bytes for
+/// the K-quants (any bytes are a valid block) except their f16 scales, which get sane magnitudes.
 pub fn random_row(ty: GgmlType, cols: usize, next: &mut impl FnMut() -> u32) -> Vec<u8> {
     let mut unit = || (next() >> 8) as f32 / (1u32 << 24) as f32;
     match ty {
-        GgmlType::Q4_K | GgmlType::Q6_K => {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             let mut b: Vec<u8> = (0..ty.row_bytes(cols)).map(|_| (unit() * 256.0) as u8).collect();
             for blk in b.chunks_exact_mut(ty.block_bytes()) {
                 let d = f16::from_f32(0.001 + unit() * 0.01).to_le_bytes();
-                if ty == GgmlType::Q4_K {
+                if ty != GgmlType::Q6_K {
                     blk[0..2].copy_from_slice(&d);
                     blk[2..4].copy_from_slice(&f16::from_f32(unit() * 0.01).to_le_bytes());
                 } else {
@@ -87,7 +87,7 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
 }
 
-/// Checks `isa`'s `dot_q8` (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K), `dot_q8_tile` (4 x 1, 4 x 2, 4 x 4),
+/// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (4 x 1, 4 x 2, 4 x 4),
 /// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
 /// rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
@@ -99,7 +99,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     let next = &mut || rng.next_u32();
     let mut c = Checker { isa, checks: 0 };
 
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in GgmlType::QUANTISED {
         let sizes: &[usize] =
             if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 96, 224, 1056] };
         for &cols in sizes {
@@ -216,7 +216,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     }
 
     Ok(format!(
-        "{}: {} results match scalar (dot_q8 and 4x1, 4x2, 4x4 tiles on Q8_0 Q4_0 Q5_0 Q4_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
+        "{}: {} results match scalar (dot_q8 and 4x1, 4x2, 4x4 tiles on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
         isa.name(),
         c.checks
     ))

@@ -171,13 +171,13 @@ fn host_features() -> Vec<&'static str> {
 
 /// Whether the fast path multiplies rows of `ty` with Q8-quantised activations (else f32).
 pub fn uses_q8_activations(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    GgmlType::QUANTISED.contains(&ty)
 }
 
 /// How a matmul quantises its activations for rows of a weight type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActScales {
-    /// One scale per block of 32 (Q8_0, Q4_0, Q5_0 rows).
+    /// One scale per block of 32 (Q8_0, Q4_0, Q5_0, Q5_1 rows).
     PerBlock,
     /// One scale per super-block of 256, written into each of its 8 blocks (K-quant rows, as
     /// llama.cpp's Q8_K): the K-quant kernels then add the sub-blocks' integer sums, each times
@@ -190,7 +190,7 @@ impl ActScales {
     /// The activation scales rows of `ty` are multiplied with.
     pub fn of(ty: GgmlType) -> ActScales {
         match ty {
-            GgmlType::Q4_K | GgmlType::Q6_K => ActScales::PerSuperBlock,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActScales::PerSuperBlock,
             _ => ActScales::PerBlock,
         }
     }
@@ -282,7 +282,7 @@ pub fn touch_ahead(rest: &[u8], span: usize) {
     let _ = (rest, span);
 }
 
-/// Dot product of one weight row of `ty` (Q8_0, Q4_0, Q5_0, Q4_K or Q6_K; `row` is its bytes) with the
+/// Dot product of one weight row of a quantised `ty` (`GgmlType::QUANTISED`; `row` is its bytes) with the
 /// quantised activations `act` (`cols / 32` blocks).
 pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
     match isa {

@@ -25,7 +25,7 @@ fn load_qs(a: &BlockQ8) -> [int8x16_t; 2] {
     unsafe { [vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16))] }
 }
 
-/// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's fifth bits).
+/// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's and Q5_1's fifth bits).
 #[inline]
 #[target_feature(enable = "neon")]
 fn fifth_bits(bits: u16) -> uint8x16_t {
@@ -97,15 +97,38 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 offset += d * (16 * a.sum) as f32;
             }
         }
-        GgmlType::Q4_K => {
-            for (b, a) in row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)) {
+        GgmlType::Q5_1 => {
+            for (b, a) in row.chunks_exact(24).zip(act) {
+                // Q5_0's layout after d and m; w = d q + m, so + m sum(x).
+                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                let bytes = load(b, 8);
+                let lo = vorrq_u8(vandq_u8(bytes, m4), fifth_bits(qh as u16));
+                let hi = vorrq_u8(vshrq_n_u8::<4>(bytes), fifth_bits((qh >> 16) as u16));
+                let s = dot32([signed(lo), signed(hi)], a);
+                acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), f16_at(b, 0) * a.d);
+                offset -= f16_at(b, 2) * a.d * a.sum as f32;
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            // Q5_K: 32 bytes of fifth bits (bit j of byte l: element l of sub-block j) between
+            // the scales and the nibbles.
+            let five = ty == GgmlType::Q5_K;
+            let (bb, qs) = if five { (176, 48) } else { (144, 16) };
+            let one = vdupq_n_u8(1);
+            for (b, a) in row.chunks_exact(bb).zip(act.chunks_exact(QK_K / QK8)) {
                 let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let high = if five { [load(b, 16), load(b, 32)] } else { [vdupq_n_u8(0); 2] };
                 for chunk in 0..4 {
                     // 32 bytes: low nibbles are sub-block 2 * chunk, high nibbles 2 * chunk + 1.
-                    let q = [load(b, 16 + chunk * 32), load(b, 32 + chunk * 32)];
-                    let lo = [signed(vandq_u8(q[0], m4)), signed(vandq_u8(q[1], m4))];
-                    let hi = [signed(vshrq_n_u8::<4>(q[0])), signed(vshrq_n_u8::<4>(q[1]))];
+                    let q = [load(b, qs + chunk * 32), load(b, qs + 16 + chunk * 32)];
+                    let lo = [vandq_u8(q[0], m4), vandq_u8(q[1], m4)];
+                    let hi = [vshrq_n_u8::<4>(q[0]), vshrq_n_u8::<4>(q[1])];
                     for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                        let shift = vdupq_n_s8(-(j as i8));
+                        let w = [0, 1].map(|i| {
+                            let bit = vandq_u8(vshlq_u8(high[i], shift), one);
+                            signed(vorrq_u8(w[i], vshlq_n_u8::<4>(bit)))
+                        });
                         let (sc, m) = q4_k_scale_min(j, &b[4..16]);
                         let aj = &a[j];
                         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(dot32(w, aj)), d * sc as f32 * aj.d);

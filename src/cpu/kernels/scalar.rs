@@ -42,8 +42,23 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 f16_at(b, 0) * a.d * s as f32
             })
             .sum(),
-        GgmlType::Q4_K => row
-            .chunks_exact(144)
+        GgmlType::Q5_1 => row
+            .chunks_exact(24)
+            .zip(act)
+            .map(|(b, a)| {
+                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                let mut s = 0i32;
+                // As Q5_0 (4 bytes further on), without an offset: w = d q + m.
+                for (j, &q) in b[8..24].iter().enumerate() {
+                    let lo = (q & 0x0f) as i32 | (((qh >> j) & 1) << 4) as i32;
+                    let hi = (q >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+                    s += lo * a.qs[j] as i32 + hi * a.qs[j + 16] as i32;
+                }
+                a.d * (f16_at(b, 0) * s as f32 + f16_at(b, 2) * a.sum as f32)
+            })
+            .sum(),
+        GgmlType::Q4_K | GgmlType::Q5_K => row
+            .chunks_exact(ty.block_bytes())
             .zip(act.chunks_exact(QK_K / QK8))
             .map(|(b, a)| q4_k_block(b, a))
             .sum(),
@@ -57,17 +72,28 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
 }
 
 /// One Q4_K super-block (8 sub-blocks of 32, each with a 6-bit scale and min) times 8
-/// activation blocks: sum_j d*sc_j*da_j*dot(q_j, a_j) - dmin*m_j*da_j*sum(a_j).
+/// activation blocks: sum_j d*sc_j*da_j*dot(q_j, a_j) - dmin*m_j*da_j*sum(a_j). Or one Q5_K
+/// super-block (176 bytes): the same with a fifth bit per weight (bit j of byte l of `qh` for
+/// element l of sub-block j) between the scales and the nibbles.
 fn q4_k_block(b: &[u8], a: &[BlockQ8]) -> f32 {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    let (scales, qs) = (&b[4..16], &b[16..144]);
+    let five = b.len() == 176;
+    let (scales, qh, qs) = if five {
+        (&b[4..16], &b[16..48], &b[48..176])
+    } else {
+        (&b[4..16], &[0u8; 32][..], &b[16..144])
+    };
     let mut acc = 0f32;
     for (j, aj) in a.iter().enumerate() {
         let (sc, m) = q4_k_scale_min(j, scales);
         let q = &qs[(j / 2) * 32..(j / 2) * 32 + 32];
         let shift = 4 * (j % 2);
-        let s: i32 =
-            q.iter().zip(&aj.qs).map(|(&w, &x)| ((w >> shift) & 0x0f) as i32 * x as i32).sum();
+        let s: i32 = q
+            .iter()
+            .zip(qh)
+            .zip(&aj.qs)
+            .map(|((&w, &h), &x)| (((w >> shift) & 0x0f) | (((h >> j) & 1) << 4)) as i32 * x as i32)
+            .sum();
         acc += aj.d * (d * sc as f32 * s as f32 - dmin * m as f32 * aj.sum as f32);
     }
     acc

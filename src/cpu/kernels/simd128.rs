@@ -35,7 +35,7 @@ fn load_qs(a: &BlockQ8, at: usize) -> v128 {
     unsafe { v128_load(a.qs[at..at + 16].as_ptr() as *const v128) }
 }
 
-/// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's fifth bits).
+/// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's and Q5_1's fifth bits).
 fn fifth_bits(bits: u16) -> v128 {
     let twice = i8x16_shuffle::<0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1>(
         u16x8_splat(bits),
@@ -81,21 +81,47 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 f16_at(b, 0) * a.d * hsum_i32(dot32(lo, hi, a)) as f32
             })
             .sum(),
-        GgmlType::Q4_K => {
+        GgmlType::Q5_1 => row
+            .chunks_exact(24)
+            .zip(act)
+            .map(|(b, a)| {
+                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                let bytes = load(b, 8);
+                let lo = v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(qh as u16));
+                let hi = v128_or(u8x16_shr(bytes, 4), fifth_bits((qh >> 16) as u16));
+                // w = d q + m: d da sum(q xq) + m da sum(xq).
+                let s = hsum_i32(dot32(lo, hi, a)) as f32;
+                a.d * (f16_at(b, 0) * s + f16_at(b, 2) * a.sum as f32)
+            })
+            .sum(),
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            // Q5_K: 32 bytes of fifth bits (bit j of byte l: element l of sub-block j) between
+            // the scales and the nibbles.
+            let five = ty == GgmlType::Q5_K;
+            let (bb, qs) = if five { (176, 48) } else { (144, 16) };
             let mut acc = f32x4_splat(0.0);
             let mut mins = 0f32;
             let m4 = u8x16_splat(0x0f);
-            for (b, a) in row.chunks_exact(144).zip(act.chunks_exact(QK_K / QK8)) {
+            for (b, a) in row.chunks_exact(bb).zip(act.chunks_exact(QK_K / QK8)) {
                 let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let high = if five { [load(b, 16), load(b, 32)] } else { [u8x16_splat(0); 2] };
                 for chunk in 0..4 {
                     // 32 bytes: low nibbles are sub-block 2 * chunk, high nibbles 2 * chunk + 1.
-                    let (q0, q1) = (load(b, 16 + chunk * 32), load(b, 32 + chunk * 32));
-                    let lo = (v128_and(q0, m4), v128_and(q1, m4));
-                    let hi = (u8x16_shr(q0, 4), u8x16_shr(q1, 4));
-                    for (j, (w0, w1)) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                    let (q0, q1) = (load(b, qs + chunk * 32), load(b, qs + 16 + chunk * 32));
+                    let lo = [v128_and(q0, m4), v128_and(q1, m4)];
+                    let hi = [u8x16_shr(q0, 4), u8x16_shr(q1, 4)];
+                    for (j, w) in [(2 * chunk, lo), (2 * chunk + 1, hi)] {
+                        let w = if five {
+                            [0, 1].map(|i| {
+                                let bit = v128_and(u8x16_shr(high[i], j as u32), u8x16_splat(1));
+                                v128_or(w[i], i8x16_shl(bit, 4))
+                            })
+                        } else {
+                            w
+                        };
                         let (sc, m) = q4_k_scale_min(j, &b[4..16]);
                         let aj = &a[j];
-                        let s = f32x4_convert_i32x4(dot32(w0, w1, aj));
+                        let s = f32x4_convert_i32x4(dot32(w[0], w[1], aj));
                         acc = f32x4_add(acc, f32x4_mul(s, f32x4_splat(d * sc as f32 * aj.d)));
                         mins += dmin * m as f32 * aj.d * aj.sum as f32;
                     }

@@ -218,11 +218,11 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1)
 }
 
 /// See `kernels::dot_q8_tile`: each weight block is unpacked once for the `T` vectors and each
-/// activation block used for `R` rows (a multiple of 4). Q8_0 and Q4_0 (`has_tile`).
+/// activation block used for `R` rows (a multiple of 4). Q8_0, Q4_0, Q5_0, Q5_1 (`has_tile`).
 pub fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
     rows: [&[u8]; R],
@@ -246,8 +246,10 @@ fn tile4<const T: usize>(ty: GgmlType, rows: [&[u8]; 4], acts: [&[BlockQ8]; T]) 
     assert!(rows.iter().all(|r| r.len() >= nb * ty.block_bytes()));
     assert!(acts.iter().all(|a| a.len() == nb));
     let acc = match ty {
-        GgmlType::Q4_0 => tile4_blocks::<T, true>(rows, acts),
-        _ => tile4_blocks::<T, false>(rows, acts),
+        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0>(rows, acts),
+        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0>(rows, acts),
+        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1>(rows, acts),
+        _ => tile4_blocks::<T, Q8_0>(rows, acts),
     };
     let lanes: [[f32; 4]; T] = acc.map(|v| {
         // SAFETY: a v128 is 16 bytes, as [f32; 4] is; every bit pattern is a valid f32.
@@ -256,34 +258,70 @@ fn tile4<const T: usize>(ty: GgmlType, rows: [&[u8]; 4], acts: [&[BlockQ8]; T]) 
     std::array::from_fn(|r| std::array::from_fn(|t| lanes[t][r]))
 }
 
-/// `tile4`'s loop for Q4_0 (`Q4`) or Q8_0 blocks, written out for four rows so that everything
-/// stays in wasm locals (an array of rows indexed in a loop lives in linear memory).
+/// The block types of `tile4_blocks` (const parameters).
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+
+/// `tile4`'s loop for Q8_0, Q4_0, Q5_0 or Q5_1 blocks (`KIND`), written out for four rows so that
+/// everything stays in wasm locals (an array of rows indexed in a loop lives in linear memory).
 #[inline(always)]
-fn tile4_blocks<const T: usize, const Q4: bool>(
+fn tile4_blocks<const T: usize, const KIND: u8>(
     rows: [&[u8]; 4],
     acts: [&[BlockQ8]; T],
 ) -> [v128; T] {
-    let bb = if Q4 { 18 } else { 34 };
+    let bb = match KIND {
+        Q4_0 => 18,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        _ => 34,
+    };
     let [p0, p1, p2, p3] = rows.map(|r| r.as_ptr());
-    // SAFETY (both): `b` is the start of a whole block of its row (the caller checked the rows'
+    // SAFETY (all): `b` is the start of a whole block of its row (the caller checked the rows'
     // lengths); v128_load and read_unaligned take any alignment.
-    let scale = |b: *const u8| unsafe { (b as *const u16).read_unaligned() } as u32;
+    let half = |b: *const u8, at: usize| unsafe { (b.add(at) as *const u16).read_unaligned() };
     let weights = |b: *const u8| unsafe {
-        if Q4 {
+        match KIND {
             // The nibbles 0..15 as they are; the offset 8 is subtracted from the sums below.
-            nibbles_i16(v128_load(b.add(2) as *const v128))
-        } else {
-            widen_i8(v128_load(b.add(2) as *const v128), v128_load(b.add(18) as *const v128))
+            Q4_0 => nibbles_i16(v128_load(b.add(2) as *const v128)),
+            // 0..31: the nibbles with the fifth bits of qh (after d; Q5_1: after d and m).
+            Q5_0 | Q5_1 => {
+                let at = if KIND == Q5_0 { 2 } else { 4 };
+                let bytes = v128_load(b.add(at + 4) as *const v128);
+                let (lo, hi) = (half(b, at), half(b, at + 2));
+                widen_i8(
+                    v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(lo)),
+                    v128_or(u8x16_shr(bytes, 4), fifth_bits(hi)),
+                )
+            }
+            _ => widen_i8(v128_load(b.add(2) as *const v128), v128_load(b.add(18) as *const v128)),
         }
+    };
+    // The four rows' f16 at byte `at` of their blocks, as floats.
+    let four = |b: [*const u8; 4], at: usize| {
+        f16_bits_to_f32(u32x4(
+            half(b[0], at) as u32,
+            half(b[1], at) as u32,
+            half(b[2], at) as u32,
+            half(b[3], at) as u32,
+        ))
+    };
+    let offset = match KIND {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 0,
     };
     let mut acc = [f32x4_splat(0.0); T];
     #[allow(clippy::needless_range_loop)] // i indexes the rows (by pointer) and every token alike
     for i in 0..acts[0].len() {
         let at = i * bb;
         // SAFETY: block i of rows of at least nb blocks.
-        let (b0, b1, b2, b3) = unsafe { (p0.add(at), p1.add(at), p2.add(at), p3.add(at)) };
-        let d = f16_bits_to_f32(u32x4(scale(b0), scale(b1), scale(b2), scale(b3)));
-        let (w0, w1, w2, w3) = (weights(b0), weights(b1), weights(b2), weights(b3));
+        let b = unsafe { [p0.add(at), p1.add(at), p2.add(at), p3.add(at)] };
+        let d = four(b, 0);
+        // Q5_1: w = d q + m, so + m da sum(xq).
+        let m = if KIND == Q5_1 { four(b, 2) } else { f32x4_splat(0.0) };
+        let (w0, w1, w2, w3) = (weights(b[0]), weights(b[1]), weights(b[2]), weights(b[3]));
         for t in 0..T {
             let a = &acts[t][i];
             let x = widen_i8(load_qs(a, 0), load_qs(a, 16));
@@ -293,9 +331,13 @@ fn tile4_blocks<const T: usize, const Q4: bool>(
                 dot32_i16(&w2, &x),
                 dot32_i16(&w3, &x),
             ]);
-            let sums = if Q4 { i32x4_sub(sums, i32x4_splat(8 * a.sum)) } else { sums };
+            let sums =
+                if offset != 0 { i32x4_sub(sums, i32x4_splat(offset * a.sum)) } else { sums };
             let scaled = f32x4_mul(f32x4_convert_i32x4(sums), f32x4_mul(d, f32x4_splat(a.d)));
             acc[t] = f32x4_add(acc[t], scaled);
+            if KIND == Q5_1 {
+                acc[t] = f32x4_add(acc[t], f32x4_mul(m, f32x4_splat(a.d * a.sum as f32)));
+            }
         }
     }
     acc

@@ -490,25 +490,6 @@ fn super_blocks<const R: usize, const T: usize>(
     nsb
 }
 
-/// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, each as 8 bytes in a
-/// u64 (the bit shuffle of `quant::q4_k_scale_min`, done on all 8 at once in 32-bit words).
-#[inline]
-pub(super) fn q4_k_scales_mins(packed: &[u8]) -> (u64, u64) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const HIGH2: u32 = 0x0303_0303;
-    let word = |i: usize| {
-        u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]])
-    };
-    let (w0, w1, w2) = (word(0), word(1), word(2));
-    // Scales 0-3: low 6 bits of bytes 0-3; mins 0-3: of bytes 4-7. Scales 4-7: low nibbles of
-    // bytes 8-11 plus the top 2 bits of bytes 0-3; mins 4-7: high nibbles plus bytes 4-7's top bits.
-    let scales = [w0 & LOW6, (w2 & LOW4) | (((w0 >> 6) & HIGH2) << 4)];
-    let mins = [w1 & LOW6, ((w2 >> 4) & LOW4) | (((w1 >> 6) & HIGH2) << 4)];
-    let join = |v: [u32; 2]| (v[1] as u64) << 32 | v[0] as u64;
-    (join(scales), join(mins))
-}
-
 /// 8 bytes (in a u64, first byte lowest) as 8 floats.
 #[inline]
 #[target_feature(enable = "avx2")]

@@ -10,9 +10,7 @@
 //! `madd` then applies. The 4-row tiles instead unpack each
 //! weight block again for every pair of tokens and do the float work per row and token.
 
-use super::avx2::{
-    block_weights, f16c_ptr, fifth_bit, q4_k_scales_mins, q6_k_weights, unsigned_offset,
-};
+use super::avx2::{block_weights, f16c_ptr, fifth_bit, q6_k_weights, unsigned_offset};
 use super::*;
 use std::arch::x86_64::*;
 

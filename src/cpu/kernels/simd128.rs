@@ -218,11 +218,20 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1)
+    matches!(
+        ty,
+        GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+    )
 }
 
 /// See `kernels::dot_q8_tile`: each weight block is unpacked once for the `T` vectors and each
-/// activation block used for `R` rows (a multiple of 4). Q8_0, Q4_0, Q5_0, Q5_1 (`has_tile`).
+/// activation block used for `R` rows (a multiple of 4). The types of `has_tile`.
 pub fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
     rows: [&[u8]; R],
@@ -243,12 +252,15 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
 /// one vector (lane r: row r) that is converted and scaled once per block and token.
 fn tile4<const T: usize>(ty: GgmlType, rows: [&[u8]; 4], acts: [&[BlockQ8]; T]) -> [[f32; T]; 4] {
     let nb = acts[0].len();
-    assert!(rows.iter().all(|r| r.len() >= nb * ty.block_bytes()));
+    assert!(rows.iter().all(|r| r.len() >= ty.row_bytes(nb * QK8)));
     assert!(acts.iter().all(|a| a.len() == nb));
     let acc = match ty {
         GgmlType::Q4_0 => tile4_blocks::<T, Q4_0>(rows, acts),
         GgmlType::Q5_0 => tile4_blocks::<T, Q5_0>(rows, acts),
         GgmlType::Q5_1 => tile4_blocks::<T, Q5_1>(rows, acts),
+        GgmlType::Q4_K => tile4_q4_k::<T, false>(rows, acts),
+        GgmlType::Q5_K => tile4_q4_k::<T, true>(rows, acts),
+        GgmlType::Q6_K => tile4_q6_k::<T>(rows, acts),
         _ => tile4_blocks::<T, Q8_0>(rows, acts),
     };
     let lanes: [[f32; 4]; T] = acc.map(|v| {
@@ -338,6 +350,150 @@ fn tile4_blocks<const T: usize, const KIND: u8>(
             if KIND == Q5_1 {
                 acc[t] = f32x4_add(acc[t], f32x4_mul(m, f32x4_splat(a.d * a.sum as f32)));
             }
+        }
+    }
+    acc
+}
+
+/// `tile4`'s loop for Q4_K super-blocks (Q5_K with `FIVE`: the fifth bits, bit j of byte l for
+/// element l of sub-block j, sit in 32 bytes between the scales and the nibbles). The
+/// activations share one scale per super-block (`ActScales::PerSuperBlock`), so each row's
+/// sub-block sums are multiplied by their 6-bit scales in integers and added up over the
+/// super-block, and the floats (d, dmin, the activation scale) come once per super-block for the
+/// four rows together.
+#[inline(always)]
+fn tile4_q4_k<const T: usize, const FIVE: bool>(
+    rows: [&[u8]; 4],
+    acts: [&[BlockQ8]; T],
+) -> [v128; T] {
+    const SUB: usize = QK_K / QK8;
+    let (bb, qs) = if FIVE { (176, 48) } else { (144, 16) };
+    let mut acc = [f32x4_splat(0.0); T];
+    for sb in 0..acts[0].len() / SUB {
+        let b: [&[u8]; 4] = std::array::from_fn(|r| &rows[r][sb * bb..(sb + 1) * bb]);
+        let f16s = |at: usize| {
+            let h = |r: usize| u16::from_le_bytes([b[r][at], b[r][at + 1]]) as u32;
+            f16_bits_to_f32(u32x4(h(0), h(1), h(2), h(3)))
+        };
+        let (d, dmin) = (f16s(0), f16s(2));
+        let packed: [(u64, u64); 4] = std::array::from_fn(|r| q4_k_scales_mins(&b[r][4..16]));
+        let mut isum = [[i32x4_splat(0); 4]; T];
+        let mut mins = [[0i32; 4]; T];
+        for j in 0..SUB {
+            let x: [[v128; 4]; T] = std::array::from_fn(|t| {
+                let a = &acts[t][sb * SUB + j];
+                widen_i8(load_qs(a, 0), load_qs(a, 16))
+            });
+            for r in 0..4 {
+                let (sc, m) = ((packed[r].0 >> (8 * j)) as u8, (packed[r].1 >> (8 * j)) as u8);
+                // Sub-block j: the low (j even) or high nibbles of 32 bytes, as i16.
+                let at = qs + (j / 2) * 32;
+                let (q0, q1) = (load(b[r], at), load(b[r], at + 16));
+                let wide = [
+                    u16x8_extend_low_u8x16(q0),
+                    u16x8_extend_high_u8x16(q0),
+                    u16x8_extend_low_u8x16(q1),
+                    u16x8_extend_high_u8x16(q1),
+                ];
+                let mut w = wide.map(|v| {
+                    if j % 2 == 0 {
+                        v128_and(v, u16x8_splat(0x0f))
+                    } else {
+                        u16x8_shr(v, 4)
+                    }
+                });
+                if FIVE {
+                    let (h0, h1) = (load(b[r], 16), load(b[r], 32));
+                    let high = [
+                        u16x8_extend_low_u8x16(h0),
+                        u16x8_extend_high_u8x16(h0),
+                        u16x8_extend_low_u8x16(h1),
+                        u16x8_extend_high_u8x16(h1),
+                    ];
+                    for (wi, h) in w.iter_mut().zip(high) {
+                        let bit = v128_and(u16x8_shr(h, j as u32), u16x8_splat(1));
+                        *wi = v128_or(*wi, i16x8_shl(bit, 4));
+                    }
+                }
+                for t in 0..T {
+                    let s = i32x4_mul(dot32_i16(&w, &x[t]), i32x4_splat(sc as i32));
+                    isum[t][r] = i32x4_add(isum[t][r], s);
+                    mins[t][r] += m as i32 * acts[t][sb * SUB + j].sum;
+                }
+            }
+        }
+        for t in 0..T {
+            // d da sum_j sc_j dot_j - dmin da sum_j m_j sum_j, four rows at once.
+            let da = f32x4_splat(acts[t][sb * SUB].d);
+            let dots = f32x4_convert_i32x4(fold4(isum[t]));
+            let m = f32x4_convert_i32x4(i32x4(mins[t][0], mins[t][1], mins[t][2], mins[t][3]));
+            let v = f32x4_sub(f32x4_mul(dots, d), f32x4_mul(m, dmin));
+            acc[t] = f32x4_add(acc[t], f32x4_mul(v, da));
+        }
+    }
+    acc
+}
+
+/// `tile4`'s loop for Q6_K super-blocks: 16 groups of 16 six-bit weights (stored 0..63, meaning
+/// q - 32) with signed 8-bit scales, multiplied in integers as in `tile4_q4_k`; one float scale
+/// per super-block and row.
+#[inline(always)]
+fn tile4_q6_k<const T: usize>(rows: [&[u8]; 4], acts: [&[BlockQ8]; T]) -> [v128; T] {
+    const SUB: usize = QK_K / QK8;
+    let mut acc = [f32x4_splat(0.0); T];
+    let widen = |v: v128, w: v128| {
+        [
+            u16x8_extend_low_u8x16(v),
+            u16x8_extend_high_u8x16(v),
+            u16x8_extend_low_u8x16(w),
+            u16x8_extend_high_u8x16(w),
+        ]
+    };
+    for sb in 0..acts[0].len() / SUB {
+        let b: [&[u8]; 4] = std::array::from_fn(|r| &rows[r][sb * 210..(sb + 1) * 210]);
+        let h = |r: usize| u16::from_le_bytes([b[r][208], b[r][209]]) as u32;
+        let d = f16_bits_to_f32(u32x4(h(0), h(1), h(2), h(3)));
+        let mut isum = [[i32x4_splat(0); 4]; T];
+        for half in 0..2 {
+            for k in 0..4 {
+                let blk = half * 4 + k;
+                let x: [[v128; 4]; T] = std::array::from_fn(|t| {
+                    let a = &acts[t][sb * SUB + blk];
+                    widen_i8(load_qs(a, 0), load_qs(a, 16))
+                });
+                for r in 0..4 {
+                    // 4 low bits from ql[0..32] (k even) or ql[32..64] (k odd) of this half, the
+                    // low nibbles for k < 2, high for k >= 2; 2 high bits at qh >> 2k.
+                    let at = half * 64 + (k % 2) * 32;
+                    let low = widen(load(b[r], at), load(b[r], at + 16));
+                    let high = widen(load(b[r], 128 + half * 32), load(b[r], 144 + half * 32));
+                    let w: [v128; 4] = std::array::from_fn(|i| {
+                        let l = if k < 2 {
+                            v128_and(low[i], u16x8_splat(0x0f))
+                        } else {
+                            u16x8_shr(low[i], 4)
+                        };
+                        let hb = v128_and(u16x8_shr(high[i], 2 * k as u32), u16x8_splat(3));
+                        i16x8_sub(v128_or(l, i16x8_shl(hb, 4)), i16x8_splat(32))
+                    });
+                    // Elements 0..16 take scale 2k of this half, 16..32 scale 2k + 1.
+                    let sc = |i: usize| i32x4_splat(b[r][192 + half * 8 + 2 * k + i] as i8 as i32);
+                    for t in 0..T {
+                        let xt = &x[t];
+                        let g0 =
+                            i32x4_add(i32x4_dot_i16x8(w[0], xt[0]), i32x4_dot_i16x8(w[1], xt[1]));
+                        let g1 =
+                            i32x4_add(i32x4_dot_i16x8(w[2], xt[2]), i32x4_dot_i16x8(w[3], xt[3]));
+                        let s = i32x4_add(i32x4_mul(g0, sc(0)), i32x4_mul(g1, sc(1)));
+                        isum[t][r] = i32x4_add(isum[t][r], s);
+                    }
+                }
+            }
+        }
+        for t in 0..T {
+            let da = f32x4_splat(acts[t][sb * SUB].d);
+            let dots = f32x4_convert_i32x4(fold4(isum[t]));
+            acc[t] = f32x4_add(acc[t], f32x4_mul(dots, f32x4_mul(d, da)));
         }
     }
     acc

@@ -155,41 +155,33 @@ fn q4_k_scale_min(sc: u32, j: u32) -> vec2<u32> {
 // Q4_K: d, dmin (f16), 12 scale bytes, 128 bytes of nibbles; 144 bytes per 256 elements.
 // Chunk c is sub-block j = c % 8: nibbles of byte group j / 2, low for even j, high for odd.
 fn decode_q4_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
-    let off = rb + (c / 8u) * 144u;
-    let j = c % 8u;
-    let d = f16_at(off);
-    let dmin = f16_at(off + 2u);
-    let sm = q4_k_scale_min(off + 4u, j);
-    let d1 = d * f32(sm.x);
-    let m1 = dmin * f32(sm.y);
-    let q = off + 16u + (j / 2u) * 32u;
-    let shift = (j & 1u) * 4u;
-    for (var w = 0u; w < 8u; w++) {
-        let qw = word_at(q + 4u * w) >> shift;
-        for (var k = 0u; k < 4u; k++) {
-            (*v)[4u * w + k] = d1 * f32((qw >> (8u * k)) & 0xfu) - m1;
-        }
-    }
+    decode_k_nibbles(rb + (c / 8u) * 144u, c % 8u, false, v);
 }
 
 // Q5_K: Q4_K's d, dmin and 12 scale bytes, 32 bytes of fifth bits (bit j of byte l: element l of
 // sub-block j), then Q4_K's 128 bytes of nibbles; 176 bytes per 256 elements.
 fn decode_q5_k(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {
-    let off = rb + (c / 8u) * 176u;
-    let j = c % 8u;
+    decode_k_nibbles(rb + (c / 8u) * 176u, c % 8u, true, v);
+}
+
+// Sub-block j of the Q4_K (or, with `five`, Q5_K) super-block at byte `off`.
+fn decode_k_nibbles(off: u32, j: u32, five: bool, v: ptr<function, array<f32, 32>>) {
     let d = f16_at(off);
     let dmin = f16_at(off + 2u);
     let sm = q4_k_scale_min(off + 4u, j);
     let d1 = d * f32(sm.x);
     let m1 = dmin * f32(sm.y);
-    let q = off + 48u + (j / 2u) * 32u;
+    let q = off + select(16u, 48u, five) + (j / 2u) * 32u;
     let shift = (j & 1u) * 4u;
     for (var w = 0u; w < 8u; w++) {
         let qw = word_at(q + 4u * w) >> shift;
-        let hw = word_at(off + 16u + 4u * w) >> j;
+        var hw = 0u;
+        if (five) {
+            hw = word_at(off + 16u + 4u * w) >> j;
+        }
         for (var k = 0u; k < 4u; k++) {
-            let five = ((qw >> (8u * k)) & 0xfu) | (((hw >> (8u * k)) & 1u) << 4u);
-            (*v)[4u * w + k] = d1 * f32(five) - m1;
+            let q5 = ((qw >> (8u * k)) & 0xfu) | (((hw >> (8u * k)) & 1u) << 4u);
+            (*v)[4u * w + k] = d1 * f32(q5) - m1;
         }
     }
 }

@@ -240,8 +240,8 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
                 out[j + 16] = hi as f32 * d + m;
             }
         }
-        GgmlType::Q4_K => dequantize_q4_k(b, out),
-        GgmlType::Q5_K => dequantize_q5_k(b, out),
+        GgmlType::Q4_K => dequantize_q4_k(b, false, out),
+        GgmlType::Q5_K => dequantize_q4_k(b, true, out),
         GgmlType::Q6_K => dequantize_q6_k(b, out),
     }
 }
@@ -255,36 +255,16 @@ pub(crate) fn q4_k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q4_K: d, dmin (f16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32, 128 bytes of nibbles.
-fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
+/// Q4_K: d, dmin (f16), 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32, 128 bytes of
+/// nibbles. With `five`, Q5_K: 32 bytes of fifth bits (bit j of byte l is element l of sub-block
+/// j) between the scales and the nibbles.
+fn dequantize_q4_k(b: &[u8], five: bool, out: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
     let scales = &b[4..16];
-    let qs = &b[16..144];
+    let (qh, qs) = if five { (&b[16..48], &b[48..176]) } else { (&[0u8; 32][..], &b[16..144]) };
     for chunk in 0..4 {
         // Each 32 bytes of nibbles hold two sub-blocks: low nibbles then high nibbles.
-        let q = &qs[chunk * 32..chunk * 32 + 32];
-        let (sc1, m1) = q4_k_scale_min(2 * chunk, scales);
-        let (sc2, m2) = q4_k_scale_min(2 * chunk + 1, scales);
-        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
-        let o = &mut out[chunk * 64..chunk * 64 + 64];
-        for l in 0..32 {
-            o[l] = d1 * (q[l] & 0x0f) as f32 - min1;
-            o[l + 32] = d2 * (q[l] >> 4) as f32 - min2;
-        }
-    }
-}
-
-/// Q5_K: Q4_K's d, dmin and 12 scale bytes, then 32 bytes of fifth bits (bit j of byte l is
-/// element l of sub-block j) and Q4_K's 128 bytes of nibbles.
-fn dequantize_q5_k(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let scales = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
-    for chunk in 0..4 {
         let q = &qs[chunk * 32..chunk * 32 + 32];
         let (sc1, m1) = q4_k_scale_min(2 * chunk, scales);
         let (sc2, m2) = q4_k_scale_min(2 * chunk + 1, scales);

@@ -1,9 +1,10 @@
 //! The fast CPU path's dot products: weights are never expanded to f32.
 //!
-//! For the quantised weight types (Q8_0, Q4_0, Q4_K, Q6_K) the activation vector is first
+//! For the quantised weight types (`GgmlType::QUANTISED`) the activation vector is first
 //! quantised to [`BlockQ8`] blocks of 32 (as llama.cpp quantises activations to Q8_0, except that
 //! the scale stays f32), and each weight block is multiplied with its activation block in integer
-//! arithmetic: int8 x int8 (Q8_0), int4 x int8 (Q4_0, Q4_K), int6 x int8 (Q6_K), one float
+//! arithmetic: int8 x int8 (Q8_0), int4 x int8 (Q4_0, Q4_K), int5 x int8 (Q5_0, Q5_1, Q5_K),
+//! int6 x int8 (Q6_K), one float
 //! multiply-add per block or sub-block. F32, F16 and BF16 rows are converted in registers and
 //! multiplied with the f32 activations directly (fused; no row buffer).
 //!
@@ -396,7 +397,7 @@ enum PanelQuants {
     Bytes,
     /// -32..=31 (Q6_K), with an integer scale per 16.
     SixBits,
-    /// 0..=31 (Q5_0), with an offset.
+    /// 0..=31 (Q5_0, Q5_1, Q5_K), with an offset.
     FiveBits,
 }
 

@@ -37,6 +37,18 @@ fn fifth_bits(bits: u16) -> uint8x16_t {
     vandq_u8(vtstq_u8(spread, bit), vdupq_n_u8(0x10))
 }
 
+/// Q5_0's and Q5_1's 32 weights (0..31) from their `qh` and 16 bytes of nibbles (20 bytes from
+/// `b`), as two vectors: elements 0..16 and 16..32.
+#[inline]
+#[target_feature(enable = "neon")]
+fn five_bit_weights(b: &[u8]) -> [int8x16_t; 2] {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let (bytes, m4) = (load(b, 4), vdupq_n_u8(0x0f));
+    let lo = vorrq_u8(vandq_u8(bytes, m4), fifth_bits(qh as u16));
+    let hi = vorrq_u8(vshrq_n_u8::<4>(bytes), fifth_bits((qh >> 16) as u16));
+    [signed(lo), signed(hi)]
+}
+
 #[inline]
 #[target_feature(enable = "neon")]
 fn signed(v: uint8x16_t) -> int8x16_t {
@@ -86,12 +98,8 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         }
         GgmlType::Q5_0 => {
             for (b, a) in row.chunks_exact(22).zip(act) {
-                // Q4_0's nibbles 4 bytes further on, with the fifth bits of qh; offset 16.
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                let bytes = load(b, 6);
-                let lo = vorrq_u8(vandq_u8(bytes, m4), fifth_bits(qh as u16));
-                let hi = vorrq_u8(vshrq_n_u8::<4>(bytes), fifth_bits((qh >> 16) as u16));
-                let s = dot32([signed(lo), signed(hi)], a);
+                // Q4_0's nibbles with the fifth bits of qh; offset 16.
+                let s = dot32(five_bit_weights(&b[2..22]), a);
                 let d = f16_at(b, 0) * a.d;
                 acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
                 offset += d * (16 * a.sum) as f32;
@@ -100,11 +108,7 @@ pub unsafe fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         GgmlType::Q5_1 => {
             for (b, a) in row.chunks_exact(24).zip(act) {
                 // Q5_0's layout after d and m; w = d q + m, so + m sum(x).
-                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-                let bytes = load(b, 8);
-                let lo = vorrq_u8(vandq_u8(bytes, m4), fifth_bits(qh as u16));
-                let hi = vorrq_u8(vshrq_n_u8::<4>(bytes), fifth_bits((qh >> 16) as u16));
-                let s = dot32([signed(lo), signed(hi)], a);
+                let s = dot32(five_bit_weights(&b[4..24]), a);
                 acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), f16_at(b, 0) * a.d);
                 offset -= f16_at(b, 2) * a.d * a.sum as f32;
             }

@@ -27,33 +27,18 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
                 f16_at(b, 0) * a.d * s as f32
             })
             .sum(),
+        // sum((q - 16) x) = sum(q x) - 16 sum(x).
         GgmlType::Q5_0 => row
             .chunks_exact(22)
             .zip(act)
-            .map(|(b, a)| {
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                let mut s = 0i32;
-                // Byte j holds the low 4 bits of elements j and j + 16; bit j of qh the fifth.
-                for (j, &q) in b[6..22].iter().enumerate() {
-                    let lo = (q & 0x0f) as i32 | (((qh >> j) & 1) << 4) as i32;
-                    let hi = (q >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
-                    s += (lo - 16) * a.qs[j] as i32 + (hi - 16) * a.qs[j + 16] as i32;
-                }
-                f16_at(b, 0) * a.d * s as f32
-            })
+            .map(|(b, a)| f16_at(b, 0) * a.d * (five_bit_dot(&b[2..22], a) - 16 * a.sum) as f32)
             .sum(),
+        // As Q5_0 after d and m, without an offset: w = d q + m.
         GgmlType::Q5_1 => row
             .chunks_exact(24)
             .zip(act)
             .map(|(b, a)| {
-                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-                let mut s = 0i32;
-                // As Q5_0 (4 bytes further on), without an offset: w = d q + m.
-                for (j, &q) in b[8..24].iter().enumerate() {
-                    let lo = (q & 0x0f) as i32 | (((qh >> j) & 1) << 4) as i32;
-                    let hi = (q >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
-                    s += lo * a.qs[j] as i32 + hi * a.qs[j + 16] as i32;
-                }
+                let s = five_bit_dot(&b[4..24], a);
                 a.d * (f16_at(b, 0) * s as f32 + f16_at(b, 2) * a.sum as f32)
             })
             .sum(),
@@ -69,6 +54,19 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             .sum(),
         other => panic!("dot_q8: {} rows take f32 activations", other.name()),
     }
+}
+
+/// sum(q x) over the 32 five-bit weights of Q5_0's and Q5_1's `qh` and nibbles (20 bytes from
+/// `b`): byte j holds the low 4 bits of elements j and j + 16, bit j of `qh` the fifth.
+fn five_bit_dot(b: &[u8], a: &BlockQ8) -> i32 {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut s = 0i32;
+    for (j, &q) in b[4..20].iter().enumerate() {
+        let lo = (q & 0x0f) as i32 | (((qh >> j) & 1) << 4) as i32;
+        let hi = (q >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+        s += lo * a.qs[j] as i32 + hi * a.qs[j + 16] as i32;
+    }
+    s
 }
 
 /// One Q4_K super-block (8 sub-blocks of 32, each with a 6-bit scale and min) times 8

@@ -45,6 +45,16 @@ fn fifth_bits(bits: u16) -> v128 {
     v128_and(i8x16_ne(v128_and(twice, bit), i8x16_splat(0)), i8x16_splat(0x10))
 }
 
+/// Q5_0's and Q5_1's 32 weights (0..31) from their `qh` and 16 bytes of nibbles (20 bytes from
+/// `b`), as two vectors: elements 0..16 and 16..32.
+fn five_bit_weights(b: &[u8]) -> (v128, v128) {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let bytes = load(b, 4);
+    let lo = v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(qh as u16));
+    let hi = v128_or(u8x16_shr(bytes, 4), fifth_bits((qh >> 16) as u16));
+    (lo, hi)
+}
+
 /// 32 int8 weights (two vectors) times one activation block, as 4 i32 partial sums.
 fn dot32(w0: v128, w1: v128, a: &BlockQ8) -> v128 {
     i32x4_add(mul16(w0, load_qs(a, 0)), mul16(w1, load_qs(a, 16)))
@@ -72,11 +82,8 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             .chunks_exact(22)
             .zip(act)
             .map(|(b, a)| {
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                let bytes = load(b, 6);
+                let (lo, hi) = five_bit_weights(&b[2..22]);
                 let sixteen = i8x16_splat(16);
-                let lo = v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(qh as u16));
-                let hi = v128_or(u8x16_shr(bytes, 4), fifth_bits((qh >> 16) as u16));
                 let (lo, hi) = (i8x16_sub(lo, sixteen), i8x16_sub(hi, sixteen));
                 f16_at(b, 0) * a.d * hsum_i32(dot32(lo, hi, a)) as f32
             })
@@ -85,10 +92,7 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
             .chunks_exact(24)
             .zip(act)
             .map(|(b, a)| {
-                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-                let bytes = load(b, 8);
-                let lo = v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(qh as u16));
-                let hi = v128_or(u8x16_shr(bytes, 4), fifth_bits((qh >> 16) as u16));
+                let (lo, hi) = five_bit_weights(&b[4..24]);
                 // w = d q + m: d da sum(q xq) + m da sum(xq).
                 let s = hsum_i32(dot32(lo, hi, a)) as f32;
                 a.d * (f16_at(b, 0) * s + f16_at(b, 2) * a.sum as f32)

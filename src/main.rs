@@ -332,20 +332,7 @@ fn with_model(
                     CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
                 match &args.isa {
                     None => fast,
-                    Some(name) => {
-                        let isa = Isa::available()
-                            .into_iter()
-                            .find(|i| i.name() == name)
-                            .ok_or_else(|| {
-                                let names: Vec<_> =
-                                    Isa::available().iter().map(|i| i.name()).collect();
-                                nexttoken::Error::Input(format!(
-                                    "--isa {name}: this machine has {}",
-                                    names.join(", ")
-                                ))
-                            })?;
-                        fast.with_isa(isa)
-                    }
+                    Some(name) => fast.with_isa(Isa::by_name(name)?),
                 }
             };
             f(&cpu.with_max_seq(args.context), &tokenizer, header)

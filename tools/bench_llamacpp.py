@@ -132,7 +132,10 @@ def main():
 
     # The host, as nexttoken detected it, and the kernels it chose: numbers differ between hosts.
     cpu = next(iter(raw.values()))["nexttoken"].get("cpu", {}) if raw else {}
-    kernels = next(iter(raw.values()))["nexttoken"].get("isa", "") if raw else ""
+    first = next(iter(raw.values()))["nexttoken"] if raw else {}
+    kernels = first.get("isa", "")
+    if first.get("decode_row_by_row"):
+        kernels += " (decode row by row for Q8_0 and the K-quants)"
     print(f"host: {cpu.get('model', '?')} ({cpu.get('vendor', '?')}); {' '.join(cpu.get('features', []))}")
     print(f"nexttoken kernels: {kernels}; llama.cpp: llama-cpp-python {llama_cpp_version()}")
     print(f"threads {a.threads}, best of {a.repeat}, decode steps {a.steps}")

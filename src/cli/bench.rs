@@ -43,6 +43,10 @@ pub struct BenchOptions {
     /// Time the exact (reference) CPU path instead of the fast one.
     #[arg(long)]
     pub exact: bool,
+    /// CPU backend, fast path: the kernels' instruction set (default: the best this machine has),
+    /// to compare them on one host.
+    #[arg(long)]
+    pub isa: Option<String>,
     /// GPU: time every kernel of one decode step at each context, and of each prefill of more
     /// than 8 tokens (timestamp queries, where the adapter has them): dispatches, µs and GB/s
     /// per kernel family.
@@ -263,6 +267,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         contexts: o.contexts.iter().map(|&n| fit(n)).collect(),
         steps: o.steps,
         exact: o.exact,
+        isa: o.isa.clone(),
         profile: o.profile,
         json: o.json,
         constraint: o.constraint.clone(),
@@ -320,10 +325,13 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         } else {
             let threads = crate::cpu_threads(o.threads)?;
             let precision = if o.exact { Precision::Exact } else { Precision::Fast };
-            let cm = CpuModel::new(model)
+            let mut cm = CpuModel::new(model)
                 .with_precision(precision)
                 .with_threads(threads)
                 .with_max_seq(max_ctx);
+            if let Some(name) = &o.isa {
+                cm = cm.with_isa(nexttoken::cpu::kernels::Isa::by_name(name)?);
+            }
             let load_s = t.elapsed().as_secs_f64();
             per_token = cm.weight_bytes_per_token();
             let mut r = measure(&cm, o)?;
@@ -331,6 +339,8 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["load_s"] = json!(load_s);
             r["threads"] = json!(cm.threads());
             r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
+            r["decode_row_by_row"] =
+                json!(!o.exact && nexttoken::cpu::kernels::host_decodes_row_by_row());
             r
         };
         if per_token == 0 {
@@ -380,7 +390,12 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             println!("device         {d}");
         }
         if let Some(t) = r["threads"].as_u64() {
-            println!("threads        {t} ({})", r["isa"].as_str().unwrap_or(""));
+            let rows = if r["decode_row_by_row"] == json!(true) {
+                "; decode row by row for Q8_0 and the K-quants"
+            } else {
+                ""
+            };
+            println!("threads        {t} ({}{rows})", r["isa"].as_str().unwrap_or(""));
         }
         println!("load           {:.3} s", r["load_s"].as_f64().unwrap_or(0.0));
         for (n, v) in r["prefill_tok_s"].as_object().into_iter().flatten() {

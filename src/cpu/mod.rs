@@ -448,12 +448,22 @@ impl CpuModel {
             (Precision::Fast, Some(xq)) => {
                 // Tiles of TILE_ROWS rows x 4 or 2 tokens (prefill) or x 1 token (decode, and the
                 // odd token); rows past the last whole tile go one at a time.
+                // On hosts that stream one row better than four (kernels::decode_row_by_row),
+                // decode goes row after row, each row through the one-row tile.
                 const R: usize = kernels::TILE_ROWS;
                 let blocks = w.cols / QK8;
                 let act = move |t: usize| &xq[t * blocks..(t + 1) * blocks];
+                let row_by_row = n == 1 && kernels::decode_row_by_row(isa, w.ty);
                 let work = move |tiles: Range<usize>| {
                     let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
                     let mut r = r0;
+                    if row_by_row {
+                        for r in r0..r1 {
+                            let o = kernels::dot_q8_tile::<1, 1>(isa, w.ty, [row(r)], [act(0)]);
+                            store(0, r, o[0][0]);
+                        }
+                        return;
+                    }
                     while r + R <= r1 {
                         let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));
                         kernels::touch_ahead(

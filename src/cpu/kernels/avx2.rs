@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16c(b: &[u8], i: usize) -> f32 {
     let bits = u16::from_le_bytes([b[i], b[i + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(bits as i16)))
 }
 
 #[inline]
@@ -228,7 +228,7 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
             let p = rows[r].as_ptr().add(i * bb);
             (dw[r], w[r]) = load_block(p, ty, ahead);
             if float_min {
-                mw[r] = _mm256_set1_ps(f16c_ptr(p.add(2)));
+                mw[r] = f16_splat(p.add(2));
             }
         }
         // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
@@ -268,7 +268,7 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn load_block(p: *const u8, ty: GgmlType, ahead: usize) -> (__m256, __m256i) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-    (_mm256_set1_ps(f16c_ptr(p)), block_weights(p, ty))
+    (f16_splat(p), block_weights(p, ty))
 }
 
 /// What Q4_0 (8) and Q5_0 (16) rows subtract from the unsigned bytes of [`block_weights`]; 0 for
@@ -448,7 +448,7 @@ unsafe fn q6_k_tile<const R: usize, const T: usize>(
                     }
                 }
             }
-            let dv = _mm256_set1_ps(f16c(b, 208));
+            let dv = f16_splat(b.as_ptr().add(208));
             for t in 0..T {
                 let scale = _mm256_mul_ps(dv, da[t]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), scale, acc[r][t]);
@@ -517,7 +517,17 @@ pub(super) fn tile_prefetch<const R: usize>(row_len: usize) -> usize {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn f16c_ptr(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(bits as i16)))
+}
+
+/// The f16 at `p` in all 8 lanes: its bits broadcast (`vpbroadcastw`), then converted; two
+/// instructions, where converting lane 0 and broadcasting the float took three (and LLVM made
+/// the first a `vpinsrw`, which merges into a stale register).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_splat(p: *const u8) -> __m256 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

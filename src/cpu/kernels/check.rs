@@ -87,7 +87,7 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
 }
 
-/// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (4 x 1, 4 x 2, 4 x 4),
+/// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (1 x 1, 4 x 1, 4 x 2, 4 x 4),
 /// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
 /// rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
@@ -132,6 +132,8 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                         move || format!("{kernel} {} cols {cols} row {r} vector {t}", ty.name())
                     };
                     c.check(what("dot_q8"), dot_q8(isa, ty, row, act), want, mag)?;
+                    let single = dot_q8_tile::<1, 1>(isa, ty, [row.as_slice()], [act.as_slice()]);
+                    c.check(what("dot_q8_tile<1, 1>"), single[0][0], want, mag)?;
                     c.check(what("dot_q8_tile<4, 4>"), four[r][t], want, mag)?;
                     if t < 2 {
                         c.check(what("dot_q8_tile<4, 2>"), two[r][t], want, mag)?;

@@ -80,6 +80,15 @@ impl Isa {
         v
     }
 
+    /// The instruction set called `name` ([`Isa::name`]), if this machine has it: for `--isa`.
+    pub fn by_name(name: &str) -> crate::Result<Isa> {
+        let available = Isa::available();
+        available.iter().copied().find(|i| i.name() == name).ok_or_else(|| {
+            let names: Vec<_> = available.iter().map(|i| i.name()).collect();
+            crate::Error::Input(format!("--isa {name}: this machine has {}", names.join(", ")))
+        })
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -334,6 +343,38 @@ pub fn wide_tiles(isa: Isa, ty: GgmlType) -> bool {
         let _ = (isa, ty);
         false
     }
+}
+
+/// Whether a decode step (one token) multiplies rows of `ty` one at a time (`dot_q8_tile::<1,
+/// 1>`, row after row: the matrix read as one sequential stream per thread) instead of in tiles
+/// of [`TILE_ROWS`] rows (four streams side by side, each activation block loaded once per 4
+/// rows). On AMD Zen 4 the prefetchers follow one long stream far better than four short
+/// interleaved ones, whatever the software prefetch distance: one core decoding Qwen2.5-0.5B
+/// Q8_0 read its weights at 8.5 GB/s in tiles and 11.1 one row at a time, Llama-3.2-1B Q4_K_M
+/// at 9.4 and 12.9 (2 cores: 15.9 vs 25.5, 17.1 vs 24.4; `NEXTTOKEN_DECODE_ROWS=4` vs `=1
+/// nexttoken bench --prefill 1 --contexts 16`). The blocks of 32 with nibbles (Q4_0, Q5_0,
+/// Q5_1) keep the tiles there: their unpacking, shared by the 4 rows' activations, outweighs the
+/// stream (SmolLM2-135M Q4_0: 142 tok/s in tiles, 72-97 row by row). The Intel host the tiles
+/// were tuned on, and Zen 3, keep the tiles (they led llama.cpp there). `NEXTTOKEN_DECODE_ROWS=1`
+/// or `=4` overrides the host's choice, to measure it elsewhere.
+pub fn decode_row_by_row(isa: Isa, ty: GgmlType) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        && host_decodes_row_by_row()
+}
+
+/// This host's side of [`decode_row_by_row`] (what `bench` reports).
+pub fn host_decodes_row_by_row() -> bool {
+    static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("NEXTTOKEN_DECODE_ROWS") {
+        Ok(v) if v.trim() == "1" => true,
+        Ok(v) if v.trim() == "4" => false,
+        _ => {
+            let host = HostCpu::detect();
+            // AMD with AVX-512: Zen 4 and later (Zen 3 and older have none).
+            host.vendor == "AuthenticAMD" && host.features.contains(&"avx512f")
+        }
+    })
 }
 
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:

@@ -127,7 +127,7 @@ fn tiles_match_single_row_dot_products() {
                 let two =
                     kernels::dot_q8_tile(isa, ty, tile, [acts[1].as_slice(), acts[2].as_slice()]);
                 for r in 0..4 {
-                    // One row at a time, as decode goes on some hosts (decode_row_by_row).
+                    // One row at a time, as decode goes on some hosts (kernels::decode_walk).
                     let single = kernels::dot_q8_tile(isa, ty, [tile[r]], [acts[0].as_slice()]);
                     for (t, got) in
                         [(0, one[r][0]), (1, two[r][0]), (2, two[r][1]), (0, single[0][0])]

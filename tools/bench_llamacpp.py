@@ -134,8 +134,8 @@ def main():
     cpu = next(iter(raw.values()))["nexttoken"].get("cpu", {}) if raw else {}
     first = next(iter(raw.values()))["nexttoken"] if raw else {}
     kernels = first.get("isa", "")
-    if first.get("decode_row_by_row"):
-        kernels += " (decode row by row for Q8_0 and the K-quants)"
+    if first.get("decode_streams"):
+        kernels += " (decode in streams: Q8_0 and K-quants row by row, Q4_0/Q5_0/Q5_1 in spread tiles)"
     print(f"host: {cpu.get('model', '?')} ({cpu.get('vendor', '?')}); {' '.join(cpu.get('features', []))}")
     print(f"nexttoken kernels: {kernels}; llama.cpp: llama-cpp-python {llama_cpp_version()}")
     print(f"threads {a.threads}, best of {a.repeat}, decode steps {a.steps}")

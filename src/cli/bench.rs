@@ -339,8 +339,8 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["load_s"] = json!(load_s);
             r["threads"] = json!(cm.threads());
             r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
-            r["decode_row_by_row"] =
-                json!(!o.exact && nexttoken::cpu::kernels::host_decodes_row_by_row());
+            r["decode_streams"] =
+                json!(!o.exact && nexttoken::cpu::kernels::host_decodes_in_streams());
             r
         };
         if per_token == 0 {
@@ -390,8 +390,8 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             println!("device         {d}");
         }
         if let Some(t) = r["threads"].as_u64() {
-            let rows = if r["decode_row_by_row"] == json!(true) {
-                "; decode row by row for Q8_0 and the K-quants"
+            let rows = if r["decode_streams"] == json!(true) {
+                "; decode in streams: Q8_0 and K-quants row by row, Q4_0/Q5_0/Q5_1 in spread tiles"
             } else {
                 ""
             };

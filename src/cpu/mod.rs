@@ -26,7 +26,7 @@ use crate::lm::{check_truncate, LanguageModel};
 use crate::model::{Ffn, Linear, Model, Norm, NormWeights, Qkv, Tensor};
 use crate::quant::{dequantize_row, GgmlType};
 use half::{f16, slice::HalfFloatSliceExt};
-use kernels::{ActScales, BlockQ8, Isa, KvRows, QK8};
+use kernels::{ActScales, BlockQ8, DecodeWalk, Isa, KvRows, QK8};
 
 /// How the CPU path computes: bit-for-bit reference, or fast (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -448,21 +448,36 @@ impl CpuModel {
             (Precision::Fast, Some(xq)) => {
                 // Tiles of TILE_ROWS rows x 4 or 2 tokens (prefill) or x 1 token (decode, and the
                 // odd token); rows past the last whole tile go one at a time.
-                // On hosts that stream one row better than four (kernels::decode_row_by_row),
-                // decode goes row after row, each row through the one-row tile.
+                // Decode walks the rows as this host streams them best (kernels::decode_walk).
                 const R: usize = kernels::TILE_ROWS;
                 let blocks = w.cols / QK8;
                 let act = move |t: usize| &xq[t * blocks..(t + 1) * blocks];
-                let row_by_row = n == 1 && kernels::decode_row_by_row(isa, w.ty);
+                let walk = if n == 1 { kernels::decode_walk(isa, w.ty) } else { DecodeWalk::Tiles };
                 let work = move |tiles: Range<usize>| {
                     let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
                     let mut r = r0;
-                    if row_by_row {
-                        for r in r0..r1 {
-                            let o = kernels::dot_q8_tile::<1, 1>(isa, w.ty, [row(r)], [act(0)]);
-                            store(0, r, o[0][0]);
+                    match walk {
+                        DecodeWalk::Tiles => {}
+                        DecodeWalk::RowByRow => {
+                            for r in r0..r1 {
+                                let o = kernels::dot_q8_tile::<1, 1>(isa, w.ty, [row(r)], [act(0)]);
+                                store(0, r, o[0][0]);
+                            }
+                            return;
                         }
-                        return;
+                        DecodeWalk::SpreadTiles => {
+                            // Row k of each quarter of the share in one tile; the rest alone.
+                            let q = (r1 - r0) / R;
+                            for k in 0..q {
+                                let at = |j: usize| r0 + j * q + k;
+                                let tile = std::array::from_fn(|j| row(at(j)));
+                                let o = kernels::dot_q8_tile::<R, 1>(isa, w.ty, tile, [act(0)]);
+                                for (j, o) in o.iter().enumerate() {
+                                    store(0, at(j), o[0]);
+                                }
+                            }
+                            r = r0 + R * q;
+                        }
                     }
                     while r + R <= r1 {
                         let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));

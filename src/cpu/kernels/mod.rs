@@ -345,33 +345,48 @@ pub fn wide_tiles(isa: Isa, ty: GgmlType) -> bool {
     }
 }
 
-/// Whether a decode step (one token) multiplies rows of `ty` one at a time (`dot_q8_tile::<1,
-/// 1>`, row after row: the matrix read as one sequential stream per thread) instead of in tiles
-/// of [`TILE_ROWS`] rows (four streams side by side, each activation block loaded once per 4
-/// rows). On AMD Zen 4 the prefetchers follow one long stream far better than four short
-/// interleaved ones, whatever the software prefetch distance: one core decoding Qwen2.5-0.5B
-/// Q8_0 read its weights at 8.5 GB/s in tiles and 11.1 one row at a time, Llama-3.2-1B Q4_K_M
-/// at 9.4 and 12.9 (2 cores: 15.9 vs 25.5, 17.1 vs 24.4; `NEXTTOKEN_DECODE_ROWS=4` vs `=1
-/// nexttoken bench --prefill 1 --contexts 16`). The blocks of 32 with nibbles (Q4_0, Q5_0,
-/// Q5_1) keep the tiles there: their unpacking, shared by the 4 rows' activations, outweighs the
-/// stream (SmolLM2-135M Q4_0: 142 tok/s in tiles, 72-97 row by row). The Intel host the tiles
-/// were tuned on, and Zen 3, keep the tiles (they led llama.cpp there). `NEXTTOKEN_DECODE_ROWS=1`
-/// or `=4` overrides the host's choice, to measure it elsewhere.
-pub fn decode_row_by_row(isa: Isa, ty: GgmlType) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
-        && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
-        && host_decodes_row_by_row()
+/// How a decode step (one token) walks a quantised matrix's rows (each thread its share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeWalk {
+    /// Tiles of [`TILE_ROWS`] adjacent rows: each activation block loaded once per 4 rows.
+    Tiles,
+    /// One row after another through the one-row tile: the share read as one sequential stream.
+    RowByRow,
+    /// Tiles of 4 rows a quarter of the share apart: 4 long streams, the activations still
+    /// loaded once per 4 rows.
+    SpreadTiles,
 }
 
-/// This host's side of [`decode_row_by_row`] (what `bench` reports).
-pub fn host_decodes_row_by_row() -> bool {
+/// The walk for rows of `ty` on this host. Adjacent tiles are four short streams interleaved,
+/// which AMD Zen 4's prefetchers follow badly, whatever the software prefetch distance: there a
+/// core read Q8_0 weights at 8-10 GB/s in adjacent tiles and 14-16 one row at a time (a kernel
+/// loop over 256 MiB of rows; none, 1, 3, 8 and 16 KiB of prefetch distance alike). Q8_0 and the
+/// K-quants go row by row there; the blocks of 32 with nibbles (Q4_0, Q5_0, Q5_1), whose
+/// unpacking the 4 rows' shared activations pay for, in spread tiles (Llama-3.2-1B Q4_0 on 2
+/// cores: 22-26 tok/s in adjacent tiles, 32 in spread ones; row by row lost on Q4_0). The Intel
+/// host the tiles were tuned on, and Zen 3, keep adjacent tiles (they led llama.cpp there).
+/// `NEXTTOKEN_DECODE_WALK=streams` or `=tiles` overrides the host's choice, to measure it
+/// elsewhere (`nexttoken bench` prints it).
+pub fn decode_walk(isa: Isa, ty: GgmlType) -> DecodeWalk {
+    if !matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) || !host_decodes_in_streams() {
+        return DecodeWalk::Tiles;
+    }
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => DecodeWalk::SpreadTiles,
+        GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => DecodeWalk::RowByRow,
+        _ => DecodeWalk::Tiles,
+    }
+}
+
+/// This host's side of [`decode_walk`]: whether decode reads long streams (AMD with AVX-512:
+/// Zen 4 and later) rather than adjacent tiles.
+pub fn host_decodes_in_streams() -> bool {
     static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var("NEXTTOKEN_DECODE_ROWS") {
-        Ok(v) if v.trim() == "1" => true,
-        Ok(v) if v.trim() == "4" => false,
+    *CHOICE.get_or_init(|| match std::env::var("NEXTTOKEN_DECODE_WALK").as_deref() {
+        Ok("streams") => true,
+        Ok("tiles") => false,
         _ => {
             let host = HostCpu::detect();
-            // AMD with AVX-512: Zen 4 and later (Zen 3 and older have none).
             host.vendor == "AuthenticAMD" && host.features.contains(&"avx512f")
         }
     })

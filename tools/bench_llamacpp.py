@@ -90,7 +90,7 @@ def best(runs):
     for key in ("prefill_tok_s", "decode_tok_s", "fill_tok_s"):
         out[key] = {k: max(r[key][k] for r in runs) for k in runs[0][key]}
     out["load_s"] = min(r["load_s"] for r in runs)
-    for key in ("cpu", "isa", "threads"):  # what the runs share
+    for key in ("cpu", "isa", "decode_streams", "threads"):  # what the runs share
         if key in runs[0]:
             out[key] = runs[0][key]
     return out

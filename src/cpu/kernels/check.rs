@@ -218,7 +218,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     }
 
     Ok(format!(
-        "{}: {} results match scalar (dot_q8 and 4x1, 4x2, 4x4 tiles on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
+        "{}: {} results match scalar (dot_q8 and 1x1, 4x1, 4x2, 4x4 tiles on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
         isa.name(),
         c.checks
     ))

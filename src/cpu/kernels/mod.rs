@@ -414,7 +414,10 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
             avx2::dot_q8_tile(ty, rows, acts)
         },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 if simd128::has_tile(ty) => simd128::dot_q8_tile(ty, rows, acts),
+        // Its tiles fold 4 rows into one vector: a one-row tile goes through `dot_q8`.
+        Isa::Simd128 if simd128::has_tile(ty) && R.is_multiple_of(4) => {
+            simd128::dot_q8_tile(ty, rows, acts)
+        }
         _ => std::array::from_fn(|r| std::array::from_fn(|t| dot_q8(isa, ty, rows[r], acts[t]))),
     }
 }

@@ -131,8 +131,8 @@ def main():
         print(f"# {name}: nexttoken {json.dumps(o)}; llama.cpp {json.dumps(t)}", file=sys.stderr, flush=True)
 
     # The host, as nexttoken detected it, and the kernels it chose: numbers differ between hosts.
-    cpu = next(iter(raw.values()))["nexttoken"].get("cpu", {}) if raw else {}
     first = next(iter(raw.values()))["nexttoken"] if raw else {}
+    cpu = first.get("cpu", {})
     kernels = first.get("isa", "")
     if first.get("decode_streams"):
         kernels += " (decode in streams: Q8_0 and K-quants row by row, Q4_0/Q5_0/Q5_1 in spread tiles)"

@@ -340,7 +340,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["threads"] = json!(cm.threads());
             r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
             r["decode_streams"] =
-                json!(!o.exact && nexttoken::cpu::kernels::host_decodes_in_streams());
+                json!(!o.exact && nexttoken::cpu::kernels::decode_in_streams(cm.isa()));
             r
         };
         if per_token == 0 {

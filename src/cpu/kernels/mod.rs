@@ -368,7 +368,7 @@ pub enum DecodeWalk {
 /// `NEXTTOKEN_DECODE_WALK=streams` or `=tiles` overrides the host's choice, to measure it
 /// elsewhere (`nexttoken bench` prints it).
 pub fn decode_walk(isa: Isa, ty: GgmlType) -> DecodeWalk {
-    if !matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) || !host_decodes_in_streams() {
+    if !decode_in_streams(isa) {
         return DecodeWalk::Tiles;
     }
     match ty {
@@ -378,9 +378,13 @@ pub fn decode_walk(isa: Isa, ty: GgmlType) -> DecodeWalk {
     }
 }
 
-/// This host's side of [`decode_walk`]: whether decode reads long streams (AMD with AVX-512:
-/// Zen 4 and later) rather than adjacent tiles.
-pub fn host_decodes_in_streams() -> bool {
+/// Whether decode with `isa` reads long streams rather than adjacent tiles ([`decode_walk`]):
+/// the x86 kernels on a host that wants them (AMD with AVX-512: Zen 4 and later).
+pub fn decode_in_streams(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && host_decodes_in_streams()
+}
+
+fn host_decodes_in_streams() -> bool {
     static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| match std::env::var("NEXTTOKEN_DECODE_WALK").as_deref() {
         Ok("streams") => true,

@@ -78,6 +78,9 @@ const stopServer = async () => {
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-firefox-"));
 const browser = await puppeteer.launch({ browser: "firefox", executablePath: firefoxPath, headless: true, userDataDir: profile });
 const page = await browser.newPage();
+// Firefox on a loaded 2-core CI machine sometimes takes over a minute to start the first page
+// (a 62 s first test was seen): puppeteer's 30 s navigation default then fails a working page.
+page.setDefaultNavigationTimeout(120_000);
 const consoleLines = [];
 page.on("console", (m) => consoleLines.push(`${m.type()}: ${m.text()}`));
 /** Wait for the page's state; on a timeout, say where the page was (state, error, stats, output). */

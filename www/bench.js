@@ -137,6 +137,7 @@ async function main() {
     parameters: info.parameters,
     modelBytes: modelBytes.length,
     threads,
+    threadsRequested: threadsWanted,
     reps,
     wasmInitMs: tInit - t0,
     fetchMs: tFetch - tInit,
@@ -157,7 +158,15 @@ async function main() {
 }
 
 if (inWorker) {
-  main().catch((e) => self.postMessage({ error: String((e && e.stack) || e) }));
+  // Start on the page's word, which comes after its "pool-host" (one port keeps the order):
+  // started at once, loadWasm would not know yet that the page hosts the threads build's pool
+  // and would run one thread whatever `threads` asked.
+  const start = ({ data }) => {
+    if (data?.type !== "start") return;
+    self.removeEventListener("message", start);
+    main().catch((e) => self.postMessage({ error: String((e && e.stack) || e) }));
+  };
+  self.addEventListener("message", start);
 } else {
   const show = (id, text) => (document.getElementById(id).textContent = text);
   const fail = (e) => {
@@ -167,6 +176,7 @@ if (inWorker) {
   };
   const worker = new Worker(new URL("bench.js" + location.search, import.meta.url), { type: "module" });
   hostPool(worker);
+  worker.postMessage({ type: "start" });
   worker.onmessage = ({ data }) => {
     if (data.status) show("status", data.status);
     if (data.error) fail(data.error);

@@ -125,7 +125,7 @@ const server = await serve(www, 0, mounts);
 const base = `http://127.0.0.1:${server.address().port}`;
 console.log(`serving www/ on ${base}`);
 
-async function runPage(name, url, { webgpu = false } = {}) {
+async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
   const args = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"];
   if (webgpu) args.push("--enable-unsafe-webgpu", "--use-angle=swiftshader", "--enable-features=Vulkan");
   const browser = await chromium.launch({ executablePath: chromiumPath, args, headless: true });
@@ -138,6 +138,8 @@ async function runPage(name, url, { webgpu = false } = {}) {
     await page.waitForFunction(() => window.benchResult || window.benchError, null, { timeout: PAGE_TIMEOUT_S * 1000 });
     const r = await page.evaluate(() => window.benchResult || { error: window.benchError });
     if (r.error) throw new Error(r.error);
+    // A threaded run that fell back to one thread would be labelled wrong (it once did, unseen).
+    if (r.threads !== undefined && r.threads !== threads) throw new Error(`asked for ${threads} threads, ran ${r.threads}`);
     results[name] = r;
     passed++;
     const { userAgent, ...shown } = r;
@@ -162,8 +164,8 @@ try {
   if (haveWllama) await runPage("wllama 1 thread", wq(1));
   else console.log("SKIP  wllama (npm install @wllama/wllama in tests/browser to compare)");
   if (THREADS > 1) {
-    await runPage(`nexttoken cpu ${THREADS} threads`, `/bench.html${q("cpu", THREADS)}`);
-    if (haveWllama) await runPage(`wllama ${THREADS} threads`, wq(THREADS));
+    await runPage(`nexttoken cpu ${THREADS} threads`, `/bench.html${q("cpu", THREADS)}`, { threads: THREADS });
+    if (haveWllama) await runPage(`wllama ${THREADS} threads`, wq(THREADS), { threads: THREADS });
   }
   const webgpuReps = process.env.WEBGPU_REPS || "1";
   if (!process.env.NO_WEBGPU) await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto", 1, webgpuReps)}`, { webgpu: true });

@@ -1,12 +1,11 @@
-//! Clocks and rates, shared by the generation loop, the CLI bench and the browser bench (which
-//! passes `performance.now()`, as wasm has no `Instant`).
+//! Clocks and rates, shared by the generation loop, the CLI bench, the browser bench and the CPU
+//! model's choice of decode walk.
 
-/// Milliseconds since some fixed origin. A plain `fn` so wasm can pass one that reads
-/// `performance.now()`.
+/// Milliseconds since some fixed origin. A plain `fn`, so a caller may time with another clock.
 pub type Clock = fn() -> f64;
 
-/// `Instant`-based natively. wasm has no `Instant`, so there this reads 0: timings stay 0 unless
-/// the caller supplies a clock.
+/// `Instant`-based natively; in wasm, `performance.now()` (wasm has no `Instant`; window and
+/// worker globals, and Node, all have `performance`).
 pub fn default_clock() -> f64 {
     #[cfg(not(target_arch = "wasm32"))]
     {
@@ -17,8 +16,15 @@ pub fn default_clock() -> f64 {
     }
     #[cfg(target_arch = "wasm32")]
     {
-        0.0
+        performance_now()
     }
+}
+
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn performance_now() -> f64;
 }
 
 /// `count` things in `ms` milliseconds, per second; 0 when no time was measured (a clock that

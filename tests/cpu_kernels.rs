@@ -672,6 +672,61 @@ fn fast_path_matches_exact_on_k_quant_models() {
     }
 }
 
+/// Decode in adjacent tiles, in streams, and timed (the first steps alternate): where streams
+/// means spread tiles (the wasm build; natively Q4_0, Q5_0, Q5_1) every walk gives the same
+/// logits bit for bit, so timing the walks changes no result; row by row (natively Q8_0 and the
+/// K-quants) stays within the fast path's tolerance of adjacent tiles.
+#[test]
+fn decode_walks_give_the_same_logits() {
+    use nexttoken::model::Arch;
+    use nexttoken::synthetic::{self, Spec};
+    let mut spread_seen = Vec::new();
+    for ty in GgmlType::QUANTISED {
+        let spec = Spec {
+            n_head_kv: 2,
+            weight_type: ty,
+            seed: 5,
+            // Rows of 256 (K-quants) and 301 vocabulary rows: a remainder past the last tile.
+            ..Spec::new(Arch::Llama, 301, 256, 2, 4, 512, 64)
+        };
+        let bytes = synthetic::write(&spec).unwrap();
+        let prompt = [1u32, 5, 9, 14, 30, 7];
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let run = |walk: Option<bool>| {
+                    let model = CpuModel::new(Model::from_bytes(bytes.clone()).unwrap())
+                        .with_precision(Precision::Fast)
+                        .with_isa(isa)
+                        .with_threads(threads)
+                        .with_decode_walk(walk);
+                    let (ids, logits) = greedy(&model, &prompt, 12);
+                    (ids, logits, model.decode_in_streams())
+                };
+                let (tile_ids, tiles, _) = run(Some(false));
+                let (_, streams, _) = run(Some(true));
+                let (timed_ids, timed, settled) = run(None);
+                assert!(settled.is_some(), "12 decode steps left the walk unsettled");
+                let what = format!("{} {} threads {threads}", ty.name(), isa.name());
+                if kernels::decode_walk(isa, ty, true) == kernels::DecodeWalk::SpreadTiles {
+                    spread_seen.push(what.clone());
+                    assert!(streams == tiles, "{what}: spread tiles changed the logits");
+                    assert!(timed == tiles, "{what}: timing the walks changed the logits");
+                    assert_eq!(timed_ids, tile_ids, "{what}");
+                } else {
+                    let worst = tiles
+                        .iter()
+                        .zip(&streams)
+                        .map(|(a, b)| common::max_abs_diff(a, b))
+                        .fold(0f32, f32::max);
+                    assert!(worst <= 1e-2, "{what}: streams vs tiles {worst}");
+                }
+            }
+        }
+    }
+    eprintln!("bit for bit in spread tiles: {spread_seen:?}");
+    assert!(spread_seen.iter().any(|s| s.starts_with("Q4_0")), "no spread tiles tested");
+}
+
 #[test]
 fn exact_path_does_not_depend_on_threads() {
     let open = || Model::from_bytes(common::synth_model("llama", GgmlType::Q8_0, 2)).unwrap();

@@ -339,8 +339,10 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["load_s"] = json!(load_s);
             r["threads"] = json!(cm.threads());
             r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
-            r["decode_streams"] =
-                json!(!o.exact && nexttoken::cpu::kernels::decode_in_streams(cm.isa()));
+            // The walk decode settled on (it may have timed both on its first steps).
+            r["decode_streams"] = json!(!o.exact && cm.decode_in_streams() == Some(true));
+            r["decode_walk_timed"] =
+                json!(nexttoken::cpu::kernels::decode_in_streams(cm.isa()).is_none());
             r
         };
         if per_token == 0 {
@@ -390,10 +392,14 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             println!("device         {d}");
         }
         if let Some(t) = r["threads"].as_u64() {
-            let rows = if r["decode_streams"] == json!(true) {
-                "; decode in streams: Q8_0 and K-quants row by row, Q4_0/Q5_0/Q5_1 in spread tiles"
-            } else {
-                ""
+            let streams = r["decode_streams"] == json!(true);
+            let rows = match (r["decode_walk_timed"] == json!(true), streams) {
+                (false, false) => "",
+                (false, true) => {
+                    "; decode in streams: Q8_0 and K-quants row by row, Q4_0/Q5_0/Q5_1 in spread tiles"
+                }
+                (true, false) => "; decode walk timed on the first steps: adjacent tiles",
+                (true, true) => "; decode walk timed on the first steps: streams",
             };
             println!("threads        {t} ({}{rows})", r["isa"].as_str().unwrap_or(""));
         }

@@ -18,6 +18,7 @@
 pub mod kernels;
 #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
 mod team;
+mod walk;
 
 use std::ops::Range;
 
@@ -47,6 +48,8 @@ pub struct CpuModel {
     /// threads build uses the global pool the page started (`web::init_threads`).
     #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     pool: Option<std::sync::Arc<rayon::ThreadPool>>,
+    /// Whether decode steps read the rows in long streams or adjacent tiles (see [`walk`]).
+    walk: walk::WalkChoice,
 }
 
 /// Per-sequence buffers the forward pass reuses from token to token (not part of a clone).
@@ -216,14 +219,16 @@ impl CpuModel {
     /// The reference model: exact precision, one thread.
     pub fn new(model: Model) -> CpuModel {
         let max_seq = model.config.n_ctx;
+        let isa = Isa::detect();
         CpuModel {
             model,
             max_seq,
             precision: Precision::Exact,
-            isa: Isa::detect(),
+            isa,
             threads: 1,
             #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
             pool: None,
+            walk: walk::WalkChoice::new(kernels::decode_in_streams(isa)),
         }
     }
 
@@ -254,6 +259,14 @@ impl CpuModel {
     /// `Isa::available()` falls back to the scalar kernels.
     pub fn with_isa(mut self, isa: Isa) -> CpuModel {
         self.isa = if Isa::available().contains(&isa) { isa } else { Isa::Scalar };
+        self.walk = walk::WalkChoice::new(kernels::decode_in_streams(self.isa));
+        self
+    }
+
+    /// Decode in long streams (`Some(true)`), in adjacent tiles (`Some(false)`), or as the first
+    /// decode steps measure (`None`), instead of the host's choice (`kernels::decode_in_streams`).
+    pub fn with_decode_walk(mut self, streams: Option<bool>) -> CpuModel {
+        self.walk = walk::WalkChoice::new(streams);
         self
     }
 
@@ -293,6 +306,12 @@ impl CpuModel {
     }
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Whether decode reads the weight rows in long streams (`kernels::decode_walk`): `None`
+    /// while the first decode steps still time both walks.
+    pub fn decode_in_streams(&self) -> Option<bool> {
+        self.walk.settled()
     }
 
     /// Whether the KV cache holds f16 (see `KvStore`): fast path, quantised weights, F16C.
@@ -452,7 +471,10 @@ impl CpuModel {
                 const R: usize = kernels::TILE_ROWS;
                 let blocks = w.cols / QK8;
                 let act = move |t: usize| &xq[t * blocks..(t + 1) * blocks];
-                let walk = if n == 1 { kernels::decode_walk(isa, w.ty) } else { DecodeWalk::Tiles };
+                let walk = match n {
+                    1 => kernels::decode_walk(isa, w.ty, self.walk.streams()),
+                    _ => DecodeWalk::Tiles,
+                };
                 let work = move |tiles: Range<usize>| {
                     let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
                     let mut r = r0;
@@ -891,7 +913,7 @@ impl LanguageModel for CpuModel {
 
     fn forward(&self, state: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         self.check_tokens(state.pos, tokens)?;
-        self.in_pool(|| {
+        let pass = || {
             self.forward_hidden(state, tokens);
             let e = self.model.config.n_embd;
             let n = tokens.len();
@@ -903,7 +925,13 @@ impl LanguageModel for CpuModel {
             let xq = self.quantised(out, rows, xq);
             self.matmul(out, None, rows, xq, &mut logits);
             Ok(logits)
-        })
+        };
+        if tokens.len() == 1 && self.precision == Precision::Fast {
+            // A decode step: it may be timed, to choose how decode walks the rows.
+            self.walk.step(crate::timing::default_clock, || self.in_pool(pass))
+        } else {
+            self.in_pool(pass)
+        }
     }
 }
 

@@ -35,6 +35,7 @@
 
 use wasm_bindgen::prelude::*;
 
+use crate::timing::default_clock as clock;
 use crate::Error;
 
 mod engine;
@@ -49,17 +50,6 @@ pub use session::Session;
 #[wasm_bindgen(start)]
 pub fn start() {
     console_error_panic_hook::set_once();
-}
-
-#[wasm_bindgen]
-extern "C" {
-    /// `performance.now()`: present on window and worker globals alike.
-    #[wasm_bindgen(js_namespace = performance, js_name = now)]
-    fn performance_now() -> f64;
-}
-
-fn clock() -> f64 {
-    performance_now()
 }
 
 fn js_err(e: Error) -> JsError {

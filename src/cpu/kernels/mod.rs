@@ -357,41 +357,52 @@ pub enum DecodeWalk {
     SpreadTiles,
 }
 
-/// The walk for rows of `ty` on this host. Adjacent tiles are four short streams interleaved,
-/// which AMD Zen 4's prefetchers follow badly, whatever the software prefetch distance: there a
-/// core read Q8_0 weights at 8-10 GB/s in adjacent tiles and 14-16 one row at a time (a kernel
-/// loop over 256 MiB of rows; none, 1, 3, 8 and 16 KiB of prefetch distance alike). Q8_0 and the
-/// K-quants go row by row there; the blocks of 32 with nibbles (Q4_0, Q5_0, Q5_1), whose
-/// unpacking the 4 rows' shared activations pay for, in spread tiles (Llama-3.2-1B Q4_0 on 2
-/// cores: 22-26 tok/s in adjacent tiles, 32 in spread ones; row by row lost on Q4_0). The Intel
-/// host the tiles were tuned on, and Zen 3, keep adjacent tiles (they led llama.cpp there).
-/// `NEXTTOKEN_DECODE_WALK=streams` or `=tiles` overrides the host's choice, to measure it
-/// elsewhere (`nexttoken bench` prints it).
-pub fn decode_walk(isa: Isa, ty: GgmlType) -> DecodeWalk {
-    if !decode_in_streams(isa) {
+/// The walk for rows of `ty` when decode reads long streams (`streams`) or adjacent tiles.
+/// Adjacent tiles are four short streams interleaved, which AMD Zen 4's prefetchers follow badly,
+/// whatever the software prefetch distance: there a core read Q8_0 weights at 8-10 GB/s in
+/// adjacent tiles and 14-16 one row at a time (a kernel loop over 256 MiB of rows; none, 1, 3, 8
+/// and 16 KiB of prefetch distance alike). Natively Q8_0 and the K-quants then go row by row; the
+/// blocks of 32 with nibbles (Q4_0, Q5_0, Q5_1), whose unpacking the 4 rows' shared activations
+/// pay for, in spread tiles (Llama-3.2-1B Q4_0 on 2 cores: 22-26 tok/s in adjacent tiles, 32 in
+/// spread ones; row by row lost on Q4_0). simd128's tiles take rows 4 at a time, so there every
+/// type goes in spread tiles. Which hosts read in streams: [`decode_in_streams`].
+pub fn decode_walk(isa: Isa, ty: GgmlType, streams: bool) -> DecodeWalk {
+    if !streams {
         return DecodeWalk::Tiles;
     }
     match ty {
+        _ if isa == Isa::Simd128 => DecodeWalk::SpreadTiles,
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => DecodeWalk::SpreadTiles,
         GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => DecodeWalk::RowByRow,
         _ => DecodeWalk::Tiles,
     }
 }
 
-/// Whether decode with `isa` reads long streams rather than adjacent tiles ([`decode_walk`]):
-/// the x86 kernels on a host that wants them (AMD with AVX-512: Zen 4 and later).
-pub fn decode_in_streams(isa: Isa) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && host_decodes_in_streams()
+/// Whether decode with `isa` reads long streams ([`decode_walk`]) on this host, where that is
+/// known without timing: natively the x86 kernels do on AMD with AVX-512 (Zen 4 and later); the
+/// Intel host the tiles were tuned on, and Zen 3, keep adjacent tiles (they led llama.cpp there).
+/// `None` where the first decode steps time both walks (`cpu::walk`): the wasm build, which
+/// cannot tell what it runs on (in Node on Zen 4, spread tiles decoded 25-50 % faster; on Zen 3
+/// the adjacent tiles with [`touch_ahead`] were what closed the gap). Natively
+/// `NEXTTOKEN_DECODE_WALK=streams`, `=tiles` or `=timed` overrides the host's choice, to measure
+/// it elsewhere (`nexttoken bench` prints it).
+pub fn decode_in_streams(isa: Isa) -> Option<bool> {
+    match isa {
+        Isa::Simd128 => None,
+        Isa::Avx2 | Isa::Avx512Vnni => host_decodes_in_streams(),
+        _ => Some(false),
+    }
 }
 
-fn host_decodes_in_streams() -> bool {
-    static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+fn host_decodes_in_streams() -> Option<bool> {
+    static CHOICE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| match std::env::var("NEXTTOKEN_DECODE_WALK").as_deref() {
-        Ok("streams") => true,
-        Ok("tiles") => false,
+        Ok("streams") => Some(true),
+        Ok("tiles") => Some(false),
+        Ok("timed") => None,
         _ => {
             let host = HostCpu::detect();
-            host.vendor == "AuthenticAMD" && host.features.contains(&"avx512f")
+            Some(host.vendor == "AuthenticAMD" && host.features.contains(&"avx512f"))
         }
     })
 }

@@ -138,6 +138,8 @@ async function main() {
     modelBytes: modelBytes.length,
     threads,
     threadsRequested: threadsWanted,
+    // The CPU path's decode walk once the decode steps above have settled it (src/cpu/walk.rs).
+    decodeWalk: engine.decodeWalk(),
     reps,
     wasmInitMs: tInit - t0,
     fetchMs: tFetch - tInit,

@@ -501,6 +501,24 @@ impl Engine {
         js::to_js(&self.info)
     }
 
+    /// How the CPU path's decode steps walk the weight rows: "tiles" (adjacent), "streams"
+    /// (spread tiles), or "timing" while the first decode steps still time both (`cpu::walk`);
+    /// `undefined` off the CPU path.
+    #[wasm_bindgen(js_name = decodeWalk)]
+    pub fn decode_walk(&self) -> Option<String> {
+        match &self.loaded {
+            Loaded::Cpu(m, _) => Some(
+                match m.decode_in_streams() {
+                    None => "timing",
+                    Some(true) => "streams",
+                    Some(false) => "tiles",
+                }
+                .into(),
+            ),
+            _ => None,
+        }
+    }
+
     fn vocab(&self) -> Rc<dyn Vocab> {
         match &self.loaded {
             Loaded::Table(t) => t.clone(),

@@ -140,6 +140,8 @@ async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
     if (r.error) throw new Error(r.error);
     // A threaded run that fell back to one thread would be labelled wrong (it once did, unseen).
     if (r.threads !== undefined && r.threads !== threads) throw new Error(`asked for ${threads} threads, ran ${r.threads}`);
+    // After its decode steps the CPU path has chosen its decode walk (src/cpu/walk.rs).
+    if (r.backend === "cpu" && !["tiles", "streams"].includes(r.decodeWalk)) throw new Error(`decode walk not settled: ${r.decodeWalk}`);
     results[name] = r;
     passed++;
     const { userAgent, ...shown } = r;
@@ -183,7 +185,7 @@ console.log("\n" + ["run", "backend", "init+load ms", "prefill16 tok/s", "prefil
 for (const [name, r] of Object.entries(results)) console.log([name, r.backend, ...row(r).map(fmt)].join(" | "));
 const cpu1 = results["nexttoken cpu 1 thread"];
 if (cpu1) {
-  console.log(`wasm memory ${(cpu1.wasmMemoryBytes / 2 ** 20).toFixed(1)} MiB; decode bandwidth ${fmt(cpu1.decode16?.weightGBs)} GB/s of weights vs memcpy ${fmt(cpu1.memcpyGBs)} GB/s (1 thread)`);
+  console.log(`wasm memory ${(cpu1.wasmMemoryBytes / 2 ** 20).toFixed(1)} MiB; decode bandwidth ${fmt(cpu1.decode16?.weightGBs)} GB/s of weights vs memcpy ${fmt(cpu1.memcpyGBs)} GB/s (1 thread); decode walk ${cpu1.decodeWalk}`);
 }
 console.log("\nratio nexttoken/wllama, same thread count (higher = nexttoken faster; load: lower = nexttoken faster)");
 for (const t of [1, THREADS]) {

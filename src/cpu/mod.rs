@@ -50,6 +50,9 @@ pub struct CpuModel {
     pool: Option<std::sync::Arc<rayon::ThreadPool>>,
     /// Whether decode steps read the rows in long streams or adjacent tiles (see [`walk`]).
     walk: walk::WalkChoice,
+    /// Weight bytes a token's pass reads: its work, to decide whether it is worth a team.
+    #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+    pass_bytes: usize,
 }
 
 /// Per-sequence buffers the forward pass reuses from token to token (not part of a clone).
@@ -176,6 +179,15 @@ const PANEL_MIN_TOKENS: usize = 8;
 #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
 const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
 
+/// Least work of a forward pass (weight bytes per token x tokens) that recruits a team of the
+/// pool's threads in the browser; a smaller pass runs every loop on the calling thread. There
+/// recruiting costs a job on the pool, Web Workers woken by `Atomics.notify` and the caller's
+/// wait for them: the default model (2 MiB of weights) decoded at 2.6k tok/s on one thread and
+/// 0.6k with a team of two. Natively a wake-up costs microseconds and the team always leads (on
+/// that model one thread and two measured the same there, within noise).
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+const TEAM_MIN_PASS_BYTES: usize = 16 << 20;
+
 /// Reserve the KV cache up to the context when that is at most this many bytes (natively,
 /// untouched pages cost no memory); larger contexts grow on demand.
 const KV_RESERVE_LIMIT: usize = 1 << 30;
@@ -221,6 +233,9 @@ impl CpuModel {
         let max_seq = model.config.n_ctx;
         let isa = Isa::detect();
         CpuModel {
+            // Before `model` moves in.
+            #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+            pass_bytes: model.weight_bytes_per_token(),
             model,
             max_seq,
             precision: Precision::Exact,
@@ -309,9 +324,13 @@ impl CpuModel {
     }
 
     /// Whether decode reads the weight rows in long streams (`kernels::decode_walk`): `None`
-    /// while the first decode steps still time both walks.
+    /// while the first decode steps still time both walks; never on the exact path (it decodes
+    /// each row to f32 on its own).
     pub fn decode_in_streams(&self) -> Option<bool> {
-        self.walk.settled()
+        match self.precision {
+            Precision::Exact => Some(false),
+            Precision::Fast => self.walk.settled(),
+        }
     }
 
     /// Whether the KV cache holds f16 (see `KvStore`): fast path, quantised weights, F16C.
@@ -359,10 +378,17 @@ impl CpuModel {
         f(0..n)
     }
 
-    /// Run a forward pass `f` inside the pool as the leader of a [`team`] of its threads, so the
-    /// pass's many parallel loops cost no wake-ups. In the browser the caller is a JS thread
-    /// outside the pool (the page's worker), so the pass runs as one job on the pool.
-    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+    /// Run a forward pass over `tokens` tokens, `f`, inside the pool as the leader of a [`team`]
+    /// of its threads, so the pass's many parallel loops cost no wake-ups. In the browser the
+    /// caller is a JS thread outside the pool (the page's worker), so the pass runs as one job on
+    /// the pool; there a pass too small to share (`TEAM_MIN_PASS_BYTES`) leads a team of one.
+    fn in_pool<R: Send>(&self, tokens: usize, f: impl FnOnce() -> R + Send) -> R {
+        #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+        if self.threads > 1 && tokens.saturating_mul(self.pass_bytes) < TEAM_MIN_PASS_BYTES {
+            return team::lead(0, f);
+        }
+        #[cfg(not(all(target_arch = "wasm32", target_feature = "atomics")))]
+        let _ = tokens;
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = &self.pool {
             return pool.install(|| team::lead(self.threads - 1, f));
@@ -928,9 +954,9 @@ impl LanguageModel for CpuModel {
         };
         if tokens.len() == 1 && self.precision == Precision::Fast {
             // A decode step: it may be timed, to choose how decode walks the rows.
-            self.walk.step(crate::timing::default_clock, || self.in_pool(pass))
+            self.walk.step(crate::timing::default_clock, || self.in_pool(1, pass))
         } else {
-            self.in_pool(pass)
+            self.in_pool(tokens.len(), pass)
         }
     }
 }

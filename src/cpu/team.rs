@@ -55,10 +55,7 @@ pub fn lead<R>(helpers: usize, f: impl FnOnce() -> R) -> R {
         poisoned: AtomicBool::new(false),
     };
     let team = &team;
-    rayon::in_place_scope(|scope| {
-        for _ in 0..helpers {
-            scope.spawn(move |_| team.help());
-        }
+    let led = move || {
         // Helpers stop and this thread stops leading on every way out, unwinding included.
         struct Dismiss<'a>(&'a Team, *const Team);
         impl Drop for Dismiss<'_> {
@@ -69,6 +66,16 @@ pub fn lead<R>(helpers: usize, f: impl FnOnce() -> R) -> R {
         }
         let _dismiss = Dismiss(team, LEADING.with(|l| l.replace(team)));
         f()
+    };
+    if helpers == 0 {
+        // A team of one: every loop runs here, and no pool is touched.
+        return led();
+    }
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(move |_| team.help());
+        }
+        led()
     })
 }
 
@@ -186,6 +193,20 @@ mod tests {
 
     fn pool(threads: usize) -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+    }
+
+    #[test]
+    fn a_team_of_one_runs_every_chunk_on_its_leader() {
+        let me = std::thread::current().id();
+        let ran = AtomicUsize::new(0);
+        let led = lead(0, || {
+            run(17, &|_| {
+                assert_eq!(std::thread::current().id(), me);
+                ran.fetch_add(1, Ordering::Relaxed);
+            })
+        });
+        assert!(led, "no team was led");
+        assert_eq!(ran.load(Ordering::Relaxed), 17);
     }
 
     #[test]

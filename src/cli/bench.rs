@@ -342,7 +342,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             // The walk decode settled on (it may have timed both on its first steps).
             r["decode_streams"] = json!(!o.exact && cm.decode_in_streams() == Some(true));
             r["decode_walk_timed"] =
-                json!(nexttoken::cpu::kernels::decode_in_streams(cm.isa()).is_none());
+                json!(!o.exact && nexttoken::cpu::kernels::decode_in_streams(cm.isa()).is_none());
             r
         };
         if per_token == 0 {

@@ -279,7 +279,8 @@ impl CpuModel {
     }
 
     /// Decode in long streams (`Some(true)`), in adjacent tiles (`Some(false)`), or as the first
-    /// decode steps measure (`None`), instead of the host's choice (`kernels::decode_in_streams`).
+    /// decode steps measure (`None`), instead of the host's choice (`kernels::decode_in_streams`;
+    /// `with_isa` goes back to it, so call this after).
     pub fn with_decode_walk(mut self, streams: Option<bool>) -> CpuModel {
         self.walk = walk::WalkChoice::new(streams);
         self

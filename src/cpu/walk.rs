@@ -92,7 +92,7 @@ impl Trial {
     }
 
     /// Count a timed step; the choice once both walks have their steps: the lower median, ties
-    /// (a clock that reads 0, as wasm's does where nothing supplies one) to adjacent tiles.
+    /// (a clock that reads 0 or too coarsely) to adjacent tiles.
     fn record(&mut self, streams: bool, ms: f64) -> Option<bool> {
         self.ms[streams as usize].push(ms);
         if self.ms.iter().any(|m| m.len() < STEPS_PER_WALK) {

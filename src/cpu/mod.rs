@@ -502,30 +502,37 @@ impl CpuModel {
                     1 => kernels::decode_walk(isa, w.ty, self.walk.streams()),
                     _ => DecodeWalk::Tiles,
                 };
+                // Decode's walks over rows a..b: the token's sums there, and the rows' bytes.
+                let rows_out = move |a: usize, b: usize| {
+                    // The whole SyncPtr (Sync), not its field (see `store`).
+                    #[allow(clippy::redundant_locals)]
+                    let out_ptr = out_ptr;
+                    // SAFETY: rows a..b of the one token belong to this task alone.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(a), b - a) };
+                    (dst, &bytes[a * row_bytes..b * row_bytes])
+                };
+                let add_bias = move |dst: &mut [f32], r0: usize| {
+                    if let Some(b) = bias_bytes {
+                        dst.iter_mut().zip(r0..).for_each(|(v, r)| *v += f32_at(b, r));
+                    }
+                };
                 let work = move |tiles: Range<usize>| {
                     let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
                     let mut r = r0;
                     match walk {
                         DecodeWalk::Tiles => {}
                         DecodeWalk::RowByRow => {
-                            for r in r0..r1 {
-                                let o = kernels::dot_q8_tile::<1, 1>(isa, w.ty, [row(r)], [act(0)]);
-                                store(0, r, o[0][0]);
-                            }
+                            let (dst, matrix) = rows_out(r0, r1);
+                            kernels::dot_q8_rows(isa, w.ty, matrix, row_bytes, act(0), dst);
+                            add_bias(dst, r0);
                             return;
                         }
                         DecodeWalk::SpreadTiles => {
                             // Row k of each quarter of the share in one tile; the rest alone.
-                            let q = (r1 - r0) / R;
-                            for k in 0..q {
-                                let at = |j: usize| r0 + j * q + k;
-                                let tile = std::array::from_fn(|j| row(at(j)));
-                                let o = kernels::dot_q8_tile::<R, 1>(isa, w.ty, tile, [act(0)]);
-                                for (j, o) in o.iter().enumerate() {
-                                    store(0, at(j), o[0]);
-                                }
-                            }
-                            r = r0 + R * q;
+                            r = r0 + (r1 - r0) / R * R;
+                            let (dst, matrix) = rows_out(r0, r);
+                            kernels::dot_q8_spread_tiles(isa, w.ty, matrix, row_bytes, act(0), dst);
+                            add_bias(dst, r0);
                         }
                     }
                     while r + R <= r1 {

@@ -262,6 +262,31 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
 }
 
+/// See `kernels::dot_q8_rows`: the one-row tile of `ty`, chosen once, over consecutive rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_rows(
+    ty: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    act: &[BlockQ8],
+    out: &mut [f32],
+) {
+    let row = |r: usize| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
+    macro_rules! each_row {
+        ($tile:expr) => {
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = $tile(row(r))[0][0];
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_K => each_row!(|w| q4_k_tile::<1, 1, false>([w], [act])),
+        GgmlType::Q5_K => each_row!(|w| q4_k_tile::<1, 1, true>([w], [act])),
+        GgmlType::Q6_K => each_row!(|w| q6_k_tile::<1, 1>([w], [act])),
+        _ => each_row!(|w| dot_q8_tile::<1, 1>(ty, [w], [act])),
+    }
+}
+
 /// One Q8_0, Q4_0 or Q5_0 block at `p` for the tiles (after prefetching `ahead` bytes on): its
 /// scale broadcast, and its 32 weights as bytes ([`block_weights`]).
 #[inline]

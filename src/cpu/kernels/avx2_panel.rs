@@ -28,6 +28,36 @@ pub unsafe fn panel_gemm(
     panel: &mut Panel,
     out: &mut [f32],
 ) {
+    panel_gemm_with::<false>(ty, rows, acts, panel, out)
+}
+
+/// [`panel_gemm`] where the CPU has AVX-512 VNNI (on 256-bit vectors): `vpdpbusd` multiplies
+/// the unsigned weight bytes by the signed activation bytes and adds each group of four into the
+/// 32-bit sums in one instruction, where AVX2 takes `maddubs`, an add in 16 bits and a widening
+/// `madd`; Q6_K's scaled sums go in one `vpdpwssd`. The integer sums are exact either way, so
+/// both give the same results bit for bit.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn panel_gemm_vnni(
+    ty: GgmlType,
+    rows: [&[u8]; PANEL_ROWS],
+    acts: &[BlockQ8],
+    panel: &mut Panel,
+    out: &mut [f32],
+) {
+    panel_gemm_with::<true>(ty, rows, acts, panel, out)
+}
+
+/// The body of both: inlined into each, so it compiles with each one's instruction set (it has
+/// no target features of its own, and no closures that call intrinsics, which would not inherit
+/// them).
+#[inline(always)]
+unsafe fn panel_gemm_with<const VNNI: bool>(
+    ty: GgmlType,
+    rows: [&[u8]; PANEL_ROWS],
+    acts: &[BlockQ8],
+    panel: &mut Panel,
+    out: &mut [f32],
+) {
     pack(ty, rows, panel);
     let nb = panel.scales.len();
     assert!(nb > 0 && acts.len().is_multiple_of(nb), "panel_gemm: activations");
@@ -41,10 +71,10 @@ pub unsafe fn panel_gemm(
             while t + $t <= n {
                 let acts = std::array::from_fn(|k| act(t + k));
                 let sums = match panel.kind {
-                    PanelQuants::Nibbles => panel_tile::<$t, NIBBLES>(panel, acts),
-                    PanelQuants::Bytes => panel_tile::<$t, BYTES>(panel, acts),
-                    PanelQuants::SixBits => panel_tile::<$t, SIX_BITS>(panel, acts),
-                    PanelQuants::FiveBits => panel_tile::<$t, FIVE_BITS>(panel, acts),
+                    PanelQuants::Nibbles => panel_tile::<$t, NIBBLES, VNNI>(panel, acts),
+                    PanelQuants::Bytes => panel_tile::<$t, BYTES, VNNI>(panel, acts),
+                    PanelQuants::SixBits => panel_tile::<$t, SIX_BITS, VNNI>(panel, acts),
+                    PanelQuants::FiveBits => panel_tile::<$t, FIVE_BITS, VNNI>(panel, acts),
                 };
                 for (k, s) in sums.iter().enumerate() {
                     _mm256_storeu_ps(out.as_mut_ptr().add((t + k) * PANEL_ROWS), *s);
@@ -69,11 +99,11 @@ const FIVE_BITS: u8 = 3;
 /// two products of 128 x 127 already fill 16 bits, so every `maddubs` is widened to 32;
 /// `SIX_BITS`: 16 weights fit (8 x 32 x 127), then times their scale in the widening `madd`;
 /// `FIVE_BITS`: half a block fits (4 x 2 x 31 x 127), so two widening `madd`s a block.
+/// `VNNI`: `vpdpbusd` into the 32-bit sums directly (see [`panel_gemm_vnni`]).
 // Token t's registers are indexed in lockstep with its activations: ranges read better here.
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_tile<const T: usize, const KIND: u8>(
+#[inline(always)]
+unsafe fn panel_tile<const T: usize, const KIND: u8, const VNNI: bool>(
     panel: &Panel,
     acts: [&[BlockQ8]; T],
 ) -> [__m256; T] {
@@ -81,20 +111,36 @@ unsafe fn panel_tile<const T: usize, const KIND: u8>(
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..panel.scales.len() {
         let q = panel.quants.as_ptr().add(b * 8) as *const __m256i;
-        let x: [*const i32; T] =
-            std::array::from_fn(|t| acts[t].get_unchecked(b).qs.as_ptr() as *const i32);
+        let mut x = [std::ptr::null::<i32>(); T];
+        for t in 0..T {
+            x[t] = acts[t].get_unchecked(b).qs.as_ptr() as *const i32;
+        }
         // Four activations of vector t, broadcast: they meet weights 4j..4j+4 of every row.
-        let xj = |t: usize, j: usize| _mm256_set1_epi32(x[t].add(j).read_unaligned());
+        macro_rules! xj {
+            ($t:expr, $j:expr) => {
+                _mm256_set1_epi32(x[$t].add($j).read_unaligned())
+            };
+        }
         let mut isum = [_mm256_setzero_si256(); T];
         match KIND {
+            NIBBLES | FIVE_BITS if VNNI => {
+                for j in 0..8 {
+                    let w = _mm256_loadu_si256(q.add(j));
+                    for t in 0..T {
+                        isum[t] = _mm256_dpbusd_epi32(isum[t], w, xj!(t, j));
+                    }
+                }
+            }
             NIBBLES => {
                 for j in 0..8 {
                     let w = _mm256_loadu_si256(q.add(j));
                     for t in 0..T {
-                        isum[t] = _mm256_add_epi16(isum[t], _mm256_maddubs_epi16(w, xj(t, j)));
+                        isum[t] = _mm256_add_epi16(isum[t], _mm256_maddubs_epi16(w, xj!(t, j)));
                     }
                 }
-                isum = isum.map(|s| _mm256_madd_epi16(s, ones));
+                for t in 0..T {
+                    isum[t] = _mm256_madd_epi16(isum[t], ones);
+                }
             }
             FIVE_BITS => {
                 for h in 0..2 {
@@ -102,7 +148,7 @@ unsafe fn panel_tile<const T: usize, const KIND: u8>(
                     for j in 4 * h..4 * h + 4 {
                         let w = _mm256_loadu_si256(q.add(j));
                         for t in 0..T {
-                            half[t] = _mm256_add_epi16(half[t], _mm256_maddubs_epi16(w, xj(t, j)));
+                            half[t] = _mm256_add_epi16(half[t], _mm256_maddubs_epi16(w, xj!(t, j)));
                         }
                     }
                     for t in 0..T {
@@ -115,8 +161,13 @@ unsafe fn panel_tile<const T: usize, const KIND: u8>(
                     let w = _mm256_loadu_si256(q.add(j));
                     let abs_w = _mm256_sign_epi8(w, w);
                     for t in 0..T {
-                        let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj(t, j), w));
-                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+                        let signed_x = _mm256_sign_epi8(xj!(t, j), w);
+                        isum[t] = if VNNI {
+                            _mm256_dpbusd_epi32(isum[t], abs_w, signed_x)
+                        } else {
+                            let p = _mm256_maddubs_epi16(abs_w, signed_x);
+                            _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones))
+                        };
                     }
                 }
             }
@@ -127,14 +178,18 @@ unsafe fn panel_tile<const T: usize, const KIND: u8>(
                         let w = _mm256_loadu_si256(q.add(j));
                         let abs_w = _mm256_sign_epi8(w, w);
                         for t in 0..T {
-                            let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj(t, j), w));
+                            let p = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(xj!(t, j), w));
                             half[t] = _mm256_add_epi16(half[t], p);
                         }
                     }
                     let scale = panel.int_scales.get_unchecked(2 * b + h).as_ptr();
                     let scale = _mm256_loadu_si256(scale as *const __m256i);
                     for t in 0..T {
-                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(half[t], scale));
+                        isum[t] = if VNNI {
+                            _mm256_dpwssd_epi32(isum[t], half[t], scale)
+                        } else {
+                            _mm256_add_epi32(isum[t], _mm256_madd_epi16(half[t], scale))
+                        };
                     }
                 }
             }

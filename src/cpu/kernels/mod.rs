@@ -576,9 +576,14 @@ pub fn panel_gemm(
 ) {
     assert!(has_panel(isa, ty), "panel_gemm: no panel kernel for {} on {}", ty.name(), isa.name());
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: has_panel checked that isa is AVX2 (detected at run time, see `dot_q8`).
+    // SAFETY: has_panel checked that isa is AVX2 or AVX-512 VNNI (detected at run time, see
+    // `dot_q8`).
     unsafe {
-        avx2_panel::panel_gemm(ty, rows, acts, panel, out)
+        if isa == Isa::Avx512Vnni {
+            avx2_panel::panel_gemm_vnni(ty, rows, acts, panel, out)
+        } else {
+            avx2_panel::panel_gemm(ty, rows, acts, panel, out)
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -2,8 +2,8 @@
 //! multiplies unsigned by signed bytes and adds each group of four into an i32 in one instruction
 //! where AVX2 needs three (`maddubs`, `madd`, add), and 32 vector registers instead of 16, so a
 //! prefill tile holds 4 rows x 4 tokens of sums. Everything else runs the AVX2 kernels.
-//! Where the CPU also has AVX-512 VBMI (byte permutes), decode's Q4_0 tile goes two blocks at a
-//! time in 512-bit vectors ([`q4_0_decode_tile`]).
+//! Where the CPU also has AVX-512 VBMI (byte permutes), decode's Q4_0 and Q5_0 tiles go two
+//! blocks at a time in 512-bit vectors ([`nibble_decode_tile`]).
 
 use super::avx2::{hsum_ps, load_block, tile_prefetch};
 use super::*;
@@ -96,65 +96,107 @@ pub unsafe fn dot_q8_rows(
     }
 }
 
-/// See `kernels::dot_q8_spread_tiles`: Q4_0's decode tile ([`q4_0_decode_tile`]) over the tiles.
+/// See `kernels::dot_q8_spread_tiles`: Q4_0's or Q5_0's decode tile ([`nibble_decode_tile`])
+/// over the tiles.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn q4_0_spread_tiles(matrix: &[u8], row_bytes: usize, act: &[BlockQ8], out: &mut [f32]) {
+pub unsafe fn nibble_spread_tiles(
+    ty: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    act: &[BlockQ8],
+    out: &mut [f32],
+) {
     let q = out.len() / 4;
     for k in 0..q {
         let row =
             |j: usize| matrix.get_unchecked((j * q + k) * row_bytes..(j * q + k + 1) * row_bytes);
-        let sums = q4_0_decode_tile([row(0), row(1), row(2), row(3)], act);
+        let tile = [row(0), row(1), row(2), row(3)];
+        let sums = match ty {
+            GgmlType::Q5_0 => nibble_decode_tile::<true>(tile, act),
+            _ => nibble_decode_tile::<false>(tile, act),
+        };
         for (j, sum) in sums.into_iter().enumerate() {
             *out.get_unchecked_mut(j * q + k) = sum;
         }
     }
 }
 
-/// Whether this CPU has AVX-512 VBMI, which [`q4_0_decode_tile`] needs (Zen 4, Ice Lake and
+/// Whether decode's 4-row, one-token tile of `ty` is [`nibble_decode_tile`] (with VBMI).
+pub fn has_decode_tile(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0)
+}
+
+/// Whether this CPU has AVX-512 VBMI, which [`nibble_decode_tile`] needs (Zen 4, Ice Lake and
 /// later; not Cascade Lake). `std` caches the answer.
 pub fn has_vbmi() -> bool {
     is_x86_feature_detected!("avx512vbmi")
 }
 
-/// Decode's Q4_0 tile, 4 rows x 1 token, with each row's blocks two at a time in 512-bit vectors.
+/// Where a pair of blocks' quant bytes go: byte k of the unpacked vector takes byte
+/// `NIBBLES[k]` of the pair (block i's at `first`.., block i + 1's at `bb + first`..) in lanes
+/// 0-15 and 32-47 (block i's low and high nibbles) and 16-31 and 48-63 (block i + 1's).
+const fn nibble_bytes(first: usize, bb: usize) -> [u8; 64] {
+    let mut idx = [0u8; 64];
+    let mut k = 0;
+    while k < 64 {
+        let block = (k / 16) % 2;
+        idx[k] = (first + block * bb + k % 16) as u8;
+        k += 1;
+    }
+    idx
+}
+
+/// Which 16-bit word of a pair holds the scale of each i32 lane's block, as `vpermw` indices:
+/// block i's (word 0) for lanes 0-3 and 8-11, block i + 1's (word `bb / 2`) for 4-7 and 12-15.
+const fn scale_words(bb: usize) -> [u16; 32] {
+    let mut idx = [0u16; 32];
+    let mut k = 0;
+    while k < 16 {
+        idx[k] = if (k / 4) % 2 == 1 { (bb / 2) as u16 } else { 0 };
+        k += 1;
+    }
+    idx
+}
+
+const Q4_0_NIBBLES: [u8; 64] = nibble_bytes(2, 18);
+const Q5_0_NIBBLES: [u8; 64] = nibble_bytes(6, 22);
+const Q4_0_SCALES: [u16; 32] = scale_words(18);
+const Q5_0_SCALES: [u16; 32] = scale_words(22);
+
+/// Decode's Q4_0 (`FIVE` false) or Q5_0 tile, 4 rows x 1 token, with each row's blocks two at a
+/// time in 512-bit vectors.
 ///
 /// Decode is this kernel's arithmetic, not the memory, on one core of AMD Zen 4 (the 256-bit tile
 /// ran at ~12 GB/s of weights with the rows in L2, below a core's ~20 GB/s read from memory): per
 /// 32 weights it spent ~16 instructions, half of them on the float side (the block's f16 scale
 /// converted and broadcast, the sum converted, scaled and added). Here one 64-byte load takes two
-/// blocks of a row (36 bytes, masked: the last pair of a tensor must not read past it); `vpermb`
-/// puts both blocks' nibble bytes where the low and the high nibbles go, a per-half shift and a
-/// mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15, then both
-/// blocks' 16-31), `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`,
-/// one conversion and one FMA cover 64 weights. The activations are arranged to match once per
-/// pair and shared by the 4 rows. 1.15-1.3x the 256-bit tile's rate on Zen 4 (in L2 and from
-/// memory). An odd last block goes through the 256-bit tile.
+/// blocks of a row (36 or 44 bytes, masked: the last pair of a tensor must not read past it);
+/// `vpermb` puts both blocks' nibble bytes where the low and the high nibbles go, a per-half
+/// shift and a mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15, then
+/// both blocks' 16-31), Q5_0's fifth bits add 16 under a mask built from the two `qh` words,
+/// `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`, one conversion and
+/// one FMA cover 64 weights. The activations are arranged to match once per pair and shared by
+/// the 4 rows. 1.15-1.3x the 256-bit Q4_0 tile's rate on Zen 4 (in L2 and from memory). An odd
+/// last block goes through the 256-bit tile.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn q4_0_decode_tile(rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
-    const BB: usize = 18;
+pub unsafe fn nibble_decode_tile<const FIVE: bool>(rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
+    let (ty, bb) = if FIVE { (GgmlType::Q5_0, 22) } else { (GgmlType::Q4_0, 18) };
+    let offset = if FIVE { 16 } else { 8 };
     let nb = act.len();
-    assert!(rows.iter().all(|r| r.len() >= nb * BB));
+    assert!(rows.iter().all(|r| r.len() >= nb * bb));
     let ahead = tile_prefetch::<4>(rows[0].len());
-    // Byte k of the result: block i's nibble bytes (at 2..18) in lanes 0-15 and 32-47, block
-    // i + 1's (at 20..36) in 16-31 and 48-63.
-    let nibble_bytes = _mm512_set_epi8(
-        35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 17, 16, 15, 14, 13, 12, 11,
-        10, 9, 8, 7, 6, 5, 4, 3, 2, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
-        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
-    );
+    let (nibbles, scales) =
+        if FIVE { (&Q5_0_NIBBLES, &Q5_0_SCALES) } else { (&Q4_0_NIBBLES, &Q4_0_SCALES) };
+    let nibble_bytes = _mm512_loadu_si512(nibbles.as_ptr() as *const __m512i);
+    let scale_words = _mm512_castsi256_si512(_mm256_loadu_si256(scales.as_ptr() as *const __m256i));
     // The high nibbles (upper 256 bits) shift down by 4, the low ones stay.
     let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
     let low4 = _mm512_set1_epi8(0x0f);
-    // 16-bit word k: block i's scale (word 0) for i32 lanes 0-3 and 8-11, block i + 1's (word 9)
-    // for 4-7 and 12-15; only the low 16 words are used.
-    let scale_words = _mm512_set_epi16(
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 0, 0, 0, 0, 9, 9, 9, 9, 0, 0,
-        0, 0,
-    );
+    let fifth = _mm512_set1_epi8(0x10);
     // The activations' quarter-blocks (64-bit words) in the weights' order.
     let act_words = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-    let pair_mask: __mmask64 = (1 << (2 * BB)) - 1;
+    let pair_mask: __mmask64 = (1 << (2 * bb)) - 1;
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut i = 0;
     while i + 2 <= nb {
@@ -164,21 +206,29 @@ pub unsafe fn q4_0_decode_tile(rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
             act_words,
             _mm512_castsi256_si512(_mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i)),
         );
-        // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x), one correction per block.
+        // sum((q - offset) x) = sum(q x) - offset sum(x), one correction per block.
         let start = _mm512_mask_set1_epi32(
-            _mm512_maskz_set1_epi32(0x0001, -8 * a0.sum),
+            _mm512_maskz_set1_epi32(0x0001, -offset * a0.sum),
             0x0010,
-            -8 * a1.sum,
+            -offset * a1.sum,
         );
         let da = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d));
         for r in 0..4 {
-            let p = rows[r].as_ptr().add(i * BB);
+            let p = rows[r].as_ptr().add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             let pair = _mm512_maskz_loadu_epi8(pair_mask, p as *const i8);
-            let w = _mm512_and_si512(
+            let mut w = _mm512_and_si512(
                 _mm512_srlv_epi16(_mm512_permutexvar_epi8(nibble_bytes, pair), shifts),
                 low4,
             );
+            if FIVE {
+                // Weight e's fifth bit is bit e of its block's `qh` (bytes 2..6).
+                let qh = |b: usize| (p.add(b * bb + 2) as *const u32).read_unaligned() as u64;
+                let (h0, h1) = (qh(0), qh(1));
+                let bits =
+                    (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
+                w = _mm512_mask_add_epi8(w, bits, w, fifth);
+            }
             let sums = _mm512_dpbusd_epi32(start, w, x);
             let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
                 scale_words,
@@ -195,8 +245,12 @@ pub unsafe fn q4_0_decode_tile(rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
         out[r] = _mm512_reduce_add_ps(acc[r]);
     }
     if i < nb {
-        let last = [&rows[0][i * BB..], &rows[1][i * BB..], &rows[2][i * BB..], &rows[3][i * BB..]];
-        let tail = dot_q8_tile::<4, 1>(GgmlType::Q4_0, last, [&act[i..]]);
+        let last = [&rows[0][i * bb..], &rows[1][i * bb..], &rows[2][i * bb..], &rows[3][i * bb..]];
+        let tail = if FIVE {
+            super::avx2::dot_q8_tile::<4, 1>(ty, last, [&act[i..]])
+        } else {
+            dot_q8_tile::<4, 1>(ty, last, [&act[i..]])
+        };
         out.iter_mut().zip(tail).for_each(|(o, t)| *o += t[0]);
     }
     out

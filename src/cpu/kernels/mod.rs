@@ -420,8 +420,14 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`; the kernel's extra feature, VBMI, was just checked.
-        Isa::Avx512Vnni if R == 4 && T == 1 && ty == GgmlType::Q4_0 && avx512vnni::has_vbmi() => unsafe {
-            let out = avx512vnni::q4_0_decode_tile(std::array::from_fn(|r| rows[r]), acts[0]);
+        Isa::Avx512Vnni
+            if R == 4 && T == 1 && avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() =>
+        unsafe {
+            let tile = std::array::from_fn(|r| rows[r]);
+            let out = match ty {
+                GgmlType::Q5_0 => avx512vnni::nibble_decode_tile::<true>(tile, acts[0]),
+                _ => avx512vnni::nibble_decode_tile::<false>(tile, acts[0]),
+            };
             std::array::from_fn(|r| std::array::from_fn(|_| out[r]))
         },
         #[cfg(target_arch = "x86_64")]
@@ -497,8 +503,8 @@ pub fn dot_q8_spread_tiles(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8_tile`.
-        Isa::Avx512Vnni if ty == GgmlType::Q4_0 && avx512vnni::has_vbmi() => unsafe {
-            avx512vnni::q4_0_spread_tiles(matrix, row_bytes, act, out)
+        Isa::Avx512Vnni if avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() => unsafe {
+            avx512vnni::nibble_spread_tiles(ty, matrix, row_bytes, act, out)
         },
         _ => {
             for k in 0..q {

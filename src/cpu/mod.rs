@@ -520,20 +520,25 @@ impl CpuModel {
                     let (r0, r1) = (tiles.start * R, (tiles.end * R).min(rows));
                     let mut r = r0;
                     match walk {
-                        DecodeWalk::Tiles => {}
                         DecodeWalk::RowByRow => {
                             let (dst, matrix) = rows_out(r0, r1);
                             kernels::dot_q8_rows(isa, w.ty, matrix, row_bytes, act(0), dst);
                             add_bias(dst, r0);
                             return;
                         }
-                        DecodeWalk::SpreadTiles => {
-                            // Row k of each quarter of the share in one tile; the rest alone.
+                        _ if n == 1 => {
+                            // The whole tiles in one call (spread: row k of each quarter of the
+                            // share in one tile); the rest alone, below.
                             r = r0 + (r1 - r0) / R * R;
                             let (dst, matrix) = rows_out(r0, r);
-                            kernels::dot_q8_spread_tiles(isa, w.ty, matrix, row_bytes, act(0), dst);
+                            let spread = walk == DecodeWalk::SpreadTiles;
+                            let act = act(0);
+                            kernels::dot_q8_decode_tiles(
+                                isa, w.ty, matrix, row_bytes, spread, act, dst,
+                            );
                             add_bias(dst, r0);
                         }
+                        _ => {}
                     }
                     while r + R <= r1 {
                         let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));

@@ -287,6 +287,38 @@ pub unsafe fn dot_q8_rows(
     }
 }
 
+/// See `kernels::dot_q8_decode_tiles`: the 4-row, one-token tile of `ty`, chosen once, over the
+/// tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_decode_tiles(
+    ty: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    spread: bool,
+    act: &[BlockQ8],
+    out: &mut [f32],
+) {
+    let q = out.len() / 4;
+    let row = |r: usize| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
+    macro_rules! each_tile {
+        ($tile:expr) => {
+            for k in 0..q {
+                let [a, b, c, d] = decode_tile_rows(k, q, spread);
+                let sums = $tile([row(a), row(b), row(c), row(d)]);
+                for (r, sum) in [a, b, c, d].into_iter().zip(sums) {
+                    *out.get_unchecked_mut(r) = sum[0];
+                }
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_K => each_tile!(|w| q4_k_tile::<4, 1, false>(w, [act])),
+        GgmlType::Q5_K => each_tile!(|w| q4_k_tile::<4, 1, true>(w, [act])),
+        GgmlType::Q6_K => each_tile!(|w| q6_k_tile::<4, 1>(w, [act])),
+        _ => each_tile!(|w| dot_q8_tile::<4, 1>(ty, w, [act])),
+    }
+}
+
 /// One Q8_0, Q4_0 or Q5_0 block at `p` for the tiles (after prefetching `ahead` bytes on): its
 /// scale broadcast, and its 32 weights as bytes ([`block_weights`]).
 #[inline]

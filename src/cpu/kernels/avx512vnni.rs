@@ -96,27 +96,28 @@ pub unsafe fn dot_q8_rows(
     }
 }
 
-/// See `kernels::dot_q8_spread_tiles`: Q4_0's or Q5_0's decode tile ([`nibble_decode_tile`])
+/// See `kernels::dot_q8_decode_tiles`: Q4_0's or Q5_0's decode tile ([`nibble_decode_tile`])
 /// over the tiles.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn nibble_spread_tiles(
+pub unsafe fn nibble_decode_tiles(
     ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
+    spread: bool,
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
     let q = out.len() / 4;
     for k in 0..q {
-        let row =
-            |j: usize| matrix.get_unchecked((j * q + k) * row_bytes..(j * q + k + 1) * row_bytes);
-        let tile = [row(0), row(1), row(2), row(3)];
+        let [a, b, c, d] = decode_tile_rows(k, q, spread);
+        let row = |r: usize| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
+        let tile = [row(a), row(b), row(c), row(d)];
         let sums = match ty {
             GgmlType::Q5_0 => nibble_decode_tile::<true>(tile, act),
             _ => nibble_decode_tile::<false>(tile, act),
         };
-        for (j, sum) in sums.into_iter().enumerate() {
-            *out.get_unchecked_mut(j * q + k) = sum;
+        for (r, sum) in [a, b, c, d].into_iter().zip(sums) {
+            *out.get_unchecked_mut(r) = sum;
         }
     }
 }

@@ -484,39 +484,55 @@ pub fn dot_q8_rows(
     }
 }
 
-/// Decode's spread tiles ([`DecodeWalk::SpreadTiles`]) over the first `out.len()` rows of
-/// `matrix` (a multiple of [`TILE_ROWS`], `row_bytes` each), in one call as [`dot_q8_rows`]: with
-/// `q = out.len() / 4`, tile k multiplies rows k, q + k, 2q + k and 3q + k, and `out[r]` gets
-/// row r's sum, the 4-row, one-token tile's bit for bit.
-pub fn dot_q8_spread_tiles(
+/// Decode's 4-row tiles over the first `out.len()` rows of `matrix` (a multiple of
+/// [`TILE_ROWS`], `row_bytes` each), in one call as [`dot_q8_rows`]: adjacent tiles
+/// ([`DecodeWalk::Tiles`]) or, with `spread`, tiles of rows a quarter of the range apart
+/// ([`DecodeWalk::SpreadTiles`]; see [`decode_tile_rows`]). `out[r]` gets row r's sum, the 4-row,
+/// one-token tile's bit for bit, whichever the walk.
+pub fn dot_q8_decode_tiles(
     isa: Isa,
     ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
+    spread: bool,
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
     const R: usize = TILE_ROWS;
     assert!(out.len().is_multiple_of(R) && matrix.len() >= out.len() * row_bytes);
     assert!(row_bytes >= ty.row_bytes(act.len() * QK8));
-    let q = out.len() / R;
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8_tile`.
         Isa::Avx512Vnni if avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() => unsafe {
-            avx512vnni::nibble_spread_tiles(ty, matrix, row_bytes, act, out)
+            avx512vnni::nibble_decode_tiles(ty, matrix, row_bytes, spread, act, out)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_q8`.
+        Isa::Avx2 => unsafe { avx2::dot_q8_decode_tiles(ty, matrix, row_bytes, spread, act, out) },
         _ => {
+            let q = out.len() / R;
             for k in 0..q {
-                let at = |j: usize| (j * q + k) * row_bytes;
-                let tile = std::array::from_fn(|j| &matrix[at(j)..at(j) + row_bytes]);
+                let rows = decode_tile_rows(k, q, spread);
+                if !spread {
+                    // The browser's prefetch (a no-op natively): the next tile's lines.
+                    touch_ahead(&matrix[rows[0] * row_bytes..], R * row_bytes);
+                }
+                let tile = rows.map(|r| &matrix[r * row_bytes..(r + 1) * row_bytes]);
                 let o = dot_q8_tile::<R, 1>(isa, ty, tile, [act]);
-                for (j, o) in o.iter().enumerate() {
-                    out[j * q + k] = o[0];
+                for (r, o) in rows.into_iter().zip(o) {
+                    out[r] = o[0];
                 }
             }
         }
     }
+}
+
+/// The rows of decode tile `k` of `q` (see [`dot_q8_decode_tiles`]): 4 adjacent rows, or with
+/// `spread` row k of each quarter of the range.
+#[inline]
+pub(super) fn decode_tile_rows(k: usize, q: usize, spread: bool) -> [usize; TILE_ROWS] {
+    std::array::from_fn(|j| if spread { j * q + k } else { TILE_ROWS * k + j })
 }
 
 /// Weight rows in a prefill panel (see [`Panel`]).

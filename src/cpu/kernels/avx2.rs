@@ -298,24 +298,19 @@ pub unsafe fn dot_q8_decode_tiles(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
-    let q = out.len() / 4;
-    let row = |r: usize| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
-    macro_rules! each_tile {
-        ($tile:expr) => {
-            for k in 0..q {
-                let [a, b, c, d] = decode_tile_rows(k, q, spread);
-                let sums = $tile([row(a), row(b), row(c), row(d)]);
-                for (r, sum) in [a, b, c, d].into_iter().zip(sums) {
-                    *out.get_unchecked_mut(r) = sum[0];
-                }
-            }
-        };
-    }
+    let one = |sums: [[f32; 1]; 4]| sums.map(|s| s[0]);
+    let (m, rb) = (matrix, row_bytes);
     match ty {
-        GgmlType::Q4_K => each_tile!(|w| q4_k_tile::<4, 1, false>(w, [act])),
-        GgmlType::Q5_K => each_tile!(|w| q4_k_tile::<4, 1, true>(w, [act])),
-        GgmlType::Q6_K => each_tile!(|w| q6_k_tile::<4, 1>(w, [act])),
-        _ => each_tile!(|w| dot_q8_tile::<4, 1>(ty, w, [act])),
+        GgmlType::Q4_K => {
+            each_decode_tile(m, rb, spread, out, |w| one(q4_k_tile::<4, 1, false>(w, [act])))
+        }
+        GgmlType::Q5_K => {
+            each_decode_tile(m, rb, spread, out, |w| one(q4_k_tile::<4, 1, true>(w, [act])))
+        }
+        GgmlType::Q6_K => {
+            each_decode_tile(m, rb, spread, out, |w| one(q6_k_tile::<4, 1>(w, [act])))
+        }
+        _ => each_decode_tile(m, rb, spread, out, |w| one(dot_q8_tile::<4, 1>(ty, w, [act]))),
     }
 }
 

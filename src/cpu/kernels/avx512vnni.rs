@@ -107,18 +107,13 @@ pub unsafe fn nibble_decode_tiles(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
-    let q = out.len() / 4;
-    for k in 0..q {
-        let [a, b, c, d] = decode_tile_rows(k, q, spread);
-        let row = |r: usize| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
-        let tile = [row(a), row(b), row(c), row(d)];
-        let sums = match ty {
-            GgmlType::Q5_0 => nibble_decode_tile::<true>(tile, act),
-            _ => nibble_decode_tile::<false>(tile, act),
-        };
-        for (r, sum) in [a, b, c, d].into_iter().zip(sums) {
-            *out.get_unchecked_mut(r) = sum;
-        }
+    match ty {
+        GgmlType::Q5_0 => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
+            nibble_decode_tile::<true>(tile, act)
+        }),
+        _ => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
+            nibble_decode_tile::<false>(tile, act)
+        }),
     }
 }
 

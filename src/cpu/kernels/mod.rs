@@ -531,8 +531,33 @@ pub fn dot_q8_decode_tiles(
 /// The rows of decode tile `k` of `q` (see [`dot_q8_decode_tiles`]): 4 adjacent rows, or with
 /// `spread` row k of each quarter of the range.
 #[inline]
-pub(super) fn decode_tile_rows(k: usize, q: usize, spread: bool) -> [usize; TILE_ROWS] {
+fn decode_tile_rows(k: usize, q: usize, spread: bool) -> [usize; TILE_ROWS] {
     std::array::from_fn(|j| if spread { j * q + k } else { TILE_ROWS * k + j })
+}
+
+/// The loop of [`dot_q8_decode_tiles`] for an instruction set's kernel: `tile` gets each tile's
+/// 4 rows and returns their sums. Inlined into the caller, whose closure `tile` then compiles
+/// with the caller's target features (closures inherit them; this function has none).
+///
+/// # Safety
+/// `matrix` holds `out.len()` rows of `row_bytes` (checked by `dot_q8_decode_tiles`).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) unsafe fn each_decode_tile(
+    matrix: &[u8],
+    row_bytes: usize,
+    spread: bool,
+    out: &mut [f32],
+    mut tile: impl FnMut([&[u8]; TILE_ROWS]) -> [f32; TILE_ROWS],
+) {
+    let q = out.len() / TILE_ROWS;
+    for k in 0..q {
+        let rows = decode_tile_rows(k, q, spread);
+        let sums = tile(rows.map(|r| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes)));
+        for (r, sum) in rows.into_iter().zip(sums) {
+            *out.get_unchecked_mut(r) = sum;
+        }
+    }
 }
 
 /// Weight rows in a prefill panel (see [`Panel`]).

@@ -271,19 +271,16 @@ pub unsafe fn dot_q8_rows(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
-    let row = |r: usize| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
-    macro_rules! each_row {
-        ($tile:expr) => {
-            for (r, o) in out.iter_mut().enumerate() {
-                *o = $tile(row(r))[0][0];
-            }
-        };
-    }
+    let (m, rb) = (matrix, row_bytes);
     match ty {
-        GgmlType::Q4_K => each_row!(|w| q4_k_tile::<1, 1, false>([w], [act])),
-        GgmlType::Q5_K => each_row!(|w| q4_k_tile::<1, 1, true>([w], [act])),
-        GgmlType::Q6_K => each_row!(|w| q6_k_tile::<1, 1>([w], [act])),
-        _ => each_row!(|w| dot_q8_tile::<1, 1>(ty, [w], [act])),
+        GgmlType::Q4_K => {
+            each_decode_row(m, rb, out, |w| q4_k_tile::<1, 1, false>([w], [act])[0][0])
+        }
+        GgmlType::Q5_K => {
+            each_decode_row(m, rb, out, |w| q4_k_tile::<1, 1, true>([w], [act])[0][0])
+        }
+        GgmlType::Q6_K => each_decode_row(m, rb, out, |w| q6_k_tile::<1, 1>([w], [act])[0][0]),
+        _ => each_decode_row(m, rb, out, |w| dot_q8_tile::<1, 1>(ty, [w], [act])[0][0]),
     }
 }
 

@@ -90,10 +90,7 @@ pub unsafe fn dot_q8_rows(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
-    for (r, o) in out.iter_mut().enumerate() {
-        let row = matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes);
-        *o = dot_q8_tile::<1, 1>(ty, [row], [act])[0][0];
-    }
+    each_decode_row(matrix, row_bytes, out, |w| dot_q8_tile::<1, 1>(ty, [w], [act])[0][0])
 }
 
 /// See `kernels::dot_q8_decode_tiles`: Q4_0's or Q5_0's decode tile ([`nibble_decode_tile`])

@@ -535,6 +535,24 @@ fn decode_tile_rows(k: usize, q: usize, spread: bool) -> [usize; TILE_ROWS] {
     std::array::from_fn(|j| if spread { j * q + k } else { TILE_ROWS * k + j })
 }
 
+/// The loop of [`dot_q8_rows`] for an instruction set's kernel: `row_sum` gets each row and
+/// returns its sum (inlined as [`each_decode_tile`]).
+///
+/// # Safety
+/// `matrix` holds `out.len()` rows of `row_bytes` (checked by `dot_q8_rows`).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) unsafe fn each_decode_row(
+    matrix: &[u8],
+    row_bytes: usize,
+    out: &mut [f32],
+    mut row_sum: impl FnMut(&[u8]) -> f32,
+) {
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = row_sum(matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes));
+    }
+}
+
 /// The loop of [`dot_q8_decode_tiles`] for an instruction set's kernel: `tile` gets each tile's
 /// 4 rows and returns their sums. Inlined into the caller, whose closure `tile` then compiles
 /// with the caller's target features (closures inherit them; this function has none).

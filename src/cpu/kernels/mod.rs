@@ -162,6 +162,7 @@ fn host_features() -> Vec<&'static str> {
             "avx512bw",
             "avx512vl",
             "avx512vnni",
+            "avx512vbmi",
             "avxvnni"
         );
     }

@@ -2,9 +2,10 @@
 // batch of queries at positions pos0 + t (pos0 = STEP[0] + start: read on the GPU from the step
 // buffer), over the KV cache of one layer (keys in rows of kv_dim elements of type `kvt`, f32 or
 // f16, the values from element v_base on). One workgroup per (head, token, chunk of `chunk`
-// positions): a first pass finds the chunk's largest score, a second walks its positions in
-// tiles of WG, turning scores into exp(s - max) in workgroup memory, each thread accumulating its
-// own output dimensions. The chunk's (max, sum of exponentials, unnormalised output) go to PART;
+// positions): a first pass computes the chunk's scores (kept in workgroup memory for the first
+// SC positions, so each key is read once in chunks up to SC long) and their largest, a second
+// walks its positions in tiles of WG, turning scores into exp(s - max) in workgroup memory, each
+// thread accumulating its own output dimensions. The chunk's (max, sum of exponentials, unnormalised output) go to PART;
 // attention_merge.wgsl combines the chunks (numerically stable: each is rescaled by
 // exp(max_chunk - max_all)). Chunks past the token's last position do nothing. Query head h reads
 // key/value head h / (n_head / n_head_kv). head_dim <= 4 * WG = 256.
@@ -30,6 +31,8 @@ const WG: u32 = 64u;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> probs: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
+const SC: u32 = 1024u;
+var<workgroup> scores: array<f32, 1024>; // SC
 
 fn score(p: u32, kb: u32) -> f32 {
     let base = p * P.n_head_kv * P.head_dim + kb;
@@ -61,8 +64,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
 
     var m = -3.0e38;
+    // Thread lid handles positions p0 + lid + k * WG in both passes: it reads back only the
+    // scores it wrote.
     for (var p = p0 + lid; p < p1; p += WG) {
-        m = max(m, score(p, kb));
+        let s = score(p, kb);
+        if (p - p0 < SC) {
+            scores[p - p0] = s;
+        }
+        m = max(m, s);
     }
     red[lid] = m;
     workgroupBarrier();
@@ -81,7 +90,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let p = base + lid;
         var e = 0.0;
         if (p < p1) {
-            e = exp(score(p, kb) - mx);
+            var s = 0.0;
+            if (p - p0 < SC) {
+                s = scores[p - p0];
+            } else {
+                s = score(p, kb);
+            }
+            e = exp(s - mx);
         }
         probs[lid] = e;
         l += e;

@@ -3,8 +3,8 @@
 //     Y = epilogue(W · norm(X) + bias)
 //
 // norm: none, RMSNorm or LayerNorm of each token's row of X, computed by every workgroup from X
-// itself (so normed activations never go through memory and the norm costs no dispatch); its
-// weight is folded into the decoded weights of each chunk. The epilogue is one of:
+// itself (so normed activations never go through memory and the norm costs no dispatch). The
+// epilogue is one of:
 //   STORE  Y[t][col0 + r] = y
 //   ADD    Y[t][col0 + r] += y            the residual add after the output and down projections
 //   GATED  Y[t][col0 + j] = silu(g_j) * u_j   W holds the gate rows, and the up rows from up_row
@@ -19,6 +19,12 @@
 // 32 and the team's sums are reduced in workgroup memory. Loops over chunk elements and tokens
 // have constant bounds, so the private arrays stay in registers. Grid: (x, y) cover the groups of
 // rows (x + y * nx).
+//
+// The activations are staged in workgroup memory, normed, in slabs of up to XS floats (all of a
+// row at once for one token up to 2048 wide): each is read from memory once per workgroup, the
+// norm's weight and bias applied once, and the products' inner loop reads only workgroup memory
+// besides the weights. Where a token's whole row fits, the norm's statistics come from the staged
+// copy too; otherwise from X before the first slab.
 //
 // QKV: a workgroup's rows are taken in an order that puts both members of each RoPE pair in
 // adjacent slots (for the half-split layout, pair i of a head is rows i and i + rope_dims / 2), so
@@ -75,6 +81,9 @@ const GATED: u32 = 2u;
 const GELU: u32 = 3u;
 const QKV: u32 = 4u;
 
+const XS: u32 = 2048u;
+
+var<workgroup> xs: array<f32, 2048>; // XS: a slab of the normed activations, token-major
 var<workgroup> red: array<f32, 512>; // TB * WG
 var<workgroup> stat: array<f32, 16>; // per token: mean, 1 / standard deviation
 var<workgroup> sums: array<f32, 32>; // TB * RPW
@@ -93,16 +102,23 @@ fn reduce_all(lid: u32, nt: u32) {
     }
 }
 
-// Per token: the mean (LayerNorm) and 1 / sqrt(variance + eps), or (0, 1) without a norm.
-fn norm_stats(lid: u32, nt: u32) {
+// Element i of token t's row: from the staged slab when it holds the whole row, else from X.
+fn x_at(t: u32, i: u32, staged: bool) -> f32 {
+    if (staged) {
+        return xs[t * P.cols + i];
+    }
+    return X[(P.x_row0 + t) * P.cols + i];
+}
+
+// Per token: the mean (LayerNorm; 0 for RMSNorm) and 1 / sqrt(variance + eps).
+fn norm_stats(lid: u32, nt: u32, staged: bool) {
     let n = f32(P.cols);
     if (P.norm == NORM_LAYER) {
         for (var t = 0u; t < TB; t++) {
             var s = 0.0;
             if (t < nt) {
-                let xb = (P.x_row0 + t) * P.cols;
                 for (var i = lid; i < P.cols; i += WG) {
-                    s += X[xb + i];
+                    s += x_at(t, i, staged);
                 }
             }
             red[t * WG + lid] = s;
@@ -115,21 +131,13 @@ fn norm_stats(lid: u32, nt: u32) {
     } else if (lid < TB) {
         stat[2u * lid] = 0.0;
     }
-    if (P.norm == 0u) {
-        if (lid < TB) {
-            stat[2u * lid + 1u] = 1.0;
-        }
-        workgroupBarrier();
-        return;
-    }
     workgroupBarrier();
     for (var t = 0u; t < TB; t++) {
         var s = 0.0;
         if (t < nt) {
-            let xb = (P.x_row0 + t) * P.cols;
             let mean = stat[2u * t];
             for (var i = lid; i < P.cols; i += WG) {
-                let d = X[xb + i] - mean;
+                let d = x_at(t, i, staged) - mean;
                 s += d * d;
             }
         }
@@ -190,7 +198,6 @@ fn main(
     let g = wg.x + wg.y * nwg.x;
     let team = lid / TEAM;
     let lane = lid % TEAM;
-    norm_stats(lid, nt);
 
     // The weight row this team multiplies.
     var w_row = g * RPW + team;
@@ -203,41 +210,66 @@ fn main(
         w_row = qkv_row(P.row0 + w_row) - P.row0;
     }
 
+    // Tokens' elements per slab: whole chunks, nt slabs in XS.
+    let slab = XS / nt / CH * CH;
+    let whole = P.cols <= slab;
+    if (P.norm != 0u && !whole) {
+        norm_stats(lid, nt, false);
+    }
+    let rb = P.w_byte0 + w_row * P.row_bytes;
     var acc: array<f32, 8>;
-    if (live) {
-        let rb = P.w_byte0 + w_row * P.row_bytes;
-        let n_chunks = (P.cols + CH - 1u) / CH;
-        for (var c = lane; c < n_chunks; c += TEAM) {
-            let n = min(CH, P.cols - c * CH);
-            let x0 = c * CH;
-            var v: array<f32, 32>;
-            decode(rb, c, n, &v);
-            // The norm's weight folds into the weights; its bias adds a constant per row.
-            var db = 0.0;
-            if (P.norm != 0u) {
-                for (var i = 0u; i < CH; i++) {
-                    if (i < n) {
-                        if (P.norm == NORM_LAYER) {
-                            db += v[i] * VEC[P.norm_b + x0 + i];
-                        }
-                        v[i] *= VEC[P.norm_w + x0 + i];
-                    }
-                }
-            }
-            for (var t = 0u; t < TB; t++) {
-                if (t < nt) {
-                    let xb = (P.x_row0 + t) * P.cols + x0;
-                    let mean = stat[2u * t];
-                    var s = 0.0;
-                    for (var i = 0u; i < CH; i++) {
-                        if (i < n) {
-                            s += v[i] * (X[xb + i] - mean);
-                        }
-                    }
-                    acc[t] += s * stat[2u * t + 1u] + db;
+    for (var s0 = 0u; s0 < P.cols; s0 += slab) {
+        let len = min(slab, P.cols - s0);
+        for (var t = 0u; t < TB; t++) {
+            if (t < nt) {
+                let xb = (P.x_row0 + t) * P.cols + s0;
+                for (var i = lid; i < len; i += WG) {
+                    xs[t * len + i] = X[xb + i];
                 }
             }
         }
+        workgroupBarrier();
+        // Each thread norms the elements it staged.
+        if (P.norm != 0u) {
+            if (whole) {
+                norm_stats(lid, nt, true);
+            }
+            for (var t = 0u; t < TB; t++) {
+                if (t < nt) {
+                    let mean = stat[2u * t];
+                    let rstd = stat[2u * t + 1u];
+                    for (var i = lid; i < len; i += WG) {
+                        var x = (xs[t * len + i] - mean) * rstd * VEC[P.norm_w + s0 + i];
+                        if (P.norm == NORM_LAYER) {
+                            x += VEC[P.norm_b + s0 + i];
+                        }
+                        xs[t * len + i] = x;
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+        if (live) {
+            let c_end = (s0 + len + CH - 1u) / CH;
+            for (var c = s0 / CH + lane; c < c_end; c += TEAM) {
+                let n = min(CH, P.cols - c * CH);
+                let x0 = c * CH - s0;
+                var v: array<f32, 32>;
+                decode(rb, c, n, &v);
+                for (var t = 0u; t < TB; t++) {
+                    if (t < nt) {
+                        var s = 0.0;
+                        for (var i = 0u; i < CH; i++) {
+                            if (i < n) {
+                                s += v[i] * xs[t * len + x0 + i];
+                            }
+                        }
+                        acc[t] += s;
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
     }
 
     for (var t = 0u; t < TB; t++) {

@@ -238,6 +238,69 @@ fn matmul_every_type_and_shape() {
     }
 }
 
+/// The decode product with its input normed in the kernel: one token and several, rows wider
+/// than the activations the kernel stages at once (2048 floats, shared by the tokens), RMSNorm
+/// and LayerNorm, input rows after others, the residual add.
+#[test]
+fn matvec_normed_inputs_in_slabs() {
+    let Some(k) = kernels() else { return };
+    let mut rng = Rng(12);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+        let wide = if ty.block_size() == 1 { 2085 } else { 2304 };
+        let narrow = if ty.block_size() == 256 { 512 } else { 288 };
+        for (cols, n_tok) in [(wide, 1), (narrow, 8), (narrow, 3), (wide, 2)] {
+            for norm in 0..3 {
+                let rows = 37;
+                let x_row0 = 1;
+                let w = random_weights(&mut rng, ty, rows, cols, 0.5);
+                let x: Vec<f32> =
+                    rng.vec((x_row0 + n_tok) * cols, 2.0).iter().map(|v| v + 0.3).collect();
+                let nw = rng.vec(cols, 1.0);
+                let nb = rng.vec(cols, 1.0);
+                let y0 = rng.vec(n_tok * rows, 1.0);
+                let eps = 1e-5;
+                let add = norm == 1;
+                let mut want = if add { y0.clone() } else { vec![0f32; n_tok * rows] };
+                let wf = dequant(ty, &w, rows, cols);
+                for t in 0..n_tok {
+                    let xr = &x[(x_row0 + t) * cols..(x_row0 + t + 1) * cols];
+                    let n = cols as f32;
+                    let mean = if norm == 2 { xr.iter().sum::<f32>() / n } else { 0.0 };
+                    let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+                    let inv = 1.0 / (var + eps).sqrt();
+                    let xn: Vec<f32> = (0..cols)
+                        .map(|i| match norm {
+                            0 => xr[i],
+                            1 => xr[i] * inv * nw[i],
+                            _ => (xr[i] - mean) * inv * nw[i] + nb[i],
+                        })
+                        .collect();
+                    for r in 0..rows {
+                        want[t * rows + r] += dot(&wf[r * cols..(r + 1) * cols], &xn);
+                    }
+                }
+                let case = host::NormedCase {
+                    ty,
+                    w: &w,
+                    rows,
+                    cols,
+                    x: &x,
+                    x_row0,
+                    n_tok,
+                    norm_weight: (norm > 0).then_some(&nw[..]),
+                    norm_bias: (norm == 2).then_some(&nb[..]),
+                    eps,
+                    y0: &y0,
+                    add,
+                };
+                let got = host::matvec_normed(&k, &case).unwrap();
+                let what = format!("matvec {} {rows}x{cols} n={n_tok} norm {norm}", ty.name());
+                check_close(&what, &got, &want, 1e-4);
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_tiled_every_type_and_shape() {
     // The prefill kernel (32 x 32 output tiles): rows and tokens not multiples of the tile,
@@ -508,6 +571,8 @@ fn attention_causal_gqa() {
         (2, 2, 100, 63, 2),
         (8, 1, 256, 7, 4),
         (3, 3, 32, 300, 1),
+        // Chunks longer than the 1024 scores the kernel keeps.
+        (2, 1, 16, 5200, 2),
     ] {
         let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
         let seen = pos0 + n_tok;

@@ -111,6 +111,55 @@ pub fn matmul_with(
     read(ctx, &y, n_tok * rows)
 }
 
+/// One decode product with its input normed, as the model records them: `x` holds rows of
+/// `cols`, the product reads `n_tok` of them from row `x_row0`; the norm is RMSNorm (weights, no
+/// bias) or LayerNorm (weights and bias); `y0` (`n_tok` rows of `rows`) is added to with
+/// `add`, else overwritten. Returns the output.
+pub struct NormedCase<'a> {
+    pub ty: GgmlType,
+    pub w: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+    pub x: &'a [f32],
+    pub x_row0: usize,
+    pub n_tok: usize,
+    /// The norm's weights (no norm without them), and its bias for a LayerNorm.
+    pub norm_weight: Option<&'a [f32]>,
+    pub norm_bias: Option<&'a [f32]>,
+    pub eps: f32,
+    pub y0: &'a [f32],
+    pub add: bool,
+}
+
+/// matvec.wgsl on a [`NormedCase`].
+pub fn matvec_normed(k: &Kernels, c: &NormedCase) -> Result<Vec<f32>> {
+    let ctx = &k.ctx;
+    let wt = GpuTensor::upload(ctx, "w", c.ty, c.rows, c.cols, c.w)?;
+    // The vectors buffer: the norm's weights, then its bias.
+    let mut vectors = vec![0.0];
+    let norm = c.norm_weight.map(|w| {
+        let weight = vectors.len();
+        vectors.extend_from_slice(w);
+        let bias = c.norm_bias.map(|b| {
+            let at = vectors.len();
+            vectors.extend_from_slice(b);
+            at
+        });
+        let kind = if bias.is_some() { Norm::Layer } else { Norm::Rms };
+        ops::NormIn { kind, eps: c.eps, weight, bias }
+    });
+    let unfused = Unfused::new(ctx, Some(&vectors));
+    let (xb, y) = (upload_f32(ctx, c.x), upload_f32(ctx, c.y0));
+    let mut pass = Pass::new(k);
+    let x = Rows { buf: &xb, row0: c.x_row0, n: c.n_tok };
+    let out = Out { buf: &y, stride: c.rows, col0: 0 };
+    let epilogue = if c.add { ops::Epilogue::Add } else { ops::Epilogue::Store };
+    let m = ops::Matvec { norm, bias: None, epilogue };
+    ops::matvec(&mut pass, &wt, x, out, m, &unfused.fused());
+    pass.submit();
+    read(ctx, &y, c.y0.len())
+}
+
 /// One tiled product as the model records them (for the tests of every tile): `w` holds
 /// `w_rows` rows of which the product reads `rows` from row `w_row0` (a packed tensor: a view at
 /// a byte offset); the input is `n_tok` rows of `x` from row `x_row0`; the bias (if any) sits

@@ -717,8 +717,10 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// Most chunks attention splits a sequence into (the scratch holds this many per head and token).
-pub const MAX_CHUNKS: usize = 32;
+/// Most chunks attention splits a sequence into (the scratch holds this many per head and token):
+/// enough workgroups to fill a large GPU at a few thousand positions, and chunks of at most
+/// 1024 positions (attention.wgsl keeps that many scores) up to 128k positions.
+pub const MAX_CHUNKS: usize = 128;
 
 /// Positions per attention chunk for a cache of `max_seq` positions: at least 64, and few
 /// enough chunks for the scratch. Fixed per model, so decode steps keep their parameters.

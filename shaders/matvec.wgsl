@@ -23,7 +23,8 @@
 // The activations are staged in workgroup memory, normed, in slabs of up to XS floats (all of a
 // row at once for one token up to 2048 wide): each is read from memory once per workgroup, the
 // norm's weight and bias applied once, and the products' inner loop reads only workgroup memory
-// besides the weights. Where a token's whole row fits, the norm's statistics come from the staged
+// besides the weights, 4 floats per load (scalar reads of workgroup memory made the kernel twice
+// as slow on lavapipe as reading X itself). Where a token's whole row fits, the norm's statistics come from the staged
 // copy too; otherwise from X before the first slab.
 //
 // QKV: a workgroup's rows are taken in an order that puts both members of each RoPE pair in
@@ -83,7 +84,9 @@ const QKV: u32 = 4u;
 
 const XS: u32 = 2048u;
 
-var<workgroup> xs: array<f32, 2048>; // XS: a slab of the normed activations, token-major
+// A slab of the normed activations, token-major, each token's part padded with zeros to whole
+// chunks (so a chunk reads 8 vec4s, none past its token's part).
+var<workgroup> xs: array<vec4<f32>, 512>; // XS / 4
 var<workgroup> red: array<f32, 512>; // TB * WG
 var<workgroup> stat: array<f32, 16>; // per token: mean, 1 / standard deviation
 var<workgroup> sums: array<f32, 32>; // TB * RPW
@@ -102,23 +105,32 @@ fn reduce_all(lid: u32, nt: u32) {
     }
 }
 
-// Element i of token t's row: from the staged slab when it holds the whole row, else from X.
-fn x_at(t: u32, i: u32, staged: bool) -> f32 {
+fn xs_get(j: u32) -> f32 {
+    return xs[j >> 2u][j & 3u];
+}
+
+fn xs_set(j: u32, x: f32) {
+    xs[j >> 2u][j & 3u] = x;
+}
+
+// Element i of token t's row: from the staged slab (a token every `stride`) when it holds the
+// whole row, else from X.
+fn x_at(t: u32, i: u32, staged: bool, stride: u32) -> f32 {
     if (staged) {
-        return xs[t * P.cols + i];
+        return xs_get(t * stride + i);
     }
     return X[(P.x_row0 + t) * P.cols + i];
 }
 
 // Per token: the mean (LayerNorm; 0 for RMSNorm) and 1 / sqrt(variance + eps).
-fn norm_stats(lid: u32, nt: u32, staged: bool) {
+fn norm_stats(lid: u32, nt: u32, staged: bool, stride: u32) {
     let n = f32(P.cols);
     if (P.norm == NORM_LAYER) {
         for (var t = 0u; t < TB; t++) {
             var s = 0.0;
             if (t < nt) {
                 for (var i = lid; i < P.cols; i += WG) {
-                    s += x_at(t, i, staged);
+                    s += x_at(t, i, staged, stride);
                 }
             }
             red[t * WG + lid] = s;
@@ -137,7 +149,7 @@ fn norm_stats(lid: u32, nt: u32, staged: bool) {
         if (t < nt) {
             let mean = stat[2u * t];
             for (var i = lid; i < P.cols; i += WG) {
-                let d = x_at(t, i, staged) - mean;
+                let d = x_at(t, i, staged, stride) - mean;
                 s += d * d;
             }
         }
@@ -214,17 +226,22 @@ fn main(
     let slab = XS / nt / CH * CH;
     let whole = P.cols <= slab;
     if (P.norm != 0u && !whole) {
-        norm_stats(lid, nt, false);
+        norm_stats(lid, nt, false, 0u);
     }
     let rb = P.w_byte0 + w_row * P.row_bytes;
     var acc: array<f32, 8>;
     for (var s0 = 0u; s0 < P.cols; s0 += slab) {
         let len = min(slab, P.cols - s0);
+        let stride = (len + CH - 1u) / CH * CH;
         for (var t = 0u; t < TB; t++) {
             if (t < nt) {
                 let xb = (P.x_row0 + t) * P.cols + s0;
-                for (var i = lid; i < len; i += WG) {
-                    xs[t * len + i] = X[xb + i];
+                for (var i = lid; i < stride; i += WG) {
+                    var x = 0.0;
+                    if (i < len) {
+                        x = X[xb + i];
+                    }
+                    xs_set(t * stride + i, x);
                 }
             }
         }
@@ -232,18 +249,18 @@ fn main(
         // Each thread norms the elements it staged.
         if (P.norm != 0u) {
             if (whole) {
-                norm_stats(lid, nt, true);
+                norm_stats(lid, nt, true, stride);
             }
             for (var t = 0u; t < TB; t++) {
                 if (t < nt) {
                     let mean = stat[2u * t];
                     let rstd = stat[2u * t + 1u];
                     for (var i = lid; i < len; i += WG) {
-                        var x = (xs[t * len + i] - mean) * rstd * VEC[P.norm_w + s0 + i];
+                        var x = (xs_get(t * stride + i) - mean) * rstd * VEC[P.norm_w + s0 + i];
                         if (P.norm == NORM_LAYER) {
                             x += VEC[P.norm_b + s0 + i];
                         }
-                        xs[t * len + i] = x;
+                        xs_set(t * stride + i, x);
                     }
                 }
             }
@@ -254,15 +271,17 @@ fn main(
             for (var c = s0 / CH + lane; c < c_end; c += TEAM) {
                 let n = min(CH, P.cols - c * CH);
                 let x0 = c * CH - s0;
+                // Zeros past n (a var starts zeroed), as in the slab's padding.
                 var v: array<f32, 32>;
                 decode(rb, c, n, &v);
                 for (var t = 0u; t < TB; t++) {
                     if (t < nt) {
+                        let q = (t * stride + x0) / 4u;
                         var s = 0.0;
-                        for (var i = 0u; i < CH; i++) {
-                            if (i < n) {
-                                s += v[i] * xs[t * len + x0 + i];
-                            }
+                        for (var k = 0u; k < CH / 4u; k++) {
+                            let x = xs[q + k];
+                            s += v[4u * k] * x.x + v[4u * k + 1u] * x.y + v[4u * k + 2u] * x.z
+                                + v[4u * k + 3u] * x.w;
                         }
                         acc[t] += s;
                     }

@@ -1319,6 +1319,17 @@ fn profile_times_every_dispatch_of_a_step() {
     let after = gpu.forward(&mut st, &[5], false).unwrap();
     let again = gpu.forward(&mut plain, &[5], false).unwrap();
     assert_eq!(after, again, "a profiled step leaves the state as a plain one does");
+
+    // Per family (what bench --profile and the browser bench page show): every dispatch of the
+    // same step counted once, under the label it ran with, and the same weight bytes.
+    let families = gpu.profile_after(&[1, 2, 3, 4], 3).unwrap().expect("timestamps");
+    let count = |label: &str| labels.iter().filter(|l| **l == label).count();
+    assert_eq!(families.iter().map(|f| f.dispatches).sum::<usize>(), times.len());
+    for f in &families {
+        assert_eq!(f.dispatches, count(f.kernel), "{}", f.kernel);
+    }
+    assert_eq!(families.iter().map(|f| f.bytes).sum::<u64>(), read);
+    assert_eq!(families[0].kernel, labels[0], "in the order they first run");
 }
 
 /// A greedy (or top-k) generation on the GPU ranks on the device: each step reads back the top

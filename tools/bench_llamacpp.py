@@ -64,9 +64,11 @@ def llama_cpp_bench(path, threads, prefill, contexts, steps):
     return out
 
 
-def nexttoken_bench(binary, path, threads, prefill, contexts, steps):
+def nexttoken_bench(binary, path, threads, prefill, contexts, steps, isa=None):
     cmd = [binary, "bench", "--model", path, "--backend", "cpu", "--threads", str(threads), "--steps", str(steps),
            "--prefill", ",".join(map(str, prefill)), "--contexts", ",".join(map(str, contexts)), "--json"]
+    if isa:
+        cmd += ["--isa", isa]
     res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     r = res["results"][0]
     r["cpu"] = res.get("cpu", {})
@@ -106,6 +108,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--binary", default=os.path.join(REPO, "target/release/nexttoken"))
     ap.add_argument("--json", action="store_true", help="print the raw numbers as JSON too")
+    ap.add_argument("--isa", help="nexttoken's kernels (bench --isa), e.g. avx2 to compare with a llama.cpp "
+                    "built without AVX-512 (put that llama-cpp-python first on PYTHONPATH)")
     a = ap.parse_args()
     prefill = [int(x) for x in a.prefill.split(",")]
     contexts = [int(x) for x in a.contexts.split(",")]
@@ -114,7 +118,7 @@ def main():
     for path in a.models:
         ours, theirs = [], []
         for _ in range(a.repeat):  # interleave so both see the same machine load
-            ours.append(nexttoken_bench(a.binary, path, a.threads, prefill, contexts, a.steps))
+            ours.append(nexttoken_bench(a.binary, path, a.threads, prefill, contexts, a.steps, a.isa))
             # nexttoken clamps contexts to the model's; use the ones it ran.
             p_used = sorted(int(k) for k in ours[-1]["prefill_tok_s"])
             c_used = sorted(int(k) for k in ours[-1]["decode_tok_s"])

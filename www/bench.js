@@ -2,7 +2,8 @@
 // for 16- and 128-token prompts, decode tok/s over 32 greedy tokens after a 16-token prompt and
 // after a long one (1024 tokens, or what the model's context leaves room for), the effective
 // bandwidth of decode (weight bytes per token x tok/s) against a memcpy in wasm memory, and the
-// wasm memory used. The engine runs in a module Worker (this same file), as the app's does: a
+// wasm memory used; on WebGPU, the kernels' times per family in one decode step where the browser
+// has timestamp queries. The engine runs in a module Worker (this same file), as the app's does: a
 // page's main thread may not block, so the threads build would spin there. Result: a JSON object
 // in <pre id="result"> and window.benchResult (window.benchError on failure).
 //   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
@@ -121,6 +122,13 @@ async function main() {
       sampleText: druns[0].text,
     };
   }
+  // On WebGPU, each kernel family's time in one decode step at both contexts (null where the
+  // browser exposes no timestamp-query, e.g. Chrome without it enabled), as `bench --profile`.
+  const profile = {};
+  for (const n of [16, longCtx]) {
+    status(`profile after ${n} tokens…`);
+    profile[n] = await engine.gpuProfile(n);
+  }
   const memoryBytes = wasmMemoryBytes(); // before the memcpy test grows it
   status("memcpy…");
   const memcpyGBs = memcpyBandwidth(64) / 1e9;
@@ -153,6 +161,8 @@ async function main() {
     decodeLong: decode[longCtx],
     // The short decode again under its old name (bench.mjs's tables).
     decode: decode[16],
+    gpuProfile16: profile[16],
+    gpuProfileLong: profile[longCtx],
   };
   engine.free();
   self.postMessage({ result });

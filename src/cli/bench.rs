@@ -214,35 +214,10 @@ fn profile(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
     let decodes = o.contexts.iter().map(|&ctx| (ctx.to_string(), ctx, 1));
     let prefills = o.prefill.iter().filter(|&&n| n > 8).map(|&n| (format!("prefill {n}"), 0, n));
     for (key, ctx, n) in decodes.chain(prefills) {
-        let mut s = gm.new_state();
-        let mut pos = 0;
-        while pos < ctx {
-            let n = (ctx - pos).min(256);
-            gm.forward(&mut s, &ids(pos, n), false)?;
-            pos += n;
-        }
-        let Some(times) = gm.profile(&mut s, &ids(ctx, n))? else {
+        let Some(rows) = gm.profile_after(&ids(0, ctx + n), ctx)? else {
             return Ok(Value::Null);
         };
-        // Families in the order they first run.
-        let mut rows: Vec<(&str, usize, f64, u64)> = Vec::new();
-        for t in &times {
-            match rows.iter_mut().find(|r| r.0 == t.label) {
-                Some(r) => {
-                    r.1 += 1;
-                    r.2 += t.micros;
-                    r.3 += t.bytes;
-                }
-                None => rows.push((t.label, 1, t.micros, t.bytes)),
-            }
-        }
-        let rows: Vec<Value> = rows
-            .into_iter()
-            .map(|(label, n, us, bytes)| {
-                json!({"kernel": label, "dispatches": n, "micros": us, "bytes": bytes})
-            })
-            .collect();
-        out.insert(key, Value::Array(rows));
+        out.insert(key, json!(rows));
     }
     Ok(Value::Object(out))
 }

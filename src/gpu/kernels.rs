@@ -384,6 +384,38 @@ pub struct DispatchTime {
     pub bytes: u64,
 }
 
+/// The dispatches of one profiled pass that share a label (a kernel family, and for products
+/// what they fuse), summed; see [`by_family`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FamilyTime {
+    pub kernel: &'static str,
+    pub dispatches: usize,
+    pub micros: f64,
+    /// Weight bytes read.
+    pub bytes: u64,
+}
+
+/// Dispatch times summed per label, in the order each label first runs.
+pub fn by_family(times: &[DispatchTime]) -> Vec<FamilyTime> {
+    let mut rows: Vec<FamilyTime> = Vec::new();
+    for t in times {
+        match rows.iter_mut().find(|r| r.kernel == t.label) {
+            Some(r) => {
+                r.dispatches += 1;
+                r.micros += t.micros;
+                r.bytes += t.bytes;
+            }
+            None => rows.push(FamilyTime {
+                kernel: t.label,
+                dispatches: 1,
+                micros: t.micros,
+                bytes: t.bytes,
+            }),
+        }
+    }
+    rows
+}
+
 impl Timestamps {
     /// The times of the dispatches, from the read-back ticks (`period`: nanoseconds per tick).
     pub fn times(&self, ticks: &[u8], period: f32) -> Vec<DispatchTime> {

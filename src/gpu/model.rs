@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    readback, BindCache, Binder, DispatchTime, Kernel, Kernels, Pass, Tile, Timestamps,
-    MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
+    by_family, readback, BindCache, Binder, DispatchTime, FamilyTime, Kernel, Kernels, Pass, Tile,
+    Timestamps, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
 };
 use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
@@ -873,6 +873,29 @@ impl GpuModel {
         let (_, times) =
             self.run_profiled(state, tokens, Output::Logits { all: false }, None, true).await?;
         Ok(times)
+    }
+
+    /// Per kernel family, the times of a forward pass of `ids[context..]` (one token: a decode
+    /// step; more: a prefill) after `ids[..context]` fill a fresh cache (in passes of up to 256
+    /// tokens, untimed); `None` when the device has no timestamp queries. What `bench --profile`
+    /// and the browser bench page print.
+    pub async fn profile_after_async(
+        &self,
+        ids: &[u32],
+        context: usize,
+    ) -> Result<Option<Vec<FamilyTime>>> {
+        let mut state = self.new_state();
+        for piece in ids[..context].chunks(256) {
+            self.forward_async(&mut state, piece, false).await?;
+        }
+        let times = self.profile_async(&mut state, &ids[context..]).await?;
+        Ok(times.map(|t| by_family(&t)))
+    }
+
+    /// Blocking [`GpuModel::profile_after_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile_after(&self, ids: &[u32], context: usize) -> Result<Option<Vec<FamilyTime>>> {
+        pollster::block_on(self.profile_after_async(ids, context))
     }
 
     /// Blocking [`GpuModel::profile_async`] (native only).

@@ -519,6 +519,28 @@ impl Engine {
         }
     }
 
+    /// The WebGPU kernels' times in one decode step after `context` positions, per kernel
+    /// family (`[{kernel, dispatches, micros, bytes}]`, as `nexttoken bench --profile`), on a
+    /// state of its own (the sessions' caches untouched). A Promise of `null` off WebGPU or where
+    /// the browser does not expose `timestamp-query`.
+    #[wasm_bindgen(js_name = gpuProfile)]
+    pub fn gpu_profile(&self, context: usize) -> js_sys::Promise {
+        let Loaded::Gpu(m, _) = &self.loaded else {
+            return js_sys::Promise::resolve(&JsValue::NULL);
+        };
+        let m = m.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let context = context.clamp(1, m.context_length().saturating_sub(1).max(1));
+            let vocab = m.vocab_size() as u32;
+            // Any valid ids: the times do not depend on which.
+            let ids: Vec<u32> = (0..=context as u32).map(|i| 3 + i * 7919 % (vocab - 3)).collect();
+            match m.profile_after_async(&ids, context).await.map_err(js_err)? {
+                Some(rows) => Ok(js::to_js(&rows)?),
+                None => Ok(JsValue::NULL),
+            }
+        })
+    }
+
     fn vocab(&self) -> Rc<dyn Vocab> {
         match &self.loaded {
             Loaded::Table(t) => t.clone(),

@@ -142,6 +142,18 @@ async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
     if (r.threads !== undefined && r.threads !== threads) throw new Error(`asked for ${threads} threads, ran ${r.threads}`);
     // After its decode steps the CPU path has chosen its decode walk (src/cpu/walk.rs).
     if (r.backend === "cpu" && !["tiles", "streams"].includes(r.decodeWalk)) throw new Error(`decode walk not settled: ${r.decodeWalk}`);
+    // On WebGPU with timestamp queries, the kernels' times per family of one decode step.
+    for (const p of [r.gpuProfile16, r.gpuProfileLong]) {
+      if (r.backend !== "webgpu" || p === null) continue;
+      const ok = Array.isArray(p) && p.length > 0 &&
+        p.every((f) => typeof f.kernel === "string" && f.dispatches >= 1 && f.micros >= 0 && f.bytes >= 0);
+      if (!ok) throw new Error(`gpuProfile is not a per-family table: ${JSON.stringify(p)}`);
+    }
+    if (r.backend === "webgpu") {
+      const p = r.gpuProfile16;
+      console.log(p ? p.map((f) => `${f.kernel}: ${f.dispatches} x, ${f.micros.toFixed(0)} us`).join("; ")
+        : "gpuProfile: null (this browser exposes no timestamp-query)");
+    }
     results[name] = r;
     passed++;
     const { userAgent, ...shown } = r;

@@ -307,8 +307,76 @@ pub unsafe fn dot_q8_decode_tiles(
         GgmlType::Q6_K => {
             each_decode_tile(m, rb, spread, out, |w| one(q6_k_tile::<4, 1>(w, [act])))
         }
+        _ if has_folded_decode_tile(ty) => {
+            each_decode_tile(m, rb, spread, out, |w| decode_tile_folded(ty, w, act))
+        }
         _ => each_decode_tile(m, rb, spread, out, |w| one(dot_q8_tile::<4, 1>(ty, w, [act]))),
     }
+}
+
+/// Whether [`dot_q8_decode_tiles`] takes `ty` through the folded tile ([`decode_tile_folded`]).
+pub fn has_folded_decode_tile(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
+}
+
+/// Per 128-bit half of two rows' 8 sums: [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fold_pair(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+}
+
+/// The 4-row, one-token decode tile of Q8_0, Q4_0 or Q5_0 with the rows' integer sums folded
+/// into one vector per block (two unpacks and an add per pair of rows), so the conversion to
+/// float, the scales (the 4 rows' f16 scales converted together) and the multiply-add are paid
+/// once per block for 4 rows instead of once per row: lane r and lane r + 4 hold row r's sums
+/// of the block's two halves. The integer sums are exact, so the rows' results differ from
+/// [`dot_q8_tile`]'s only in the order of the float additions.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_tile_folded(ty: GgmlType, rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
+    let nb = act.len();
+    let bb = ty.block_bytes();
+    for r in rows {
+        assert!(r.len() >= nb * bb);
+    }
+    assert!(has_folded_decode_tile(ty));
+    let (signed, offset) = (ty == GgmlType::Q8_0, unsigned_offset(ty));
+    let ones = _mm256_set1_epi16(1);
+    let ahead = tile_prefetch::<4>(rows[0].len());
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let a = act.get_unchecked(i);
+        let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+        // (No closures here: they would not inherit this function's target features.)
+        let mut scales = 0u64;
+        let mut sums = [_mm256_setzero_si256(); 4];
+        for r in 0..4 {
+            let p = rows[r].as_ptr().add(i * bb);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+            scales |= ((p as *const u16).read_unaligned() as u64) << (16 * r);
+            let w = block_weights(p, ty);
+            sums[r] = if signed {
+                mul_i8(w, x)
+            } else {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones)
+            };
+        }
+        // Per 128-bit half: [r0, r1, r0, r1] then [r0, r1, r2, r3], each lane a sum of 4 of the
+        // row's 8 lanes.
+        let s01 = fold_pair(sums[0], sums[1]);
+        let s23 = fold_pair(sums[2], sums[3]);
+        let folded =
+            _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+        // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x) (Q5_0: 16), once per row: the low half.
+        let folded =
+            _mm256_add_epi32(folded, _mm256_zextsi128_si256(_mm_set1_epi32(-offset * a.sum)));
+        let d = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(scales as i64)), _mm_set1_ps(a.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), _mm256_set_m128(d, d), acc);
+    }
+    let rows = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), rows);
+    out
 }
 
 /// One Q8_0, Q4_0 or Q5_0 block at `p` for the tiles (after prefetching `ahead` bytes on): its

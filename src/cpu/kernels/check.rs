@@ -143,6 +143,28 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                     }
                 }
             }
+            // Decode's calls over a whole range of rows: the tiles in both walks, row by row.
+            let more: Vec<Vec<u8>> = (0..TILE_ROWS).map(|_| random_row(ty, cols, next)).collect();
+            let all: Vec<&Vec<u8>> = rows.iter().chain(&more).collect();
+            let matrix: Vec<u8> = all.iter().flat_map(|r| r.iter().copied()).collect();
+            let row_bytes = ty.row_bytes(cols);
+            let act = acts[0].as_slice();
+            for walk in ["adjacent tiles", "spread tiles", "rows"] {
+                let mut out = vec![f32::NAN; all.len()];
+                match walk {
+                    "rows" => dot_q8_rows(isa, ty, &matrix, row_bytes, act, &mut out),
+                    _ => {
+                        let spread = walk == "spread tiles";
+                        dot_q8_decode_tiles(isa, ty, &matrix, row_bytes, spread, act, &mut out)
+                    }
+                }
+                let x: Vec<f32> = act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
+                for (r, row) in all.iter().enumerate() {
+                    let what = || format!("decode in {walk} {} cols {cols} row {r}", ty.name());
+                    let want = scalar::dot_q8(ty, row, act);
+                    c.check(what, out[r], want, magnitude(ty, row, &x))?;
+                }
+            }
         }
     }
 
@@ -218,7 +240,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     }
 
     Ok(format!(
-        "{}: {} results match scalar (dot_q8 and 1x1, 4x1, 4x2, 4x4 tiles on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
+        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
         isa.name(),
         c.checks
     ))

@@ -365,7 +365,9 @@ pub enum DecodeWalk {
 /// and 16 KiB of prefetch distance alike). Natively Q8_0 and the K-quants then go row by row; the
 /// blocks of 32 with nibbles (Q4_0, Q5_0, Q5_1), whose unpacking the 4 rows' shared activations
 /// pay for, in spread tiles (Llama-3.2-1B Q4_0 on 2 cores: 22-26 tok/s in adjacent tiles, 32 in
-/// spread ones; row by row lost on Q4_0). simd128's tiles take rows 4 at a time, so there every
+/// spread ones; row by row lost on Q4_0; Q8_0 in spread tiles with AVX2's folded tile was faster
+/// on one thread, Qwen2.5-0.5B 36.9 against 31.5 tok/s, but not on two, 57.4 against 57.8 and
+/// Llama-3.2-1B 21.6 against 23.4). simd128's tiles take rows 4 at a time, so there every
 /// type goes in spread tiles. Which hosts read in streams: [`decode_in_streams`].
 pub fn decode_walk(isa: Isa, ty: GgmlType, streams: bool) -> DecodeWalk {
     if !streams {
@@ -488,8 +490,11 @@ pub fn dot_q8_rows(
 /// Decode's 4-row tiles over the first `out.len()` rows of `matrix` (a multiple of
 /// [`TILE_ROWS`], `row_bytes` each), in one call as [`dot_q8_rows`]: adjacent tiles
 /// ([`DecodeWalk::Tiles`]) or, with `spread`, tiles of rows a quarter of the range apart
-/// ([`DecodeWalk::SpreadTiles`]; see [`decode_tile_rows`]). `out[r]` gets row r's sum, the 4-row,
-/// one-token tile's bit for bit, whichever the walk.
+/// ([`DecodeWalk::SpreadTiles`]; see [`decode_tile_rows`]). `out[r]` gets row r's sum, the same
+/// bits whichever the walk: the 4-row, one-token tile's, or where AVX2's folded tile serves the
+/// type (Q8_0, Q4_0, Q5_0), the same sum in another order (within the fast path's tolerance of
+/// the scalar kernel). AVX-512 keeps its own tiles: the VBMI one is as fast on Zen 4, and the
+/// VNNI Q8_0 tile was tuned on the Intel host.
 pub fn dot_q8_decode_tiles(
     isa: Isa,
     ty: GgmlType,

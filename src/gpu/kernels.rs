@@ -275,7 +275,15 @@ impl Kernels {
                     layout: Some(&pl),
                     module: &module,
                     entry_point: Some(k.entry()),
-                    compilation_options: Default::default(),
+                    // Every kernel writes its workgroup memory before reading it, so none
+                    // needs it zeroed first: natively wgpu would otherwise have one invocation
+                    // store zeros over all of it (naga's polyfill) or leave it to the driver,
+                    // before any work, in every workgroup (10 KiB in matvec.wgsl). Browsers
+                    // zero it regardless (WebGPU requires it).
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        zero_initialize_workgroup_memory: false,
+                        ..Default::default()
+                    },
                     cache: None,
                 });
                 Arc::new(Compiled { pipeline, layout })

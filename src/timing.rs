@@ -53,3 +53,10 @@ pub fn memcpy_bandwidth(bytes: usize, clock: Clock) -> f64 {
     // A clock coarser than one copy reads 0: count it as its resolution, not as infinitely fast.
     per_second(2 * n, best_ms.max(1e-6))
 }
+
+/// Token `i` of the benchmark sequence (`nexttoken bench`, the browser bench page's GPU profile,
+/// `tools/bench_llamacpp.py`): ids spread over the vocabulary, avoiding the first 3.
+pub fn bench_token(i: usize, n_vocab: usize) -> u32 {
+    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
+    (3 + x % (n_vocab as u64 - 3)) as u32
+}

@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def bench_token(i, n_vocab):
-    """Same as nexttoken's bench::bench_token."""
+    """Same as nexttoken's timing::bench_token."""
     x = ((i * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 17
     return 3 + x % (n_vocab - 3)
 

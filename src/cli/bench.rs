@@ -17,6 +17,7 @@ use nexttoken::gguf::Gguf;
 use nexttoken::gpu::GpuModel;
 use nexttoken::model::Model;
 use nexttoken::sampling::SamplerConfig;
+use nexttoken::timing::bench_token;
 use nexttoken::timing::{default_clock, memcpy_bandwidth, per_second};
 use nexttoken::tokenizer::HfTokenizer;
 use nexttoken::{Error, LanguageModel, Result, Vocab};
@@ -62,12 +63,6 @@ pub struct BenchOptions {
     /// The tokenizer a constraint reads (default: the GGUF's own).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-}
-
-/// Token `i` of the benchmark sequence: ids spread over the vocabulary, avoiding the first 3.
-pub fn bench_token(i: usize, n_vocab: usize) -> u32 {
-    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
-    (3 + x % (n_vocab as u64 - 3)) as u32
 }
 
 /// Time prefill and decode on any model.

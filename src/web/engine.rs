@@ -531,9 +531,9 @@ impl Engine {
         let m = m.clone();
         wasm_bindgen_futures::future_to_promise(async move {
             let context = context.clamp(1, m.context_length().saturating_sub(1).max(1));
-            let vocab = m.vocab_size() as u32;
-            // Any valid ids: the times do not depend on which.
-            let ids: Vec<u32> = (0..=context as u32).map(|i| 3 + i * 7919 % (vocab - 3)).collect();
+            let vocab = m.vocab_size();
+            let ids: Vec<u32> =
+                (0..=context).map(|i| crate::timing::bench_token(i, vocab)).collect();
             match m.profile_after_async(&ids, context).await.map_err(js_err)? {
                 Some(rows) => Ok(js::to_js(&rows)?),
                 None => Ok(JsValue::NULL),

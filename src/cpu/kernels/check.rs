@@ -149,6 +149,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
             let matrix: Vec<u8> = all.iter().flat_map(|r| r.iter().copied()).collect();
             let row_bytes = ty.row_bytes(cols);
             let act = acts[0].as_slice();
+            let x: Vec<f32> = act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
             for walk in ["adjacent tiles", "spread tiles", "rows"] {
                 let mut out = vec![f32::NAN; all.len()];
                 match walk {
@@ -158,7 +159,6 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                         dot_q8_decode_tiles(isa, ty, &matrix, row_bytes, spread, act, &mut out)
                     }
                 }
-                let x: Vec<f32> = act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
                 for (r, row) in all.iter().enumerate() {
                     let what = || format!("decode in {walk} {} cols {cols} row {r}", ty.name());
                     let want = scalar::dot_q8(ty, row, act);

@@ -532,6 +532,12 @@ impl Engine {
         wasm_bindgen_futures::future_to_promise(async move {
             let context = context.clamp(1, m.context_length().saturating_sub(1).max(1));
             let vocab = m.vocab_size();
+            if vocab <= 3 {
+                return Err(JsError::new(
+                    "gpuProfile: the model's vocabulary has 3 tokens or fewer",
+                )
+                .into());
+            }
             let ids: Vec<u32> =
                 (0..=context).map(|i| crate::timing::bench_token(i, vocab)).collect();
             match m.profile_after_async(&ids, context).await.map_err(js_err)? {

@@ -12,7 +12,9 @@
 # Output: one `nexttoken bench --json` line per model in DIR/results.jsonl, the per-kernel
 # profile of a decode step @16 and @2048 and of a 512-token prefill in DIR/profile-MODEL.txt, and a Markdown table
 # (decode @16 and @2048, prefill 16/128/512, dispatches per step against the 8 per layer + 6
-# budget, the weights' read rate against the GPU's measured read bandwidth).
+# budget, the weights' read rate against the GPU's measured read bandwidth), then the same models
+# with NEXTTOKEN_GPU_F16=0 (f32 KV cache and f32 prefill tiles) against the default f16 path
+# where the device has shader-f16 (DIR/results-f32.jsonl).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -54,17 +56,22 @@ run() { # name config type
     "$bin" bench --model "$file" --backend gpu --prefill 512 --contexts 16,2048 --steps 2 \
         --profile > "$here/profile-$1.txt"
     grep -E "device|per step|GPU read" "$here/profile-$1.txt" | sed "s/^/  $1: /" >&2
+    # The f32 path on the same model: what f16 (KV cache, prefill tiles) buys.
+    NEXTTOKEN_GPU_F16=0 "$bin" bench --model "$file" --backend gpu --prefill 128,512 \
+        --contexts 16,2048 --steps "${STEPS:-32}" --json | tee -a "$here/results-f32.jsonl" >/dev/null
 }
 
 : > "$here/results.jsonl"
+: > "$here/results-f32.jsonl"
 run smollm2-135m-q8_0 SmolLM2-135M-Instruct q8_0
 run qwen2.5-0.5b-q4_0 Qwen2.5-0.5B-Instruct q4_0
 run llama-3.2-1b-q4_0 Llama-3.2-1B q4_0
 run llama-3.2-1b-f16 Llama-3.2-1B f16
 
-python3 - "$here/results.jsonl" <<'PY'
+python3 - "$here/results.jsonl" "$here/results-f32.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+f32_rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
 print("| model | decode @16 | decode @2048 | prefill 16 / 128 / 512 | weights GB/s @16 (of GPU read) | dispatches/step (budget) |")
 print("| --- | ---: | ---: | --- | ---: | ---: |")
 for r in rows:
@@ -77,4 +84,15 @@ for r in rows:
           f"{p.get('16', 0):.0f} / {p.get('128', 0):.0f} / {p.get('512', 0):.0f} | "
           f"{bw / 1e9:.0f} ({100 * bw / ref:.0f}% of {ref / 1e9:.0f}) | "
           f"{g.get('dispatches_per_step')} ({g.get('dispatch_budget')}) |")
+print()
+print("| model | f16 path (KV, prefill tiles) | prefill 128 / 512: f16 / f32 | decode @16 / @2048: f16 / f32 |")
+print("| --- | --- | --- | --- |")
+for r, f in zip(rows, f32_rows):
+    g, h = r["results"][0], f["results"][0]
+    d, p, d32, p32 = g["decode_tok_s"], g["prefill_tok_s"], h["decode_tok_s"], h["prefill_tok_s"]
+    name = r["model"].rsplit("/", 1)[-1]
+    ratio = lambda a, b, k: f"{a.get(k, 0) / max(b.get(k, 0), 1e-9):.2f}x"
+    print(f"| {name} | {g.get('f16_kv')}, {g.get('f16_prefill')} | "
+          f"{ratio(p, p32, '128')} / {ratio(p, p32, '512')} | "
+          f"{ratio(d, d32, '16')} / {ratio(d, d32, '2048')} |")
 PY

@@ -283,6 +283,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["readback_bytes_per_step"] = json!(st.readback_bytes_last);
             r["gpu_memory_bytes"] = json!(st.model_bytes + st.kv_bytes_per_state);
             r["f16_kv"] = json!(st.f16_kv);
+            r["f16_prefill"] = json!(st.f16_prefill);
             r["dispatch_budget"] = json!(8 * gm.model.config.n_layer + 6);
             if o.profile {
                 r["profile"] = profile(&gm, o)?;
@@ -417,12 +418,13 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         }
         if let Some(d) = r["dispatches_per_step"].as_u64() {
             println!(
-                "per step       {d} dispatches (budget {}), {} submission, {} bytes read back; GPU memory {:.1} MiB (f16 KV: {})",
+                "per step       {d} dispatches (budget {}), {} submission, {} bytes read back; GPU memory {:.1} MiB (f16 KV: {}, f16 prefill products: {})",
                 r["dispatch_budget"],
                 r["submissions_per_step"],
                 r["readback_bytes_per_step"],
                 mib(r["gpu_memory_bytes"].as_f64().unwrap_or(0.0)),
-                r["f16_kv"]
+                r["f16_kv"],
+                r["f16_prefill"]
             );
         }
         for (ctx, rows) in r["profile"].as_object().into_iter().flatten() {

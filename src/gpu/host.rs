@@ -1,7 +1,7 @@
 //! Run one kernel on host data: upload, dispatch, read back. For the per-kernel tests against
 //! the CPU reference and for debugging; native only (it blocks).
 
-use super::context::GpuContext;
+use super::context::{gpu_err, GpuContext};
 use super::kernels::{readback, storage, upload, Kernels, Pass};
 use super::ops::{
     self, floats, step_words, AttentionShape, Columns, Fused, GpuTensor, Heads, KvBuffers, Lookup,
@@ -45,6 +45,7 @@ impl Unfused {
             step: &self.step,
             no_kv: &self.no_kv,
             f16_kv: false,
+            f16_tiles: false,
         }
     }
 }
@@ -59,6 +60,11 @@ pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> 
     }
     ctx.queue.submit([enc.finish()]);
     let bytes = pollster::block_on(ctx.read_buffer(&rb))?;
+    // A kernel that failed to compile or a dispatch that failed validation left `buf` as it
+    // was: say so rather than return it.
+    if let Some(e) = ctx.take_uncaptured_error() {
+        return Err(gpu_err(format!("a GPU command failed: {e}")));
+    }
     Ok(bytes[..n * 4]
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -185,6 +191,8 @@ pub struct TiledCase<'a> {
     pub accumulate: bool,
     /// RMSNorm of the input rows with these weights (at float offset 0 of the vectors buffer).
     pub rms_norm: Option<(&'a [f32], f32)>,
+    /// f16 tiles and per-block sums (needs the device's shader-f16).
+    pub f16: bool,
 }
 
 pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
@@ -214,7 +222,7 @@ pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
     let x = Rows { buf: &xb, row0: c.x_row0, n: c.n_tok };
     let out = Out { buf: &y, stride: c.y_stride, col0: c.y_col0 };
     let bias = c.bias.map(|_| c.bias_at);
-    let fused = unfused.fused();
+    let fused = Fused { f16_tiles: c.f16, ..unfused.fused() };
     let opts = ops::TiledOpts {
         tile: Some(c.tile),
         accumulate: c.accumulate,

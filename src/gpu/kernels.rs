@@ -77,8 +77,8 @@ pub enum Kernel {
     /// epilogue fused in; `true`: the KV cache it may write is f16.
     Matvec(GgmlType, bool),
     /// The same product tiled over rows and tokens (this output tile per workgroup), for
-    /// prefill batches of many tokens.
-    MatmulTiled(GgmlType, Tile),
+    /// prefill batches of many tokens; `true`: the tiles and each block's sums are f16.
+    MatmulTiled(GgmlType, Tile, bool),
     /// Row lookup from a weight matrix of this type.
     Embedding(GgmlType),
     RmsNorm,
@@ -125,6 +125,26 @@ fn with_dequant(ty: GgmlType, kernel: &str) -> String {
     )
 }
 
+/// matmul_tiled.wgsl's tile element type `tt`, its blocks per step `KB`, and how the norm's
+/// f32 partial sums are kept in a `vec4<tt>` of the weights' tile once it is free: in f16 as
+/// frexp's fraction in two halves (22 bits) and its exponent (naga cannot bitcast an f32 to two
+/// halves).
+const TILES_F32: &str = "alias tt = f32;
+const KB: u32 = 1u;
+fn to_tile(s: f32) -> vec4<f32> { return vec4<f32>(s, 0.0, 0.0, 0.0); }
+fn from_tile(v: vec4<f32>) -> f32 { return v.x; }
+";
+const TILES_F16: &str = "enable f16;
+alias tt = f16;
+const KB: u32 = 2u;
+fn to_tile(s: f32) -> vec4<f16> {
+    let f = frexp(s);
+    let hi = f16(f.fract);
+    return vec4<f16>(hi, f16(f.fract - f32(hi)), f16(f.exp), 0.0h);
+}
+fn from_tile(v: vec4<f16>) -> f32 { return ldexp(f32(v.x) + f32(v.y), i32(v.z)); }
+";
+
 /// The element type of the key/value cache as a WGSL alias `kvt`.
 fn with_kv_type(f16: bool, kernel: &str) -> String {
     if f16 {
@@ -139,10 +159,11 @@ impl Kernel {
     pub fn source(self) -> String {
         match self {
             Kernel::Matvec(ty, h) => with_kv_type(h, &with_dequant(ty, MATVEC)),
-            Kernel::MatmulTiled(ty, tile) => {
+            Kernel::MatmulTiled(ty, tile, h) => {
                 let (tr, tt) = tile.shape();
+                let elem = if h { TILES_F16 } else { TILES_F32 };
                 let tiled =
-                    format!("const TR: u32 = {tr}u;\nconst TT: u32 = {tt}u;\n{MATMUL_TILED}");
+                    format!("{elem}const TR: u32 = {tr}u;\nconst TT: u32 = {tt}u;\n{MATMUL_TILED}");
                 with_dequant(ty, &tiled)
             }
             Kernel::Embedding(ty) => with_dequant(ty, EMBEDDING),

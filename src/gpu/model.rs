@@ -181,20 +181,31 @@ pub struct GpuOptions {
     /// Keep the KV cache in f16 (half the memory and bandwidth of attention; needs the device's
     /// `shader-f16`). Logits then differ from the CPU's by up to about 1e-2 instead of 1e-5.
     pub f16_kv: bool,
+    /// Prefill's tiled products in f16 (needs `shader-f16`): weights and activations rounded to
+    /// f16 in workgroup memory, each block of 32 products summed in f16, the blocks in f32. Half
+    /// the workgroup memory per element and packed half-precision arithmetic; the logits move
+    /// by about as much as with the f16 KV cache.
+    pub f16_prefill: bool,
 }
 
 impl GpuOptions {
-    /// The default for `ctx`: the f16 KV cache where the device has `shader-f16`, unless the
-    /// environment variable `NEXTTOKEN_GPU_F16=0` forces the f32 path.
+    /// The default for `ctx`: f16 (KV cache and prefill products) where the device has
+    /// `shader-f16`, unless the environment variable `NEXTTOKEN_GPU_F16=0` forces the f32 path.
     pub fn auto(ctx: &GpuContext) -> GpuOptions {
         let env_off = cfg!(not(target_arch = "wasm32"))
             && std::env::var("NEXTTOKEN_GPU_F16").is_ok_and(|v| v == "0");
-        GpuOptions { f16_kv: ctx.shader_f16 && !env_off }
+        let h = ctx.shader_f16 && !env_off;
+        GpuOptions { f16_kv: h, f16_prefill: h }
     }
 
     /// Everything in f32: the path whose logits match the CPU's to about 1e-5.
     pub fn f32() -> GpuOptions {
-        GpuOptions { f16_kv: false }
+        GpuOptions { f16_kv: false, f16_prefill: false }
+    }
+
+    /// Everything f16 can do (the device must have `shader-f16`).
+    pub fn f16() -> GpuOptions {
+        GpuOptions { f16_kv: true, f16_prefill: true }
     }
 }
 
@@ -221,6 +232,8 @@ pub struct GpuStats {
     pub param_bytes_written: u64,
     /// Whether the KV cache is f16.
     pub f16_kv: bool,
+    /// Whether prefill's tiled products are f16.
+    pub f16_prefill: bool,
 }
 
 /// Buffers made on the first forward (sized by the final `max_seq`) and the per-step machinery.
@@ -439,6 +452,9 @@ impl GpuModel {
         if opts.f16_kv && !ctx.shader_f16 {
             return Err(gpu_err("the f16 KV cache needs shader-f16, which this device lacks"));
         }
+        if opts.f16_prefill && !ctx.shader_f16 {
+            return Err(gpu_err("f16 prefill products need shader-f16, which this device lacks"));
+        }
         let c = &model.config;
         if c.head_dim > MAX_HEAD_DIM {
             return Err(gpu_err(format!(
@@ -594,7 +610,7 @@ impl GpuModel {
         }
         for t in &tensors {
             needed.push(Kernel::Matvec(t.ty, h));
-            needed.extend(Tile::ALL.map(|tile| Kernel::MatmulTiled(t.ty, tile)));
+            needed.extend(Tile::ALL.map(|tile| Kernel::MatmulTiled(t.ty, tile, opts.f16_prefill)));
         }
         needed.sort_by_key(|k| format!("{k:?}"));
         needed.dedup();
@@ -704,6 +720,7 @@ impl GpuModel {
             buffers_created: self.ctx.buffers_created.load(std::sync::atomic::Ordering::Relaxed),
             param_bytes_written: rt.binder.param_bytes_written,
             f16_kv: self.opts.f16_kv,
+            f16_prefill: self.opts.f16_prefill,
             ..rt.last
         }
     }
@@ -1017,6 +1034,7 @@ impl GpuModel {
             step: &step,
             no_kv: &s.no_kv,
             f16_kv: self.opts.f16_kv,
+            f16_tiles: self.opts.f16_prefill,
         };
         let picks = TopkBuffers { cand: &cand, out: &pick, step: &step, mask: &mask_buf };
         let picks_all = TopkBuffers { cand: &cand, out: &pick_all, step: &step, mask: &mask_buf };

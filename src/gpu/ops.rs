@@ -410,7 +410,7 @@ pub fn matmul_tiled_with<'a>(
             eps: rms_norm.map_or(0.0, |n| n.1),
         };
         let buffers = [&part.buffer, x.buf, fused.vectors, y.buf];
-        let kernel = Kernel::MatmulTiled(w.ty, tile);
+        let kernel = Kernel::MatmulTiled(w.ty, tile, fused.f16_tiles);
         let bytes = (part.rows * w.row_bytes) as u64;
         let label = match (rms_norm.is_some(), accumulate) {
             (true, true) => "matmul tiled rms-norm +residual",
@@ -433,6 +433,8 @@ pub struct Fused<'a> {
     pub no_kv: &'a wgpu::Buffer,
     /// Whether KV caches (and `no_kv`) hold f16.
     pub f16_kv: bool,
+    /// Whether the tiled products (prefill) use f16 tiles and per-block f16 sums.
+    pub f16_tiles: bool,
 }
 
 /// A norm applied to the input of a product: weights (and LayerNorm's bias) at these float

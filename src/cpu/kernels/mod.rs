@@ -268,8 +268,12 @@ pub fn quantize_activations(x: &[f32], out: &mut [BlockQ8]) {
 /// Q4_K's 8 six-bit scales and 8 six-bit mins from its 12 packed bytes, each as 8 bytes in a
 /// u64 (the bit shuffle of `quant::q4_k_scale_min`, done on all 8 at once in 32-bit words).
 #[inline]
-// NEON reads the scales one at a time (`quant::q4_k_scale_min`).
-#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
+// NEON reads the scales one at a time (`quant::q4_k_scale_min`); wasm without simd128 has only
+// the scalar kernels.
+#[cfg_attr(
+    any(target_arch = "aarch64", all(target_arch = "wasm32", not(target_feature = "simd128"))),
+    allow(dead_code)
+)]
 pub(super) fn q4_k_scales_mins(packed: &[u8]) -> (u64, u64) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;

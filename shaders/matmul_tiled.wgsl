@@ -12,22 +12,17 @@
 // shader-f16 and the model asks for it, f16 and 2. For each step of KT = KB * 32 along the row,
 // TR * KB threads each decode one weight block (one row's 32 elements, by the dequant.wgsl
 // prelude) into workgroup memory, every thread loads a share of the TT tokens' KT activations,
-// and then each thread accumulates a 4 rows x 4 tokens block of Y: per pair of elements along
-// the row, four vec2 reads of W (4 consecutive rows) and four of X (4 tokens), 32 multiply-adds.
-// So a row is decoded once per TT tokens and an activation read once per TR rows. In f16 the
-// tiles take half the memory, so a step covers two blocks (half the barriers, and twice the
-// threads decode), the multiply-adds run on packed halves, and each block's 32 products are
-// summed in f16 and then added to f32 accumulators: the rounding of f16 sums stays bounded by 32
-// terms, whatever the row length.
-//
-// Both tiles hold pairs of consecutive elements of one row (a vec2: 8 bytes in f32, one 32-bit
-// word in f16), pair-major ([pair][row or token]): each thread writes whole pairs of its own row
-// or token, so no two threads ever write halves of one word (a WebGPU implementation may store
-// an f16 by rewriting its whole word), consecutive threads write consecutive pairs, and the reads
-// of 4 consecutive rows or tokens are contiguous. At most 16 KiB of workgroup memory (WebGPU's
-// default limit): 2 * 64 * 16 * 8 bytes in f32, 2 * 64 * 32 * 4 in f16. Elements past the end of
-// the row, rows past `rows` and tokens past `n_tok` are zero in the tiles. Grid: (x, y) cover the
-// row tiles (x + y * nx), z the token tiles.
+// and then each thread accumulates a 4 rows x 4 tokens block from two vec4 reads per element
+// (4 consecutive rows of W, 4 tokens of X): 16 multiply-adds per two loads. So a row is decoded
+// once per TT tokens and an activation read once per TR rows. In f16 the tiles take half the
+// memory, so a step covers two blocks (half the barriers, and twice the threads decode), the
+// multiply-adds run on packed halves, and each block's 32 products are summed in f16 and then
+// added to f32 accumulators: the rounding of f16 sums stays bounded by 32 terms, whatever the
+// row length. Both tiles are stored k-major ([k][row or token]), so the stores of the loads and
+// the vec4 reads are free of bank conflicts; at most 16 KiB of workgroup memory (WebGPU's
+// default limit): 2 * 32 * 64 * 4 bytes in f32, 2 * 64 * 64 * 2 in f16. Elements past the end
+// of the row, rows past `rows` and tokens past `n_tok` are zero in the tiles. Grid: (x, y)
+// cover the row tiles (x + y * nx), z the token tiles.
 
 struct Params {
     rows: u32,
@@ -54,13 +49,12 @@ struct Params {
 const NONE: u32 = 0xffffffffu;
 const WG: u32 = TR * TT / 16u; // a multiple of TT: each thread loads the activations of one token
 const RQ: u32 = TR / 4u; // groups of 4 rows
+const TQ: u32 = TT / 4u; // groups of 4 tokens
 const KT: u32 = KB * CH; // elements of the row per step
-const KP: u32 = KT / 2u; // pairs of elements per step
 
-// Ws[p * TR + r]: elements 2p, 2p + 1 of the step for row r of the tile; Xs[p * TT + t]: the
-// same for token t.
-var<workgroup> Ws: array<vec2<tt>, KP * TR>;
-var<workgroup> Xs: array<vec2<tt>, KP * TT>;
+// Ws[k * RQ + i][j]: row 4i + j of the tile at k; Xs[k * TQ + i][j]: token 4i + j at k.
+var<workgroup> Ws: array<vec4<tt>, RQ * KT>;
+var<workgroup> Xs: array<vec4<tt>, TQ * KT>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -88,35 +82,24 @@ fn main(
             if (ok) {
                 decode(P.w_byte0 + (r0 + r) * P.row_bytes, c, n, &v);
             }
-            for (var j = 0u; j < CH; j += 2u) {
-                let w0 = select(0.0, v[j], ok && j < n);
-                let w1 = select(0.0, v[j + 1u], ok && j + 1u < n);
-                Ws[(b * CH + j) / 2u * TR + r] = vec2<tt>(tt(w0), tt(w1));
+            for (var j = 0u; j < CH; j++) {
+                Ws[(b * CH + j) * RQ + r / 4u][r % 4u] = tt(select(0.0, v[j], ok && j < n));
             }
         }
-        // Token-fastest, so consecutive threads store consecutive pairs.
-        for (var i = lid; i < TT * KP; i += WG) {
+        // Token-fastest, so consecutive threads store consecutive words.
+        for (var i = lid; i < TT * KT; i += WG) {
             let t = i % TT;
-            let col = s * KT + 2u * (i / TT);
-            var x = vec2<f32>(0.0);
-            var g = vec2<f32>(1.0);
-            if (t0 + t < P.n_tok) {
-                let at = (P.x_row0 + t0 + t) * P.cols + col;
-                if (col < P.cols) {
-                    x.x = X[at];
-                    if (normed) {
-                        g.x = B[P.norm_w + col];
-                    }
+            let k = i / TT;
+            let col = s * KT + k;
+            var x = 0.0;
+            if (t0 + t < P.n_tok && col < P.cols) {
+                x = X[(P.x_row0 + t0 + t) * P.cols + col];
+                sq += x * x;
+                if (normed) {
+                    x *= B[P.norm_w + col];
                 }
-                if (col + 1u < P.cols) {
-                    x.y = X[at + 1u];
-                    if (normed) {
-                        g.y = B[P.norm_w + col + 1u];
-                    }
-                }
-                sq += dot(x, x);
             }
-            Xs[i] = vec2<tt>(x * g);
+            Xs[k * TQ + t / 4u][t % 4u] = tt(x);
         }
         workgroupBarrier();
         for (var b = 0u; b < KB; b++) {
@@ -127,24 +110,13 @@ fn main(
             part[1] = vec4<tt>(0.0);
             part[2] = vec4<tt>(0.0);
             part[3] = vec4<tt>(0.0);
-            for (var p = b * CH / 2u; p < (b + 1u) * CH / 2u; p++) {
-                let w = p * TR + 4u * rq;
-                let a0 = Ws[w];
-                let a1 = Ws[w + 1u];
-                let a2 = Ws[w + 2u];
-                let a3 = Ws[w + 3u];
-                // The 4 rows' first and second elements of the pair.
-                let lo = vec4<tt>(a0.x, a1.x, a2.x, a3.x);
-                let hi = vec4<tt>(a0.y, a1.y, a2.y, a3.y);
-                let x = p * TT + 4u * tq;
-                let x0 = Xs[x];
-                let x1 = Xs[x + 1u];
-                let x2 = Xs[x + 2u];
-                let x3 = Xs[x + 3u];
-                part[0] += lo * x0.x + hi * x0.y;
-                part[1] += lo * x1.x + hi * x1.y;
-                part[2] += lo * x2.x + hi * x2.y;
-                part[3] += lo * x3.x + hi * x3.y;
+            for (var k = b * CH; k < b * CH + CH; k++) {
+                let a = Ws[k * RQ + rq];
+                let x = Xs[k * TQ + tq];
+                part[0] += a * x.x;
+                part[1] += a * x.y;
+                part[2] += a * x.z;
+                part[3] += a * x.w;
             }
             acc[0] += vec4<f32>(part[0]);
             acc[1] += vec4<f32>(part[1]);
@@ -154,15 +126,15 @@ fn main(
         workgroupBarrier();
     }
     // Each of this thread's tokens' 1 / rms: the sum of the partial sums of the threads that
-    // loaded it (kept in Ws, free now, by `put_sum`).
+    // loaded it (Ws is free now; `to_tile` keeps an f32 whole in a vec4 of the tiles' type).
     var inv = vec4<f32>(1.0);
     if (normed) {
-        put_sum(lid, sq);
+        Ws[lid] = to_tile(sq);
         workgroupBarrier();
         for (var j = 0u; j < 4u; j++) {
             var s = 0.0;
             for (var i = 4u * tq + j; i < WG; i += TT) {
-                s += get_sum(i);
+                s += from_tile(Ws[i]);
             }
             inv[j] = 1.0 / sqrt(s / f32(P.cols) + P.eps);
         }

@@ -126,27 +126,23 @@ fn with_dequant(ty: GgmlType, kernel: &str) -> String {
 }
 
 /// matmul_tiled.wgsl's tile element type `tt`, its blocks per step `KB`, and how the norm's
-/// f32 partial sum of thread `i` is kept in the weight tile `Ws` (pairs of `tt`) once it is free:
-/// in f16 as frexp's fraction in two halves (22 bits) and its exponent, in two pairs (naga cannot
-/// bitcast an f32 into two halves).
+/// f32 partial sums are kept in a `vec4<tt>` of the weights' tile once it is free: in f16 as
+/// frexp's fraction in two halves (22 bits) and its exponent (naga cannot bitcast an f32 to two
+/// halves).
 const TILES_F32: &str = "alias tt = f32;
 const KB: u32 = 1u;
-fn put_sum(i: u32, s: f32) { Ws[i] = vec2<f32>(s, 0.0); }
-fn get_sum(i: u32) -> f32 { return Ws[i].x; }
+fn to_tile(s: f32) -> vec4<f32> { return vec4<f32>(s, 0.0, 0.0, 0.0); }
+fn from_tile(v: vec4<f32>) -> f32 { return v.x; }
 ";
 const TILES_F16: &str = "enable f16;
 alias tt = f16;
 const KB: u32 = 2u;
-fn put_sum(i: u32, s: f32) {
+fn to_tile(s: f32) -> vec4<f16> {
     let f = frexp(s);
     let hi = f16(f.fract);
-    Ws[2u * i] = vec2<f16>(hi, f16(f.fract - f32(hi)));
-    Ws[2u * i + 1u] = vec2<f16>(f16(f.exp), 0.0h);
+    return vec4<f16>(hi, f16(f.fract - f32(hi)), f16(f.exp), 0.0h);
 }
-fn get_sum(i: u32) -> f32 {
-    let m = Ws[2u * i];
-    return ldexp(f32(m.x) + f32(m.y), i32(Ws[2u * i + 1u].x));
-}
+fn from_tile(v: vec4<f16>) -> f32 { return ldexp(f32(v.x) + f32(v.y), i32(v.z)); }
 ";
 
 /// The element type of the key/value cache as a WGSL alias `kvt`.

@@ -1127,6 +1127,7 @@ fn f16_kv_cache_stories260k() {
 fn f16_kv_cache_and_prefill_synthetic_models() {
     let Some(ctx) = context() else { return };
     if !ctx.shader_f16 {
+        eprintln!("SKIPPED the f16 path: the device has no shader-f16");
         return;
     }
     let long: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 300).collect();

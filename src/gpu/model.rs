@@ -449,11 +449,10 @@ impl GpuModel {
         rope_freqs: Option<&Tensor>,
     ) -> Result<Pending> {
         ctx.check_lost()?;
-        if opts.f16_kv && !ctx.shader_f16 {
-            return Err(gpu_err("the f16 KV cache needs shader-f16, which this device lacks"));
-        }
-        if opts.f16_prefill && !ctx.shader_f16 {
-            return Err(gpu_err("f16 prefill products need shader-f16, which this device lacks"));
+        if (opts.f16_kv || opts.f16_prefill) && !ctx.shader_f16 {
+            return Err(gpu_err(format!(
+                "{opts:?} needs shader-f16 (f16 in shaders), which this device lacks"
+            )));
         }
         let c = &model.config;
         if c.head_dim > MAX_HEAD_DIM {

@@ -8,7 +8,10 @@
 // thread accumulating its own output dimensions. The chunk's (max, sum of exponentials, unnormalised output) go to PART;
 // attention_merge.wgsl combines the chunks (numerically stable: each is rescaled by
 // exp(max_chunk - max_all)). Chunks past the token's last position do nothing. Query head h reads
-// key/value head h / (n_head / n_head_kv). head_dim <= 4 * WG = 256.
+// key/value head h / (n_head / n_head_kv). The head size is the constant HD (<= 4 * WG = 256, put
+// before this source by Rust) and a full tile's walk has the constant length WG, so the loops over
+// a key's elements and over a tile's values unroll and each thread issues their loads at once: on
+// a real GPU the chain of loads a thread waits on one by one, not the bytes, is what this costs.
 
 struct Params {
     n_head: u32,
@@ -28,19 +31,35 @@ struct Params {
 @group(0) @binding(4) var<uniform> P: Params;
 
 const WG: u32 = 64u;
-var<workgroup> qs: array<f32, 256>;
+var<workgroup> qs: array<f32, HD>;
 var<workgroup> probs: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
 const SC: u32 = 1024u;
 var<workgroup> scores: array<f32, 1024>; // SC
 
 fn score(p: u32, kb: u32) -> f32 {
-    let base = p * P.n_head_kv * P.head_dim + kb;
+    let base = p * P.n_head_kv * HD + kb;
     var s = 0.0;
-    for (var i = 0u; i < P.head_dim; i++) {
+    for (var i = 0u; i < HD; i++) {
         s += qs[i] * f32(KV[base + i]);
     }
     return s * P.scale;
+}
+
+// Output dimension d summed over the n probabilities of the tile of values from position `base`.
+fn weighted(base: u32, n: u32, d: u32, kv_dim: u32, kb: u32) -> f32 {
+    let at = P.v_base + base * kv_dim + kb + d;
+    var s = 0.0;
+    if (n == WG) {
+        for (var i = 0u; i < WG; i++) {
+            s += probs[i] * f32(KV[at + i * kv_dim]);
+        }
+    } else {
+        for (var i = 0u; i < n; i++) {
+            s += probs[i] * f32(KV[at + i * kv_dim]);
+        }
+    }
+    return s;
 }
 
 @compute @workgroup_size(64)
@@ -48,7 +67,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h = wg.x;
     let t = wg.y;
     let c = wg.z;
-    let hd = P.head_dim;
+    let hd = HD;
     let kv_dim = P.n_head_kv * hd;
     let seen = STEP[0] + P.start + t + 1u;
     let p0 = c * P.chunk;
@@ -105,11 +124,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var j = 0u; j < 4u; j++) {
             let d = lid + j * WG;
             if (d < hd) {
-                var s = acc[j];
-                for (var i = 0u; i < cnt; i++) {
-                    s += probs[i] * f32(KV[P.v_base + (base + i) * kv_dim + kb + d]);
-                }
-                acc[j] = s;
+                acc[j] += weighted(base, cnt, d, kv_dim, kb);
             }
         }
         workgroupBarrier();

@@ -14,8 +14,10 @@
 // its own positions. The output row is written once, normalised: no merge pass.
 //
 // Each row belongs to 4 threads (lanes); lane j holds dims [4c, 4c + 4) for c = j, j + 4, ...
-// of the row's query (pre-scaled) and output in registers, so head_dim <= 4 * 4 * 16 = 256
-// without workgroup memory for the queries. A score is the sum of the 4 lanes' partial dot
+// of the row's query (pre-scaled) and output in registers: HV vec4s each, from the head size HD
+// (HD4 vec4s; constants Rust puts before this source, HD <= 256), so the registers are sized to
+// the model's heads (sized for 256, a 64-wide head's rows spilt out of registers) and the loops
+// over them unroll. A score is the sum of the 4 lanes' partial dot
 // products (exchanged through `part`). KT = min(32, 384 / ceil(head_dim / 4)): the tile is at
 // most 6 KiB, so the kernel needs under 16 KiB of workgroup memory (WebGPU's default limit).
 
@@ -39,7 +41,6 @@ const QR: u32 = 16u; // query rows per workgroup
 const LANES: u32 = 4u; // threads per row
 const KT_MAX: u32 = 32u; // most keys per tile
 const TILE_VEC4: u32 = 384u; // the key/value tile: KT * ceil(head_dim / 4) vec4s at most
-const CHUNKS: u32 = 16u; // vec4s of a row per lane at head_dim 256
 
 var<workgroup> kvs: array<vec4<f32>, 384>;
 // Partial dot products: row r, lane j, key k at (r * LANES + j) * KT_MAX + k. After the sum, the
@@ -50,7 +51,7 @@ var<workgroup> row_max: array<f32, 64>; // QR * LANES
 // Load KT positions from p0 (keys, or values with base = v_base) into kvs; elements past the head
 // or past `end` are zero.
 fn load_tile(base: u32, p0: u32, end: u32, kt: u32, hd4: u32, kvh: u32, lid: u32) {
-    let hd = P.head_dim;
+    let hd = HD;
     let kv_dim = P.n_head_kv * hd;
     for (var i = lid; i < kt * hd4; i += 64u) {
         let k = i / hd4;
@@ -71,8 +72,8 @@ fn load_tile(base: u32, p0: u32, end: u32, kt: u32, hd4: u32, kvh: u32, lid: u32
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = P.head_dim;
-    let hd4 = (hd + 3u) / 4u;
+    let hd = HD;
+    let hd4 = HD4;
     let kt = min(KT_MAX, TILE_VEC4 / hd4);
     let group = P.n_head / P.n_head_kv;
     let kvh = wg.y;
@@ -92,9 +93,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let end = pos0 + last / group + 1u;
 
     let qb = (t * P.n_head + h) * hd;
-    var q: array<vec4<f32>, 16>;
-    var acc: array<vec4<f32>, 16>;
-    for (var i = 0u; i < CHUNKS; i++) {
+    var q: array<vec4<f32>, HV>;
+    var acc: array<vec4<f32>, HV>;
+    for (var i = 0u; i < HV; i++) {
         let d = (lane + i * LANES) * 4u;
         var v = vec4<f32>(0.0);
         for (var j = 0u; j < 4u; j++) {
@@ -115,7 +116,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         // This lane's part of every key's score.
         for (var k = 0u; k < kt; k++) {
             var s = 0.0;
-            for (var i = 0u; i < CHUNKS; i++) {
+            for (var i = 0u; i < HV; i++) {
                 let c = lane + i * LANES;
                 if (c < hd4) {
                     s += dot(q[i], kvs[k * hd4 + c]);
@@ -154,12 +155,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             l += e;
         }
         workgroupBarrier();
-        for (var i = 0u; i < CHUNKS; i++) {
+        for (var i = 0u; i < HV; i++) {
             acc[i] *= alpha;
         }
         for (var k = 0u; k < kt; k++) {
             let e = part[pr + k];
-            for (var i = 0u; i < CHUNKS; i++) {
+            for (var i = 0u; i < HV; i++) {
                 let c = lane + i * LANES;
                 if (c < hd4) {
                     acc[i] += e * kvs[k * hd4 + c];
@@ -177,7 +178,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (!valid) {
         return;
     }
-    for (var i = 0u; i < CHUNKS; i++) {
+    for (var i = 0u; i < HV; i++) {
         let d = (lane + i * LANES) * 4u;
         for (var j = 0u; j < 4u; j++) {
             if (d + j < hd) {

@@ -1,4 +1,6 @@
-// Decode-step products with their neighbours fused in. For up to TB = 8 tokens:
+// Decode-step products with their neighbours fused in. For up to TB tokens (a constant Rust puts
+// before this source: 1 for a decode step, so no register or loop is spent on tokens that are not
+// there, or 8):
 //
 //     Y = epilogue(W · norm(X) + bias)
 //
@@ -13,24 +15,27 @@
 //
 // W is a weight matrix in its GGUF encoding (decoded by the dequant.wgsl prelude); its rows start
 // at byte w_byte0 (packed tensors share a buffer). VEC holds the model's small vectors (norm
-// weights and biases, projection biases) at the offsets in Params. A workgroup of WG = 64
-// threads computes RPW = 4 rows (small workgroups: many of them for small matrices, and cheap
-// barriers where a GPU is emulated on the CPU): a team of TEAM = 16 threads per row splits the row's chunks of
-// 32 and the team's sums are reduced in workgroup memory. Loops over chunk elements and tokens
-// have constant bounds, so the private arrays stay in registers. Grid: (x, y) cover the groups of
-// rows (x + y * nx).
+// weights and biases, projection biases) at the offsets in Params. A workgroup of WG = 256
+// threads computes R = WG / team rows: a team of `team` threads per row (a power of two, 8 to
+// 128, Rust's choice: `ops::matvec_team`) splits the row's chunks of 32, and the team's sums are
+// reduced in workgroup memory. Rows per workgroup trade the work each workgroup repeats
+// (staging and norming the activations) against the chain of loads each thread waits on; on a
+// real GPU both, not the weight bytes, are what these products cost. Loops over chunk elements
+// and tokens have constant bounds, so the private arrays stay in registers (the loops unroll:
+// kernels.rs turns off naga's loop bounding, which stopped NVIDIA's compiler from unrolling
+// them). Grid: (x, y) cover the groups of rows (x + y * nx).
 //
 // The activations are staged in workgroup memory, normed, in slabs of up to XS floats (all of a
 // row at once for one token up to 2048 wide): each is read from memory once per workgroup, the
 // norm's weight and bias applied once, and the products' inner loop reads only workgroup memory
-// besides the weights, 4 floats per load (scalar reads of workgroup memory made the kernel twice
-// as slow on lavapipe as reading X itself). Where a token's whole row fits, the norm's statistics come from the staged
-// copy too; otherwise from X before the first slab.
+// besides the weights, 4 floats per load. Where a token's whole row fits, the norm's statistics
+// come from the staged copy too; otherwise from X before the first slab. After the products the
+// slab's memory holds the threads' sums for the teams' reduction.
 //
 // QKV: a workgroup's rows are taken in an order that puts both members of each RoPE pair in
 // adjacent slots (for the half-split layout, pair i of a head is rows i and i + rope_dims / 2), so
-// the rotation happens in the epilogue. The dispatch covers whole heads (row0 is a multiple of
-// head_dim). Positions come from the step buffer: token t is at STEP[0] + start + t.
+// the rotation happens in the epilogue (R is even, so no pair straddles two workgroups).
+// Positions come from the step buffer: token t is at STEP[0] + start + t.
 
 struct Params {
     rows: u32,
@@ -56,6 +61,7 @@ struct Params {
     rope_mode: u32,
     start: u32,
     v_base: u32,
+    team: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -67,10 +73,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> KV: array<kvt>;
 @group(0) @binding(7) var<uniform> P: Params;
 
-const WG: u32 = 64u;
-const TB: u32 = 8u;
-const TEAM: u32 = 16u;
-const RPW: u32 = 4u; // WG / TEAM
+const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 
 const NORM_RMS: u32 = 1u;
@@ -82,23 +85,40 @@ const GATED: u32 = 2u;
 const GELU: u32 = 3u;
 const QKV: u32 = 4u;
 
-const XS: u32 = 2048u;
+const XS: u32 = 2048u; // >= TB * WG: the slab, then every thread's sum for every token
 
 // A slab of the normed activations, token-major, each token's part padded with zeros to whole
-// chunks (so a chunk reads 8 vec4s, none past its token's part).
+// chunks (so a chunk reads 8 vec4s, none past its token's part); after the products, the threads'
+// sums (token t, thread i at t * WG + i).
 var<workgroup> xs: array<vec4<f32>, 512>; // XS / 4
-var<workgroup> red: array<f32, 512>; // TB * WG
-var<workgroup> stat: array<f32, 16>; // per token: mean, 1 / standard deviation
-var<workgroup> sums: array<f32, 32>; // TB * RPW
+var<workgroup> red: array<f32, TB * WG / 2u>;
+var<workgroup> stat: array<f32, 2u * TB>; // per token: mean, 1 / standard deviation
 
-// Sum red[t * WG + 0..WG] into red[t * WG] for the nt tokens (workgroup memory may be indexed
-// by a loop bound that is not constant; private arrays may not, or they spill).
-fn reduce_all(lid: u32, nt: u32) {
+// Sum every thread's v[t] over the workgroup for the nt tokens: the totals in red[t * WG / 2].
+// Workgroup memory may be indexed by a loop bound that is not constant; private arrays may not,
+// or they spill.
+fn sum_tokens(lid: u32, nt: u32, v: ptr<function, array<f32, TB>>) {
+    let half = WG / 2u;
+    if (lid < half) {
+        for (var t = 0u; t < TB; t++) {
+            if (t < nt) {
+                red[t * half + lid] = (*v)[t];
+            }
+        }
+    }
     workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+    if (lid >= half) {
+        for (var t = 0u; t < TB; t++) {
+            if (t < nt) {
+                red[t * half + lid - half] += (*v)[t];
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var k = half / 2u; k > 0u; k >>= 1u) {
         if (lid < k) {
             for (var t = 0u; t < nt; t++) {
-                red[t * WG + lid] += red[t * WG + lid + k];
+                red[t * half + lid] += red[t * half + lid + k];
             }
         }
         workgroupBarrier();
@@ -125,39 +145,38 @@ fn x_at(t: u32, i: u32, staged: bool, stride: u32) -> f32 {
 // Per token: the mean (LayerNorm; 0 for RMSNorm) and 1 / sqrt(variance + eps).
 fn norm_stats(lid: u32, nt: u32, staged: bool, stride: u32) {
     let n = f32(P.cols);
+    let half = WG / 2u;
     if (P.norm == NORM_LAYER) {
+        var s: array<f32, TB>;
         for (var t = 0u; t < TB; t++) {
-            var s = 0.0;
             if (t < nt) {
                 for (var i = lid; i < P.cols; i += WG) {
-                    s += x_at(t, i, staged, stride);
+                    s[t] += x_at(t, i, staged, stride);
                 }
             }
-            red[t * WG + lid] = s;
         }
-        reduce_all(lid, nt);
+        sum_tokens(lid, nt, &s);
         if (lid < TB) {
-            stat[2u * lid] = red[lid * WG] / n;
+            stat[2u * lid] = red[lid * half] / n;
         }
         workgroupBarrier();
     } else if (lid < TB) {
         stat[2u * lid] = 0.0;
     }
     workgroupBarrier();
+    var s: array<f32, TB>;
     for (var t = 0u; t < TB; t++) {
-        var s = 0.0;
         if (t < nt) {
             let mean = stat[2u * t];
             for (var i = lid; i < P.cols; i += WG) {
                 let d = x_at(t, i, staged, stride) - mean;
-                s += d * d;
+                s[t] += d * d;
             }
         }
-        red[t * WG + lid] = s;
     }
-    reduce_all(lid, nt);
+    sum_tokens(lid, nt, &s);
     if (lid < TB) {
-        stat[2u * lid + 1u] = 1.0 / sqrt(red[lid * WG] / n + P.eps);
+        stat[2u * lid + 1u] = 1.0 / sqrt(red[lid * half] / n + P.eps);
     }
     workgroupBarrier();
 }
@@ -200,7 +219,12 @@ fn bias_at(r: u32) -> f32 {
     return VEC[P.bias + r];
 }
 
-@compute @workgroup_size(64)
+// Token t's product with the row in slot `slot`: its team's reduced sum.
+fn row_sum(t: u32, slot: u32) -> f32 {
+    return xs_get(t * WG + slot * P.team);
+}
+
+@compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -208,16 +232,19 @@ fn main(
 ) {
     let nt = min(TB, P.n_tok);
     let g = wg.x + wg.y * nwg.x;
-    let team = lid / TEAM;
-    let lane = lid % TEAM;
+    // Rust's choice (a power of two, 8..128), clamped so no loop below can step by zero.
+    let team_size = clamp(P.team, 8u, 128u);
+    let rpw = WG / team_size;
+    let team = lid / team_size;
+    let lane = lid % team_size;
 
     // The weight row this team multiplies.
-    var w_row = g * RPW + team;
+    var w_row = g * rpw + team;
     var live = w_row < P.rows;
     if (P.epilogue == GATED) {
-        let j = g * (RPW / 2u) + team % (RPW / 2u);
+        let j = g * (rpw / 2u) + team % (rpw / 2u);
         live = j < P.rows;
-        w_row = select(j, P.up_row + j, team >= RPW / 2u);
+        w_row = select(j, P.up_row + j, team >= rpw / 2u);
     } else if (P.epilogue == QKV && live) {
         w_row = qkv_row(P.row0 + w_row) - P.row0;
     }
@@ -229,7 +256,7 @@ fn main(
         norm_stats(lid, nt, false, 0u);
     }
     let rb = P.w_byte0 + w_row * P.row_bytes;
-    var acc: array<f32, 8>;
+    var acc: array<f32, TB>;
     for (var s0 = 0u; s0 < P.cols; s0 += slab) {
         let len = min(slab, P.cols - s0);
         let stride = (len + CH - 1u) / CH * CH;
@@ -268,7 +295,7 @@ fn main(
         }
         if (live) {
             let c_end = (s0 + len + CH - 1u) / CH;
-            for (var c = s0 / CH + lane; c < c_end; c += TEAM) {
+            for (var c = s0 / CH + lane; c < c_end; c += team_size) {
                 let n = min(CH, P.cols - c * CH);
                 let x0 = c * CH - s0;
                 // Zeros past n (a var starts zeroed), as in the slab's padding.
@@ -291,43 +318,40 @@ fn main(
         workgroupBarrier();
     }
 
+    // The teams' sums, in the slab's memory (the last barrier above ended its reads).
     for (var t = 0u; t < TB; t++) {
-        red[t * WG + lid] = acc[t];
+        if (t < nt) {
+            xs_set(t * WG + lid, acc[t]);
+        }
     }
     workgroupBarrier();
-    for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
+    for (var s = team_size / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
             for (var t = 0u; t < nt; t++) {
-                red[t * WG + lid] += red[t * WG + lid + s];
+                xs_set(t * WG + lid, xs_get(t * WG + lid) + xs_get(t * WG + lid + s));
             }
         }
         workgroupBarrier();
     }
-    if (lid < TB * RPW) {
-        sums[lid] = red[(lid / RPW) * WG + (lid % RPW) * TEAM];
-    }
-    workgroupBarrier();
 
-    if (lid >= TB * RPW) {
+    // One thread per (token, row): rpw * nt <= WG since team_size >= 8.
+    if (lid >= rpw * nt) {
         return;
     }
-    let t = lid / RPW;
-    let slot = lid % RPW;
-    if (t >= nt) {
-        return;
-    }
+    let t = lid / rpw;
+    let slot = lid % rpw;
     let out = t * P.y_stride + P.y_col0;
     switch P.epilogue {
         case GATED: {
-            let j = g * (RPW / 2u) + slot;
-            if (slot < RPW / 2u && j < P.rows) {
-                let gate = sums[t * RPW + slot];
-                let up = sums[t * RPW + slot + RPW / 2u];
+            let j = g * (rpw / 2u) + slot;
+            if (slot < rpw / 2u && j < P.rows) {
+                let gate = row_sum(t, slot);
+                let up = row_sum(t, slot + rpw / 2u);
                 Y[out + j] = up * (gate / (1.0 + exp(-gate)));
             }
         }
         case QKV: {
-            let l = g * RPW + slot;
+            let l = g * rpw + slot;
             if (l >= P.rows) {
                 return;
             }
@@ -335,13 +359,13 @@ fn main(
             let sec = section(abs_row);
             let j = (abs_row - sec.y) % P.head_dim;
             let row = qkv_row(abs_row);
-            var y = sums[t * RPW + slot] + bias_at(row - P.row0);
+            var y = row_sum(t, slot) + bias_at(row - P.row0);
             let pos = STEP[0] + P.start + t;
             if (rotated(sec.x, j)) {
                 // Members 0 and 1 of the pair sit in slots s0 and s0 + 1.
                 let s0 = slot & ~1u;
-                let a = sums[t * RPW + s0] + bias_at(qkv_row(abs_row & ~1u) - P.row0);
-                let b = sums[t * RPW + s0 + 1u] + bias_at(qkv_row(abs_row | 1u) - P.row0);
+                let a = row_sum(t, s0) + bias_at(qkv_row(abs_row & ~1u) - P.row0);
+                let b = row_sum(t, s0 + 1u) + bias_at(qkv_row(abs_row | 1u) - P.row0);
                 let cs = CS[pos * (P.rope_dims / 2u) + j / 2u];
                 y = select(a * cs.y + b * cs.x, a * cs.x - b * cs.y, (j & 1u) == 0u);
             }
@@ -358,11 +382,11 @@ fn main(
             }
         }
         default: {
-            let r = g * RPW + slot;
+            let r = g * rpw + slot;
             if (r >= P.rows) {
                 return;
             }
-            let y = sums[t * RPW + slot] + bias_at(r);
+            let y = row_sum(t, slot) + bias_at(r);
             if (P.epilogue == ADD) {
                 Y[out + r] += y;
             } else if (P.epilogue == GELU) {

@@ -13,7 +13,7 @@ struct Params {
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc = vec4<u32>(0u);
-    for (var i = gid.x; i < P.n; i += P.stride) {
+    for (var i = gid.x; i < P.n; i += max(P.stride, 1u)) {
         acc ^= A[i];
     }
     OUT[gid.x % 4096u] = acc.x ^ acc.y ^ acc.z ^ acc.w;

@@ -9,8 +9,9 @@
 #
 # There, Vulkan may need the loader from the .deb (unpacked into DIR/vulkan) and the vendor's ICD:
 #   VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json DIR/gpu_bench.sh
-# Output: one `nexttoken bench --json` line per model in DIR/results.jsonl, the per-kernel
-# profile of a decode step @16 and @2048 and of a 512-token prefill in DIR/profile-MODEL.txt, and a Markdown table
+# Output (in DIR, or in $RESULTS where that is set, file by file as each is made): one `nexttoken
+# bench --json` line per model in results.jsonl, the per-kernel profile of a decode step @16 and
+# @2048 and of a 512-token prefill in profile-MODEL.txt, and a Markdown table
 # (decode @16 and @2048, prefill 16/128/512, dispatches per step against the 8 per layer + 6
 # budget, the weights' read rate against the GPU's measured read bandwidth), then the same models
 # with NEXTTOKEN_GPU_F16=0 (f32 KV cache and f32 prefill tiles) against the default f16 path
@@ -36,7 +37,8 @@ bin="${NEXTTOKEN:-$here/nexttoken}"
 configs="$here/configs"
 [[ -d "$configs" ]] || configs="$(cd "$here/../.." && pwd)/shared/configs"
 models="${MODELS:-$here/models}"
-mkdir -p "$models"
+results="${RESULTS:-$here}"
+mkdir -p "$models" "$results"
 
 # A Vulkan loader shipped beside the script (a machine with the driver but no loader).
 deb="$(ls "$here"/libvulkan1_*.deb 2>/dev/null | head -1 || true)"
@@ -50,25 +52,25 @@ run() { # name config type
     local file="$models/$1.gguf"
     [[ -f "$file" ]] || "$bin" synth --config "$configs/$2.config.json" --type "$3" --out "$file" >/dev/null
     "$bin" bench --model "$file" --backend gpu --prefill 16,128,512 --contexts 16,2048 \
-        --steps "${STEPS:-32}" --json | tee -a "$here/results.jsonl" >/dev/null
+        --steps "${STEPS:-32}" --json | tee -a "$results/results.jsonl" >/dev/null
     # The per-kernel profile (timestamp queries) of one step at each context and of a
     # 512-token prefill, kept beside.
     "$bin" bench --model "$file" --backend gpu --prefill 512 --contexts 16,2048 --steps 2 \
-        --profile > "$here/profile-$1.txt"
-    grep -E "device|per step|GPU read" "$here/profile-$1.txt" | sed "s/^/  $1: /" >&2
+        --profile > "$results/profile-$1.txt"
+    grep -E "device|per step|GPU read" "$results/profile-$1.txt" | sed "s/^/  $1: /" >&2
     # The f32 path on the same model: what f16 (KV cache, prefill tiles) buys.
     NEXTTOKEN_GPU_F16=0 "$bin" bench --model "$file" --backend gpu --prefill 128,512 \
-        --contexts 16,2048 --steps "${STEPS:-32}" --json | tee -a "$here/results-f32.jsonl" >/dev/null
+        --contexts 16,2048 --steps "${STEPS:-32}" --json | tee -a "$results/results-f32.jsonl" >/dev/null
 }
 
-: > "$here/results.jsonl"
-: > "$here/results-f32.jsonl"
+: > "$results/results.jsonl"
+: > "$results/results-f32.jsonl"
 run smollm2-135m-q8_0 SmolLM2-135M-Instruct q8_0
 run qwen2.5-0.5b-q4_0 Qwen2.5-0.5B-Instruct q4_0
 run llama-3.2-1b-q4_0 Llama-3.2-1B q4_0
 run llama-3.2-1b-f16 Llama-3.2-1B f16
 
-python3 - "$here/results.jsonl" "$here/results-f32.jsonl" <<'PY'
+python3 - "$results/results.jsonl" "$results/results-f32.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 f32_rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]

@@ -217,6 +217,40 @@ fn profile(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
+/// The GPU's side of a decode step at each context: its time for a step from timestamps at the
+/// ends of the step's pass (`gpu_step_us`; null without timestamp queries), and steps chained in
+/// one submission (greedy, each pick fed back on the GPU, only the picks read back once:
+/// `chained_decode_tok_s`). Against the ordinary step's wall time these show what recording,
+/// submitting and reading back each step cost.
+fn gpu_step(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
+    let vocab = gm.vocab_size();
+    let ids = |from: usize, n: usize| -> Vec<u32> {
+        (from..from + n).map(|i| bench_token(i, vocab)).collect()
+    };
+    let fill = |ctx: usize| -> Result<nexttoken::gpu::GpuState> {
+        let mut s = gm.new_state();
+        for piece in ids(0, ctx).chunks(256) {
+            gm.forward(&mut s, piece, false)?;
+        }
+        Ok(s)
+    };
+    let (mut micros, mut chained) = (serde_json::Map::new(), serde_json::Map::new());
+    for &ctx in &o.contexts {
+        let mut s = fill(ctx)?;
+        let mut total = Some(0.0);
+        for i in 0..o.steps {
+            let t = gm.gpu_micros(&mut s, &ids(ctx + i, 1))?;
+            total = total.zip(t).map(|(a, b)| a + b);
+        }
+        micros.insert(ctx.to_string(), json!(total.map(|t| t / o.steps as f64)));
+        let mut s = fill(ctx)?;
+        let start = default_clock();
+        gm.forward_greedy_chain(&mut s, &ids(ctx, 1), o.steps)?;
+        chained.insert(ctx.to_string(), json!(per_second(o.steps, default_clock() - start)));
+    }
+    Ok(json!({"gpu_step_us": micros, "chained_decode_tok_s": chained}))
+}
+
 /// Peak resident memory of this process (VmHWM), in bytes.
 pub fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -285,6 +319,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["f16_kv"] = json!(st.f16_kv);
             r["f16_prefill"] = json!(st.f16_prefill);
             r["dispatch_budget"] = json!(8 * gm.model.config.n_layer + 6);
+            let step = gpu_step(&gm, o)?;
+            r["gpu_step_us"] = step["gpu_step_us"].clone();
+            r["chained_decode_tok_s"] = step["chained_decode_tok_s"].clone();
             if o.profile {
                 r["profile"] = profile(&gm, o)?;
             }
@@ -396,6 +433,18 @@ pub fn run(o: &BenchOptions) -> Result<()> {
                 100.0 * bw / reference,
                 fill
             );
+        }
+        for (n, v) in r["gpu_step_us"].as_object().into_iter().flatten() {
+            let wall = 1e6 / r["decode_tok_s"][n].as_f64().unwrap_or(f64::NAN);
+            let chained = r["chained_decode_tok_s"][n].as_f64().unwrap_or(0.0);
+            match v.as_f64() {
+                Some(us) => println!(
+                    "GPU step @{n:>5} {us:.0} µs on the GPU of {wall:.0} µs wall (one pass, timestamps at its ends); chained greedy steps, one submission: {chained:.1} tok/s"
+                ),
+                None => println!(
+                    "GPU step @{n:>5} no timestamp queries; chained greedy steps, one submission: {chained:.1} tok/s"
+                ),
+            }
         }
         if let Some(c) = r.get("constraint") {
             let f = |key: &str| c[key].as_f64().unwrap_or(0.0);

@@ -15,30 +15,47 @@ use std::sync::{Arc, Mutex};
 use super::context::GpuContext;
 use crate::quant::GgmlType;
 
-const DEQUANT: &str = include_str!("../../shaders/dequant.wgsl");
-const MATVEC: &str = include_str!("../../shaders/matvec.wgsl");
-const MATMUL_TILED: &str = include_str!("../../shaders/matmul_tiled.wgsl");
-const EMBEDDING: &str = include_str!("../../shaders/embedding.wgsl");
-const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
-const LAYER_NORM: &str = include_str!("../../shaders/layer_norm.wgsl");
-const ROPE: &str = include_str!("../../shaders/rope.wgsl");
-const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
-const ATTENTION_MERGE: &str = include_str!("../../shaders/attention_merge.wgsl");
-const ATTENTION_PREFILL: &str = include_str!("../../shaders/attention_prefill.wgsl");
-const ADD: &str = include_str!("../../shaders/add.wgsl");
-const SILU_MUL: &str = include_str!("../../shaders/silu_mul.wgsl");
-const GELU: &str = include_str!("../../shaders/gelu.wgsl");
-const READ_BANDWIDTH: &str = include_str!("../../shaders/read_bandwidth.wgsl");
-const TOPK: &str = include_str!("../../shaders/topk.wgsl");
-const TOPK_PARTIAL: &str = include_str!("../../shaders/topk_partial.wgsl");
-const TOPK_MERGE: &str = include_str!("../../shaders/topk_merge.wgsl");
+/// The shaders, by file name, as compiled in.
+const SHADERS: &[(&str, &str)] = &[
+    ("dequant.wgsl", include_str!("../../shaders/dequant.wgsl")),
+    ("matvec.wgsl", include_str!("../../shaders/matvec.wgsl")),
+    ("matmul_tiled.wgsl", include_str!("../../shaders/matmul_tiled.wgsl")),
+    ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
+    ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
+    ("layer_norm.wgsl", include_str!("../../shaders/layer_norm.wgsl")),
+    ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
+    ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
+    ("attention_merge.wgsl", include_str!("../../shaders/attention_merge.wgsl")),
+    ("attention_prefill.wgsl", include_str!("../../shaders/attention_prefill.wgsl")),
+    ("add.wgsl", include_str!("../../shaders/add.wgsl")),
+    ("silu_mul.wgsl", include_str!("../../shaders/silu_mul.wgsl")),
+    ("gelu.wgsl", include_str!("../../shaders/gelu.wgsl")),
+    ("read_bandwidth.wgsl", include_str!("../../shaders/read_bandwidth.wgsl")),
+    ("topk.wgsl", include_str!("../../shaders/topk.wgsl")),
+    ("topk_partial.wgsl", include_str!("../../shaders/topk_partial.wgsl")),
+    ("topk_merge.wgsl", include_str!("../../shaders/topk_merge.wgsl")),
+];
+
+/// The text of `shaders/<file>`: as compiled in, or natively from the folder that
+/// `NEXTTOKEN_SHADERS` names where it holds that file (to measure a variant of a kernel on a
+/// machine that has a GPU but no Rust toolchain, without rebuilding).
+fn shader(file: &str) -> std::borrow::Cow<'static, str> {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(dir) = std::env::var_os("NEXTTOKEN_SHADERS") {
+        if let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(file)) {
+            return text.into();
+        }
+    }
+    let (_, text) = SHADERS.iter().find(|(f, _)| *f == file).expect("a shader of shaders/");
+    (*text).into()
+}
 
 /// Workgroups per dimension of a dispatch (WebGPU's guaranteed minimum of the limit).
 pub const MAX_GROUPS: u32 = 65535;
 /// Most tokens one matvec.wgsl dispatch handles (`TB`); larger batches use the tiled kernel.
 pub const MATVEC_TOKENS: u32 = 8;
-/// Rows one matvec.wgsl workgroup handles (`RPW`).
-pub const MATVEC_ROWS: u32 = 4;
+/// Threads of one matvec.wgsl workgroup (`WG`): `WG / team` rows, a team of threads each.
+pub const MATVEC_THREADS: u32 = 256;
 /// The output tile of one matmul_tiled.wgsl workgroup: rows x tokens (`TR` x `TT`), each
 /// thread computing 4 x 4 of them. The largest keeps the most work per byte of workgroup memory
 /// read; the smaller ones give products with few rows or tokens enough workgroups to fill a GPU.
@@ -73,9 +90,10 @@ pub const PARAM_SLOT: u64 = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// Weight matrix (of this type) times up to 8 vectors, with the norm of its input and an
-    /// epilogue fused in; `true`: the KV cache it may write is f16.
-    Matvec(GgmlType, bool),
+    /// Weight matrix (of this type) times up to this many vectors (1, a decode step, or
+    /// `MATVEC_TOKENS`), with the norm of its input and an epilogue fused in; `true`: the KV
+    /// cache it may write is f16.
+    Matvec(GgmlType, bool, u32),
     /// The same product tiled over rows and tokens (this output tile per workgroup), for
     /// prefill batches of many tokens; `true`: the tiles and each block's sums are f16.
     MatmulTiled(GgmlType, Tile, bool),
@@ -85,12 +103,14 @@ pub enum Kernel {
     LayerNorm,
     /// RoPE; `true`: the output is f16 (the key/value cache of the f16 variant).
     Rope(bool),
-    /// Attention over one chunk of the sequence; `true`: the key/value cache is f16.
-    Attention(bool),
+    /// Attention over one chunk of the sequence; `true`: the key/value cache is f16; the head
+    /// size (a constant of the shader, so its loops unroll and their loads are issued at once).
+    Attention(bool, u32),
     /// The merge of attention's chunks.
     AttentionMerge,
-    /// Attention of a prefill batch in one pass (flash attention); `true`: the cache is f16.
-    AttentionPrefill(bool),
+    /// Attention of a prefill batch in one pass (flash attention); `true`: the cache is f16; the
+    /// head size (a constant: the query and output rows' registers are sized to it).
+    AttentionPrefill(bool, u32),
     Add,
     SiluMul,
     Gelu,
@@ -119,8 +139,9 @@ fn type_suffix(ty: GgmlType) -> &'static str {
 
 /// The dequant prelude, the forwarder to the type's decoder, then the kernel.
 fn with_dequant(ty: GgmlType, kernel: &str) -> String {
+    let dequant = shader("dequant.wgsl");
     format!(
-        "{kernel}\n{DEQUANT}\nfn decode(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {{\n    decode_{}(rb, c, n, v);\n}}\n",
+        "{kernel}\n{dequant}\nfn decode(rb: u32, c: u32, n: u32, v: ptr<function, array<f32, 32>>) {{\n    decode_{}(rb, c, n, v);\n}}\n",
         type_suffix(ty)
     )
 }
@@ -145,6 +166,18 @@ fn to_tile(s: f32) -> vec4<f16> {
 fn from_tile(v: vec4<f16>) -> f32 { return ldexp(f32(v.x) + f32(v.y), i32(v.z)); }
 ";
 
+/// Whether wgpu adds bounds checks to the kernels' buffer accesses: yes, unless natively
+/// `NEXTTOKEN_GPU_BOUNDS_CHECKS=0` (to measure what they cost; the kernels' indices are
+/// computed from shapes Rust checked, but the checks are what keeps a mistake from reading or
+/// writing past a binding).
+fn shader_bounds_checks() -> bool {
+    #[cfg(not(target_arch = "wasm32"))]
+    if std::env::var("NEXTTOKEN_GPU_BOUNDS_CHECKS").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    true
+}
+
 /// The element type of the key/value cache as a WGSL alias `kvt`.
 fn with_kv_type(f16: bool, kernel: &str) -> String {
     if f16 {
@@ -154,31 +187,51 @@ fn with_kv_type(f16: bool, kernel: &str) -> String {
     }
 }
 
+/// The head size as the constants `HD` (elements), `HD4` (vec4s) and `HV` (vec4s per lane of
+/// attention_prefill.wgsl's four), at most `MAX_HEAD_DIM`.
+fn with_head_dim(hd: u32, kernel: &str) -> String {
+    let hd4 = hd.div_ceil(4);
+    format!(
+        "const HD: u32 = {hd}u;\nconst HD4: u32 = {hd4}u;\nconst HV: u32 = {}u;\n{kernel}",
+        hd4.div_ceil(4)
+    )
+}
+
 impl Kernel {
     /// The complete WGSL source of this kernel.
     pub fn source(self) -> String {
         match self {
-            Kernel::Matvec(ty, h) => with_kv_type(h, &with_dequant(ty, MATVEC)),
+            Kernel::Matvec(ty, h, tokens) => {
+                let matvec = format!("const TB: u32 = {tokens}u;\n{}", shader("matvec.wgsl"));
+                with_kv_type(h, &with_dequant(ty, &matvec))
+            }
             Kernel::MatmulTiled(ty, tile, h) => {
                 let (tr, tt) = tile.shape();
                 let elem = if h { TILES_F16 } else { TILES_F32 };
+                let tiled = shader("matmul_tiled.wgsl");
                 let tiled =
-                    format!("{elem}const TR: u32 = {tr}u;\nconst TT: u32 = {tt}u;\n{MATMUL_TILED}");
+                    format!("{elem}const TR: u32 = {tr}u;\nconst TT: u32 = {tt}u;\n{tiled}");
                 with_dequant(ty, &tiled)
             }
-            Kernel::Embedding(ty) => with_dequant(ty, EMBEDDING),
-            Kernel::RmsNorm => RMS_NORM.into(),
-            Kernel::LayerNorm => LAYER_NORM.into(),
-            Kernel::Rope(h) => with_kv_type(h, ROPE),
-            Kernel::Attention(h) => with_kv_type(h, ATTENTION),
-            Kernel::AttentionMerge => ATTENTION_MERGE.into(),
-            Kernel::AttentionPrefill(h) => with_kv_type(h, ATTENTION_PREFILL),
-            Kernel::Add => ADD.into(),
-            Kernel::SiluMul => SILU_MUL.into(),
-            Kernel::Gelu => GELU.into(),
-            Kernel::TopkPartial => format!("{TOPK_PARTIAL}\n{TOPK}"),
-            Kernel::TopkMerge => format!("{TOPK_MERGE}\n{TOPK}"),
-            Kernel::ReadBandwidth => READ_BANDWIDTH.into(),
+            Kernel::Embedding(ty) => with_dequant(ty, &shader("embedding.wgsl")),
+            Kernel::RmsNorm => shader("rms_norm.wgsl").into(),
+            Kernel::LayerNorm => shader("layer_norm.wgsl").into(),
+            Kernel::Rope(h) => with_kv_type(h, &shader("rope.wgsl")),
+            Kernel::Attention(h, hd) => {
+                with_kv_type(h, &with_head_dim(hd, &shader("attention.wgsl")))
+            }
+            Kernel::AttentionMerge => shader("attention_merge.wgsl").into(),
+            Kernel::AttentionPrefill(h, hd) => {
+                with_kv_type(h, &with_head_dim(hd, &shader("attention_prefill.wgsl")))
+            }
+            Kernel::Add => shader("add.wgsl").into(),
+            Kernel::SiluMul => shader("silu_mul.wgsl").into(),
+            Kernel::Gelu => shader("gelu.wgsl").into(),
+            Kernel::TopkPartial => {
+                format!("{}\n{}", shader("topk_partial.wgsl"), shader("topk.wgsl"))
+            }
+            Kernel::TopkMerge => format!("{}\n{}", shader("topk_merge.wgsl"), shader("topk.wgsl")),
+            Kernel::ReadBandwidth => shader("read_bandwidth.wgsl").into(),
         }
     }
 
@@ -190,9 +243,9 @@ impl Kernel {
             Kernel::Embedding(_) => "embedding",
             Kernel::RmsNorm | Kernel::LayerNorm => "norm",
             Kernel::Rope(_) => "rope",
-            Kernel::Attention(_) => "attention chunks",
+            Kernel::Attention(..) => "attention chunks",
             Kernel::AttentionMerge => "attention merge",
-            Kernel::AttentionPrefill(_) => "attention prefill",
+            Kernel::AttentionPrefill(..) => "attention prefill",
             Kernel::Add => "add",
             Kernel::SiluMul => "silu*up",
             Kernel::Gelu => "gelu",
@@ -219,7 +272,7 @@ impl Kernel {
             Kernel::RmsNorm => &[false, false, true],
             Kernel::LayerNorm => &[false, false, false, true],
             Kernel::Rope(_) => &[false, false, false, true],
-            Kernel::Attention(_) | Kernel::AttentionPrefill(_) => &[false, false, false, true],
+            Kernel::Attention(..) | Kernel::AttentionPrefill(..) => &[false, false, false, true],
             Kernel::AttentionMerge => &[false, false, true],
             Kernel::Add | Kernel::SiluMul => &[false, true],
             Kernel::Gelu => &[true],
@@ -253,10 +306,25 @@ impl Kernels {
             .or_insert_with(|| {
                 let device = &self.ctx.device;
                 let label = format!("{k:?}");
-                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(&label),
                     source: wgpu::ShaderSource::Wgsl(k.source().into()),
-                });
+                };
+                // SAFETY: the one check turned off is naga's loop bounding (a 64-bit counter
+                // and a break added to every loop), which is there to keep a driver from
+                // treating an infinite loop as unreachable. Every loop in shaders/ counts towards
+                // a bound that does not change inside it, by a step that is a positive constant
+                // or a parameter the shader clamps to at least 1, and the bounds are model
+                // shapes far below 2^32 (no counter wraps), so none is infinite. The counter kept NVIDIA's compiler from unrolling the
+                // kernels' constant-bound loops, so their private arrays went to memory: on an
+                // H200 every kernel ran several times slower (gfx-rs/wgpu#7698). Buffer
+                // bounds checks stay on.
+                let checks = wgpu::ShaderRuntimeChecks {
+                    force_loop_bounding: false,
+                    bounds_checks: shader_bounds_checks(),
+                    ..wgpu::ShaderRuntimeChecks::checked()
+                };
+                let module = unsafe { device.create_shader_module_trusted(desc, checks) };
                 let storage = k.storage_bindings();
                 let mut entries: Vec<wgpu::BindGroupLayoutEntry> = storage
                     .iter()
@@ -462,23 +530,35 @@ impl Timestamps {
 /// Most dispatches one profiled submission times (two queries each).
 const MAX_PROFILED: usize = 2048;
 
+/// What a submission's timestamps time (where the device has timestamp queries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    Off,
+    /// Every dispatch in a compute pass of its own, timed: where the time goes, kernel by kernel
+    /// (each pass's own start and end add a little to each).
+    EachDispatch,
+    /// The passes as they run untimed (all dispatches between two copies in one), each timed
+    /// whole: the GPU's time for the submission, against which the wall time shows what
+    /// recording, submitting and waiting cost.
+    EachPass,
+}
+
 /// Work recorded for one submission.
 pub struct Pass<'a> {
     kernels: &'a Kernels,
     ops: Vec<Op<'a>>,
     params: Vec<u8>,
-    profile: bool,
+    timing: Timing,
 }
 
 impl<'a> Pass<'a> {
     pub fn new(kernels: &'a Kernels) -> Pass<'a> {
-        Pass { kernels, ops: Vec::new(), params: Vec::new(), profile: false }
+        Pass { kernels, ops: Vec::new(), params: Vec::new(), timing: Timing::Off }
     }
 
-    /// Time every dispatch (where the device has timestamp queries): each gets a compute pass
-    /// of its own with a timestamp at its start and end. For profiles, not for speed.
-    pub fn profile(&mut self) {
-        self.profile = true;
+    /// Time the submission (where the device has timestamp queries). For profiles, not for speed.
+    pub fn time(&mut self, timing: Timing) {
+        self.timing = timing;
     }
 
     /// Run `kernel` with storage `buffers` at bindings 0.., then `params` (u32 words; f32 as bits)
@@ -580,8 +660,21 @@ impl<'a> Pass<'a> {
         let mut stats = PassStats::default();
         let mut encoder = device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") });
-        let profiled = self.ops.iter().filter(|op| matches!(op, Op::Dispatch { .. })).count();
-        let query_set = (self.profile && ctx.timestamps && profiled <= MAX_PROFILED).then(|| {
+        let each = self.timing == Timing::EachDispatch;
+        let dispatches = self.ops.iter().filter(|op| matches!(op, Op::Dispatch { .. })).count();
+        // Passes: runs of dispatches between copies (one per dispatch when each is timed).
+        let runs = self
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|&(i, op)| {
+                matches!(op, Op::Dispatch { .. })
+                    && (i == 0 || !matches!(self.ops[i - 1], Op::Dispatch { .. }))
+            })
+            .count();
+        let profiled = if each { dispatches } else { runs };
+        let timed = self.timing != Timing::Off && ctx.timestamps && profiled <= MAX_PROFILED;
+        let query_set = timed.then(|| {
             device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("profile"),
                 ty: wgpu::QueryType::Timestamp,
@@ -609,7 +702,7 @@ impl<'a> Pass<'a> {
             while let Some(Op::Dispatch { kernel, buffers, slot, groups, label, bytes: b }) =
                 self.ops.get(i)
             {
-                if query_set.is_some() && in_pass == 1 {
+                if each && query_set.is_some() && in_pass == 1 {
                     break;
                 }
                 in_pass += 1;
@@ -650,11 +743,15 @@ impl<'a> Pass<'a> {
                 pass.set_bind_group(0, &*bind, &[(base + *slot) as u32]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                 stats.dispatches += 1;
-                if query_set.is_some() {
+                if each && query_set.is_some() {
                     labels.push(*label);
                     bytes.push(*b);
                 }
                 i += 1;
+            }
+            if !each && query_set.is_some() {
+                labels.push("pass");
+                bytes.push(0);
             }
         }
         if let Some(q) = &query_set {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
     by_family, readback, BindCache, Binder, DispatchTime, FamilyTime, Kernel, Kernels, Pass, Tile,
-    Timestamps, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
+    Timestamps, Timing, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
 };
 use super::ops::{
     self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
@@ -590,9 +590,9 @@ impl GpuModel {
         let mut needed = vec![
             Kernel::Rope(false),
             Kernel::Rope(h),
-            Kernel::Attention(h),
+            Kernel::Attention(h, shape.head_dim as u32),
             Kernel::AttentionMerge,
-            Kernel::AttentionPrefill(h),
+            Kernel::AttentionPrefill(h, shape.head_dim as u32),
             Kernel::Embedding(weights.token_embd.ty),
         ];
         needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
@@ -608,7 +608,8 @@ impl GpuModel {
             needed.push(Kernel::Embedding(p.ty));
         }
         for t in &tensors {
-            needed.push(Kernel::Matvec(t.ty, h));
+            needed.push(Kernel::Matvec(t.ty, h, 1));
+            needed.push(Kernel::Matvec(t.ty, h, MATVEC_TOKENS));
             needed.extend(Tile::ALL.map(|tile| Kernel::MatmulTiled(t.ty, tile, opts.f16_prefill)));
         }
         needed.sort_by_key(|k| format!("{k:?}"));
@@ -874,7 +875,7 @@ impl GpuModel {
         output: Output,
         mask: Option<&[u32]>,
     ) -> Result<Vec<u8>> {
-        Ok(self.run_profiled(state, tokens, output, mask, false).await?.0)
+        Ok(self.run_profiled(state, tokens, output, mask, Timing::Off).await?.0)
     }
 
     /// Append `tokens` (typically one: a decode step) with every dispatch timed by the GPU's
@@ -886,9 +887,30 @@ impl GpuModel {
         state: &mut GpuState,
         tokens: &[u32],
     ) -> Result<Option<Vec<DispatchTime>>> {
+        let output = Output::Logits { all: false };
         let (_, times) =
-            self.run_profiled(state, tokens, Output::Logits { all: false }, None, true).await?;
+            self.run_profiled(state, tokens, output, None, Timing::EachDispatch).await?;
         Ok(times)
+    }
+
+    /// Append `tokens` as [`LanguageModel::forward`] does (the logits of the last) and return the
+    /// GPU's time for it in µs, from timestamps at the ends of its passes (the dispatches run as
+    /// untimed, all in one pass); `None` when the device has no timestamp queries. Against the
+    /// wall time of a step it shows what recording, submitting and reading back cost.
+    pub async fn gpu_micros_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+    ) -> Result<Option<f64>> {
+        let output = Output::Logits { all: false };
+        let (_, times) = self.run_profiled(state, tokens, output, None, Timing::EachPass).await?;
+        Ok(times.map(|t| t.iter().map(|d| d.micros).sum()))
+    }
+
+    /// Blocking [`GpuModel::gpu_micros_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn gpu_micros(&self, state: &mut GpuState, tokens: &[u32]) -> Result<Option<f64>> {
+        pollster::block_on(self.gpu_micros_async(state, tokens))
     }
 
     /// Per kernel family, the times of a forward pass of `ids[context..]` (one token: a decode
@@ -930,7 +952,7 @@ impl GpuModel {
         tokens: &[u32],
         output: Output,
         mask: Option<&[u32]>,
-        profile: bool,
+        timing: Timing,
     ) -> Result<(Vec<u8>, Option<Vec<DispatchTime>>)> {
         self.ctx.check_lost()?;
         self.check_tokens(state.pos, tokens)?;
@@ -947,7 +969,7 @@ impl GpuModel {
                 self.max_seq
             )));
         }
-        let (rb, len, timestamps) = self.submit(state, tokens, output, mask, chain_extra, profile);
+        let (rb, len, timestamps) = self.submit(state, tokens, output, mask, chain_extra, timing);
         let read = self.ctx.read_buffer(&rb).await;
         {
             let mut rt = self.rt.lock().unwrap_or_else(|p| p.into_inner());
@@ -985,7 +1007,7 @@ impl GpuModel {
         output: Output,
         mask: Option<&[u32]>,
         extra: usize,
-        profile: bool,
+        timing: Timing,
     ) -> (wgpu::Buffer, usize, Option<Timestamps>) {
         let c = &self.model.config;
         let ctx = &self.ctx;
@@ -1023,8 +1045,8 @@ impl GpuModel {
         };
 
         let mut pass = Pass::new(&self.kernels);
-        if profile {
-            pass.profile();
+        if timing != Timing::Off {
+            pass.time(timing);
         }
         let s = &self.scratch;
         let fused = Fused {
@@ -1288,25 +1310,17 @@ impl GpuModel {
             residual(pass, &lw.attn_output.weight, &s.attn, plan.attn_output_bias);
 
             // Feed-forward block.
-            let ffn_norm = Some(self.norm_in(plan.ffn_norm));
+            let norm = Some(self.norm_in(plan.ffn_norm));
             match (&lw.ffn, &plan.gate_up) {
                 (Ffn::GatedSilu { down, .. }, Some(gate_up))
                     if few && plan.gate_bias.is_none() && plan.up_bias.is_none() =>
                 {
-                    let m = Matvec {
-                        norm: ffn_norm,
-                        bias: None,
-                        epilogue: Epilogue::Gated { up_row: ff },
-                    };
+                    let m = Matvec { norm, bias: None, epilogue: Epilogue::Gated { up_row: ff } };
                     ops::matvec(pass, gate_up, rows(&s.x), out(&s.up, ff, 0), m, fused);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
                 (Ffn::Gelu { up, down }, _) if few => {
-                    let m = Matvec {
-                        norm: ffn_norm,
-                        bias: bias(plan.up_bias, 0),
-                        epilogue: Epilogue::Gelu,
-                    };
+                    let m = Matvec { norm, bias: bias(plan.up_bias, 0), epilogue: Epilogue::Gelu };
                     ops::matvec(pass, &up.weight, rows(&s.x), out(&s.up, ff, 0), m, fused);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }

@@ -4,7 +4,7 @@
 use super::context::{gpu_err, GpuContext};
 pub use super::kernels::Tile;
 use super::kernels::{
-    grid, storage, upload, Kernel, Pass, MATVEC_ROWS, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
+    grid, storage, upload, Kernel, Pass, MATVEC_THREADS, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
 };
 use crate::error::Result;
 use crate::model::Norm;
@@ -189,7 +189,7 @@ params! {
         rows: u32, cols: u32, n_tok: u32, row_bytes: u32, w_byte0: u32, x_row0: u32, norm: u32,
         eps: f32, norm_w: u32, norm_b: u32, bias: u32, epilogue: u32, y_stride: u32,
         y_col0: u32, up_row: u32, row0: u32, q_dim: u32, kv_dim: u32, head_dim: u32,
-        rope_dims: u32, rope_mode: u32, start: u32, v_base: u32,
+        rope_dims: u32, rope_mode: u32, start: u32, v_base: u32, team: u32,
     }
 }
 
@@ -489,6 +489,29 @@ pub struct Matvec<'a> {
 
 const NONE: u32 = u32::MAX;
 
+/// Threads per row of a matvec.wgsl product of rows of `cols` elements: a power of two from 8
+/// to 16, so a workgroup holds 16 rows (32 for rows of under 8 chunks) and each thread decodes
+/// a few chunks of 32 elements. Measured on an H200 (README, "GPU"): 16 rows per workgroup
+/// beat 4 and 8 on the 1B model's 2048-wide rows (fewer workgroups staging and norming the same
+/// activations) and matched them on SmolLM2-135M's 576-wide ones. `NEXTTOKEN_MATVEC_TEAM=n`
+/// (natively; a power of two, 8 to 128) sets it instead, to measure another GPU.
+pub fn matvec_team(cols: usize) -> u32 {
+    team_override().unwrap_or_else(|| (cols.div_ceil(32).next_power_of_two() as u32).clamp(8, 16))
+}
+
+fn team_override() -> Option<u32> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        static TEAM: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+        *TEAM.get_or_init(|| {
+            let v = std::env::var("NEXTTOKEN_MATVEC_TEAM").ok()?.parse::<u32>().ok()?;
+            Some(v.clamp(8, 128).next_power_of_two())
+        })
+    }
+    #[cfg(target_arch = "wasm32")]
+    None
+}
+
 /// `y = epilogue(W . norm(x) + bias)` for up to `MATVEC_TOKENS` tokens (matvec.wgsl). Gated and
 /// q|k|v products need `w` in one part (the model packs them so).
 pub fn matvec<'a>(
@@ -514,6 +537,8 @@ pub fn matvec<'a>(
         Norm::Rms => 1,
         Norm::Layer => 2,
     });
+    // One token (a decode step) has a kernel of its own, without the loops over tokens.
+    let tokens = if x.n == 1 { 1 } else { MATVEC_TOKENS };
     for part in &w.parts {
         let rows = if let Epilogue::Gated { .. } = m.epilogue { outputs } else { part.rows };
         let mut p = MatvecParams {
@@ -532,6 +557,7 @@ pub fn matvec<'a>(
             y_stride: u(y.stride),
             y_col0: u(y.col0 + part.row0),
             up_row: if let Epilogue::Gated { up_row } = m.epilogue { u(up_row) } else { 0 },
+            team: matvec_team(w.cols),
             ..MatvecParams::default()
         };
         let mut kv = fused.no_kv;
@@ -546,11 +572,12 @@ pub fn matvec<'a>(
             p.v_base = u(q.v_base);
             kv = q.kv;
         }
-        let per_group = if epilogue == 2 { MATVEC_ROWS / 2 } else { MATVEC_ROWS };
+        let rows_per_group = MATVEC_THREADS / p.team;
+        let per_group = if epilogue == 2 { rows_per_group / 2 } else { rows_per_group };
         let (gx, gy) = grid(u(rows).div_ceil(per_group));
         let buffers = [&part.buffer, x.buf, fused.vectors, fused.table, fused.step, y.buf, kv];
         let (kernel, bytes) =
-            (Kernel::Matvec(w.ty, fused.f16_kv), (part.rows * w.row_bytes) as u64);
+            (Kernel::Matvec(w.ty, fused.f16_kv, tokens), (part.rows * w.row_bytes) as u64);
         pass.dispatch_labelled(kernel, label, bytes, &buffers, &p.words(), [gx, gy, 1]);
     }
 }
@@ -788,7 +815,7 @@ pub fn attention_prefill<'a>(
     let rows = tokens.n * (n_head / n_head_kv);
     let groups = [u(rows.div_ceil(PREFILL_QUERY_ROWS)), u(n_head_kv), 1];
     let buffers = [q, kv.kv, tokens.step, out];
-    pass.dispatch(Kernel::AttentionPrefill(kv.f16), &buffers, &params.words(), groups);
+    pass.dispatch(Kernel::AttentionPrefill(kv.f16, u(head_dim)), &buffers, &params.words(), groups);
 }
 
 /// [`attention`] split over the sequence (flash-decoding): attention.wgsl per chunk of `chunk`
@@ -819,7 +846,7 @@ pub fn attention_split<'a>(
     };
     let buffers = [q, kv.kv, tokens.step, scratch];
     let groups = [u(n_head), u(tokens.n), u(chunks)];
-    pass.dispatch(Kernel::Attention(kv.f16), &buffers, &params.words(), groups);
+    pass.dispatch(Kernel::Attention(kv.f16, u(head_dim)), &buffers, &params.words(), groups);
     let merge = MergeParams {
         n_head: u(n_head),
         head_dim: u(head_dim),

@@ -84,8 +84,9 @@ struct ModelArgs {
     /// own metadata describes). Table models need none.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Where the forward pass runs: gpu (wgpu: Vulkan/Metal/DX12), cpu, or auto (gpu when an
-    /// adapter exists, otherwise cpu).
+    /// Where the forward pass runs: gpu (wgpu: Vulkan/Metal/DX12), cpu, or auto (the faster of
+    /// the two for this model, measured at load after the GPU's check against the CPU; never a
+    /// software adapter such as lavapipe).
     #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "gpu"])]
     backend: String,
     /// Longest sequence (prompt + generated) to allocate the KV cache for; capped by the model's
@@ -315,27 +316,53 @@ fn with_model(
     let tokenizer = load_tokenizer(args, &header)?;
     tokenizer.check_fits(model.config.n_vocab)?;
     let header = Some(&header);
-    let choice = backend::choose_native(args.backend.parse::<BackendRequest>()?)?;
-    eprintln!("backend: {}", choice.reason());
-    match choice {
-        BackendChoice::Gpu { context, .. } => {
-            let model = pollster::block_on(GpuModel::with_context(context, model))?
-                .with_max_seq(args.context);
-            f(&model, &tokenizer, header)
+    let request = args.backend.parse::<BackendRequest>()?;
+    let choice = backend::choose_native(request)?;
+    let cpu_model = |model: Model| -> Result<CpuModel> {
+        let cpu = if args.exact {
+            CpuModel::new(model)
+        } else {
+            let threads = cpu_threads(args.threads)?;
+            let fast = CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
+            match &args.isa {
+                None => fast,
+                Some(name) => fast.with_isa(Isa::by_name(name)?),
+            }
+        };
+        Ok(cpu.with_max_seq(args.context))
+    };
+    let context = match choice {
+        BackendChoice::Gpu { context, reason } if request == BackendRequest::Gpu => {
+            eprintln!("backend: {reason}");
+            let gpu = pollster::block_on(GpuModel::with_context(context, model))?;
+            return f(&gpu.with_max_seq(args.context), &tokenizer, header);
         }
-        BackendChoice::Cpu { .. } => {
-            let cpu = if args.exact {
-                CpuModel::new(model)
-            } else {
-                let threads = cpu_threads(args.threads)?;
-                let fast =
-                    CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
-                match &args.isa {
-                    None => fast,
-                    Some(name) => fast.with_isa(Isa::by_name(name)?),
-                }
-            };
-            f(&cpu.with_max_seq(args.context), &tokenizer, header)
+        BackendChoice::Gpu { context, .. } => context,
+        BackendChoice::Cpu { reason } => {
+            eprintln!("backend: {reason}");
+            return f(&cpu_model(model)?, &tokenizer, header);
+        }
+    };
+    // auto on a real GPU: the GPU checked against the CPU oracle, then both timed on this model.
+    let cpu = cpu_model(model.share())?;
+    let gpu =
+        pollster::block_on(GpuModel::with_context(context, model))?.with_max_seq(args.context);
+    let verdict =
+        pollster::block_on(backend::verdict(&gpu, || Ok((backend::cpu_decode_ms(&cpu)?, false))));
+    match verdict {
+        Ok(v) if v.gpu => {
+            eprintln!("backend: gpu, {} ({})", gpu.context().describe(), v.reason);
+            f(&gpu, &tokenizer, header)
+        }
+        Ok(v) => {
+            eprintln!("backend: cpu ({})", v.reason);
+            drop(gpu);
+            f(&cpu, &tokenizer, header)
+        }
+        Err(e) => {
+            eprintln!("backend: cpu ({e})");
+            drop(gpu);
+            f(&cpu, &tokenizer, header)
         }
     }
 }

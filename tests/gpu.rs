@@ -23,7 +23,7 @@ use std::io::Write;
 use std::sync::{Arc, OnceLock};
 
 use half::{bf16, f16};
-use nexttoken::cpu::{dot, softmax_in_place, CpuModel};
+use nexttoken::cpu::{dot, softmax_in_place, CpuModel, Precision};
 use nexttoken::generate::{beam_search, score, BeamOptions};
 use nexttoken::gguf::Gguf;
 use nexttoken::gpu::host::{self, Elementwise};
@@ -1600,4 +1600,60 @@ fn streamed_load_of_a_broken_file_says_what_is_wrong() {
     }
     assert_eq!(feed(&bytes, bytes.len()), "loaded");
     assert!(GpuStream::new(ctx.clone(), GpuOptions::f32(), 0).is_err(), "an empty file");
+}
+
+/// The load-time check (`gpu::check`) passes on a working GPU for every architecture, the f32
+/// and the f16 paths, mixed weight types (a Q4_K_M-like file) and a real model, and reports
+/// what it compared.
+#[test]
+fn load_check_agrees_with_the_cpu_on_a_working_gpu() {
+    let Some(ctx) = context() else { return };
+    let mut options = vec![GpuOptions::f32()];
+    if ctx.shader_f16 {
+        options.push(GpuOptions::f16());
+    }
+    let mixed = |arch| {
+        let spec = Spec {
+            n_head_kv: 2,
+            weight_type: GgmlType::Q4_K,
+            type_overrides: vec![
+                ("blk.0.ffn_down.weight".into(), GgmlType::Q6_K),
+                ("output.weight".into(), GgmlType::Q8_0),
+            ],
+            ..Spec::new(arch, 300, 256, 2, 4, 512, 160)
+        };
+        Model::from_bytes(synthetic::write(&spec).unwrap()).unwrap()
+    };
+    for opts in options {
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Gpt2] {
+            let gpu = gpu_model(&ctx, mixed(arch), opts);
+            let checked = pollster::block_on(gpu.check_against_cpu()).unwrap();
+            eprintln!("{} {opts:?}: {checked:?}", arch.gguf_name());
+            assert!(checked.max_error <= checked.tolerance && checked.rows == 18);
+        }
+    }
+    let Some(path) = stories_path("stories260K-q8_0.gguf") else { return };
+    let gpu = gpu_model(&ctx, Model::open(&path).unwrap(), GpuOptions::f32());
+    let checked = pollster::block_on(gpu.check_against_cpu()).unwrap();
+    assert!(checked.max_error < 1e-3, "{checked:?}");
+}
+
+/// `auto`'s verdict: the check, both backends timed on the model, the faster one named with its
+/// numbers; the reason says which and how fast.
+#[test]
+fn auto_verdict_times_both_backends() {
+    let Some(ctx) = context() else { return };
+    let model = synth_model(Arch::Llama, GgmlType::Q8_0, 3, false);
+    let cpu = CpuModel::new(model.share());
+    let gpu = gpu_model(&ctx, model, GpuOptions::f32());
+    let cpu_ms = || Ok((nexttoken::backend::cpu_decode_ms(&cpu)?, false));
+    let v = pollster::block_on(nexttoken::backend::verdict(&gpu, cpu_ms)).unwrap();
+    eprintln!("{v:?}");
+    assert!(v.gpu_ms_per_token > 0.0 && v.cpu_ms_per_token > 0.0);
+    assert_eq!(v.gpu, v.gpu_ms_per_token <= v.cpu_ms_per_token);
+    let runs = if v.gpu { "the GPU runs it" } else { "the CPU path runs it" };
+    assert!(v.reason.starts_with("auto: ") && v.reason.ends_with(runs), "{}", v.reason);
+    // The browser's estimate: the model's bytes per token over a measured rate.
+    let rate = nexttoken::backend::cpu_decode_rate(&gpu.model, Precision::Fast, 1).unwrap();
+    assert!(rate > 1e6, "{rate} bytes/s");
 }

@@ -13,6 +13,13 @@ import { el, probColor, withRunningSums, alternativesList, samplerPanel as sampl
 const $ = (id) => document.getElementById(id);
 
 const nt = new NextToken();
+// WebGPU lost mid-generation: the model went on on the CPU path; say so where the backend shows.
+nt.onBackendChange = (info) => {
+  stats.backend = backendLabel(info);
+  stats["backend choice"] = info.backendReason ?? "";
+  renderStats();
+  showError(info.backendReason, false, "warning");
+};
 const params = new URLSearchParams(location.search);
 let loadedSpec = null;
 let lastLoad = null; // () => load again (Retry)
@@ -140,12 +147,13 @@ async function loadModel(spec) {
     stats = {
       model: spec.name || spec.url,
       backend: backendLabel(info),
+      "backend choice": info.backendReason ?? "",
       architecture: info.kind === "table" ? "bigram table" : `${info.arch}, ${info.nLayer} layers, ${info.nEmbd} wide`,
       parameters: info.parameters.toLocaleString(),
       "model size": info.kind === "table" ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)` : formatBytes(info.bytes),
       download: info.kind === "table" ? "" : info.timings?.fromCache ? "from cache" : stats.download || "",
       weights: info.kind === "table" ? "" : weightsLabel(info),
-      "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms)`,
+      "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms${info.timings?.backendMs ? `, backend check ${info.timings.backendMs.toFixed(0)} ms` : ""})`,
     };
     renderStats();
     $("version").textContent = `nexttoken ${info.version}`;

@@ -41,12 +41,19 @@ export interface LoadOptions {
   threads?: number;
   tokenizer?: string;
   signal?: AbortSignal;
+  /** Tests: "auto" treats a software adapter (SwiftShader) as a real GPU and measures it. */
+  allowSoftwareGpu?: boolean;
 }
 
 export interface ModelInfo {
   kind: "table" | "gguf";
   backend: "table" | "cpu" | "webgpu";
   backendDetail: string;
+  /**
+   * Why `backend: "auto"` runs this backend, when it measured (or remembered a measurement for
+   * this model and adapter): the GPU's check against the CPU path, and both decode speeds.
+   */
+  backendReason?: string;
   name: string;
   description: string;
   arch: string;
@@ -68,7 +75,7 @@ export interface ModelInfo {
   version: string;
   threads: number;
   spec: ModelSpec;
-  timings: { downloadMs: number; initMs: number; fromCache?: boolean };
+  timings: { downloadMs: number; initMs: number; backendMs?: number; fromCache?: boolean };
   [more: string]: unknown;
 }
 
@@ -255,6 +262,8 @@ export class NextToken {
   constructor(options?: NextTokenOptions);
   readonly info: ModelInfo | null;
   readonly lastSummary: Summary | null;
+  /** Called with the new info when a lost GPU's model moves to the CPU path mid-generation. */
+  onBackendChange: ((info: ModelInfo) => void) | null;
   readonly chat: Chat;
   readonly completions: Completions;
   load(model: ModelRef, options?: LoadOptions): Promise<ModelInfo>;

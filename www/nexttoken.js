@@ -211,6 +211,8 @@ export class NextToken {
     this.stopped = new Set(); // ids of generations aborted by the caller
     this.info = null;
     this.lastSummary = null;
+    /** Called with the new info when the model moves to another backend mid-generation. */
+    this.onBackendChange = null;
   }
 
   get worker() {
@@ -231,9 +233,14 @@ export class NextToken {
    * `size` the whole model's), `onWarning(message)`, `backend` ("auto" | "gpu" | "cpu"), `maxSeq`,
    * `exact` (CPU path: the reference kernels, f32 activations, instead of the fast int8 ones),
    * `threads` (CPU path: at most this many threads; default: the pool's size), `signal`. Resolves to the model's info plus `timings`
-   * {downloadMs, initMs}; rejects with an Error whose `retryable` says if retrying may help.
+   * {downloadMs, initMs, backendMs}; rejects with an Error whose `retryable` says if retrying may help.
+   * `backend: "auto"` never takes a software adapter (SwiftShader) and, on a real GPU, checks it
+   * against the CPU path and keeps the faster of the two for this model (remembered per model and
+   * adapter): `info.backendReason` says what it measured. A GPU lost mid-generation moves the
+   * model to the CPU path and the text goes on (`onBackendChange(info)`). `allowSoftwareGpu`
+   * (tests): "auto" treats a software adapter as a real GPU.
    */
-  load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, exact = false, threads, tokenizer, signal } = {}) {
+  load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, exact = false, threads, tokenizer, signal, allowSoftwareGpu = false } = {}) {
     const spec = resolveSpec(model, tokenizer);
     if (spec.kind === "gguf") requestPersistentStorage();
     const id = this.link.nextId++;
@@ -257,7 +264,7 @@ export class NextToken {
           }
         }
       });
-      this.#post({ type: "load", id, spec, options: { backend, maxSeq, exact, threads } });
+      this.#post({ type: "load", id, spec, options: { backend, maxSeq, exact, threads, allowSoftwareGpu } });
     });
   }
 
@@ -323,6 +330,16 @@ export class NextToken {
     let count = 0;
     const t0 = performance.now();
     this.pending.set(id, (msg) => {
+      if (msg.type === "warning") {
+        console.warn(msg.message);
+        return;
+      }
+      if (msg.type === "backend") {
+        // WebGPU was lost mid-generation: the model now runs on the CPU path (the text goes on).
+        this.info = { ...this.info, ...msg.info };
+        this.onBackendChange?.(this.info);
+        return;
+      }
       if (msg.type === "token") {
         count += 1;
         logprobSum += msg.token.logprob;

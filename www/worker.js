@@ -7,11 +7,12 @@
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"sampler-view", id, ids, logits, options, history}
 //               {type:"abort", id} | {type:"score", id, text, after} | {type:"cancel-load", id}
-//               {type:"unload"}
+//               {type:"unload"} | {type:"simulate-gpu-loss"} (tests: WebGPU lost as in a reset)
 //               Each message names its `slot`: one page may share this worker among several
 //               NextToken instances (several <next-token> elements), each with its own model.
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
+//               {type:"backend", id, info} (a lost GPU's model moved to the CPU path)
 //               {type:"done", id, summary, messages, promptIds, beamTree} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
@@ -20,6 +21,7 @@ import { fetchModelFile, dropOldCaches, deleteCached, splitPartUrls } from "./mo
 
 let ready = null;
 const engines = new Map(); // slot -> the model's engine
+const loads = new Map(); // slot -> how its GGUF model was loaded (to move it to the CPU path)
 let sessionId = null;
 let sessionSlot = null;
 const aborted = new Set();
@@ -80,6 +82,7 @@ async function load({ id, slot, spec, options = {} }) {
     unload({ slot });
     let engine;
     let timings = {};
+    let backendReason; // why "auto" chose the backend, when it measured or remembered
     if (spec.kind === "table") {
       // Table models are a few hundred bytes: always fetched fresh (the service worker keeps the
       // lesson tables for offline use).
@@ -91,11 +94,29 @@ async function load({ id, slot, spec, options = {} }) {
       // The tokenizer first (small). Without a tokenizer URL, null: the tokenizer is built from
       // the GGUF's own metadata (and the error says so when the file has none).
       const tokenizer = spec.tokenizer ? await fetchText(spec.tokenizer, id, "tokenizer", signal) : null;
-      const loadOptions = { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads };
+      const loadOptions = { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads, allowSoftwareGpu: !!options.allowSoftwareGpu };
       // Then the backend, before the download: on WebGPU the weights stream from the download
-      // straight into GPU buffers; the CPU path needs them in wasm memory.
-      const choice = await wasm.BackendChoice.choose(loadOptions);
-      let cpu = null;
+      // straight into GPU buffers; the CPU path needs them in wasm memory. "auto" never takes a
+      // software adapter (BackendChoice.choose), and takes the CPU path at once where an earlier
+      // load of this model on this adapter measured it faster.
+      let choice = await wasm.BackendChoice.choose(loadOptions);
+      const auto = choice.cpuFallback;
+      const key = auto ? verdictKey(spec, choice.adapter, loadOptions) : null;
+      let verdict = key && (await recallVerdict(key));
+      const remembered = verdict && `${verdict.reason} (measured ${verdict.date}, remembered for this model and adapter)`;
+      if (verdict && !verdict.gpu) {
+        choice.free();
+        choice = wasm.BackendChoice.cpu(remembered);
+        backendReason = remembered;
+      }
+      const onCpu = async (why) => {
+        const cpu = wasm.BackendChoice.cpu(why);
+        try {
+          return await loadGguf(spec, id, signal, cpu, tokenizer, loadOptions);
+        } finally {
+          cpu.free();
+        }
+      };
       let got;
       try {
         got = await loadGguf(spec, id, signal, choice, tokenizer, loadOptions);
@@ -104,25 +125,103 @@ async function load({ id, slot, spec, options = {} }) {
         // do not handle): with backend "auto", the CPU path, from what the first attempt cached
         // (or resuming it).
         if (!(e?.gpuFailure && choice.cpuFallback) || signal.aborted) throw e;
-        cpu = wasm.BackendChoice.cpu(`WebGPU failed (${errorMessage(e)}); running on the CPU`);
-        got = await loadGguf(spec, id, signal, cpu, tokenizer, loadOptions);
+        got = await onCpu(`WebGPU failed (${errorMessage(e)}); running on the CPU`);
       } finally {
         choice.free();
-        cpu?.free();
       }
       engine = got.engine;
-      timings = { downloadMs: got.downloadMs - t0, initMs: performance.now() - got.downloadMs, fromCache: got.fromCache };
+      const t1 = performance.now();
+      if (engine.info().backend === "webgpu") {
+        // The GPU checked against the CPU oracle on a tiny model like this one; with "auto" and
+        // no remembered verdict, also both backends timed. A GPU that fails the check, or is
+        // slower here, leaves the model to the CPU path (read again from the cache).
+        let why = null;
+        let wrong = false; // the GPU failed its check: it must not keep the model
+        try {
+          if (!auto) {
+            // backend "gpu": WebGPU whatever the check says, with a warning when it fails.
+            await engine.checkGpu().catch((e) => post({ type: "warning", id, message: `backend "gpu": ${errorMessage(e)}` }));
+          } else if (verdict) {
+            await engine.checkGpu();
+            backendReason = remembered;
+          } else {
+            verdict = { ...(await engine.autoVerdict(loadOptions.exact, loadOptions.threads ?? wasm.threads)), date: new Date().toISOString().slice(0, 10) };
+            await rememberVerdict(key, verdict);
+            backendReason = verdict.reason;
+            if (!verdict.gpu) why = verdict.reason;
+          }
+        } catch (e) {
+          if (signal.aborted) throw e;
+          why = `auto: ${errorMessage(e)}; running on the CPU`;
+          wrong = true;
+          // A GPU that computed wrongly is remembered; one lost on the way is tried again.
+          if (!/GPU device lost/.test(why)) await rememberVerdict(key, { gpu: false, reason: why, date: new Date().toISOString().slice(0, 10) });
+        }
+        if (why) {
+          // The GPU's engine goes only once the CPU path has the model: a model the CPU path
+          // cannot hold (wasm memory) stays on a GPU that was only slower.
+          try {
+            const cpu = (await onCpu(why)).engine;
+            engine.free();
+            engine = cpu;
+            backendReason = why;
+          } catch (e) {
+            if (wrong || signal.aborted) {
+              engine.free();
+              throw e;
+            }
+            post({ type: "warning", id, message: `${why}, but the CPU path could not load it (${errorMessage(e)}): WebGPU keeps it` });
+          }
+        }
+      }
+      loads.set(slot, { spec, tokenizer, loadOptions, auto });
+      timings = { downloadMs: got.downloadMs - t0, initMs: t1 - got.downloadMs, backendMs: performance.now() - t1, fromCache: got.fromCache };
     }
     engines.set(slot, engine);
-    // wasmMemoryBytes: the module's memory now (it only grows): with weightsInWasmBytes, what the
-    // model costs there (on WebGPU a streamed load adds about its header, not its weights).
-    post({ type: "loaded", id, info: { ...engine.info(), version: wasm.version(), threads: wasm.threads, wasmMemoryBytes: wasm.wasmMemoryBytes() }, timings });
+    post({ type: "loaded", id, info: infoOf(engine, backendReason), timings });
   } catch (e) {
     const cancelled = signal.aborted;
     const retryable = cancelled || (e?.name === "DownloadError" ? e.retryable : false);
     post({ type: "error", id, message: cancelled ? "loading was cancelled" : errorMessage(e), retryable });
   } finally {
     loadAborts.delete(id);
+  }
+}
+
+/**
+ * What a loaded engine reports: wasmMemoryBytes, the module's memory now (it only grows): with
+ * weightsInWasmBytes, what the model costs there (on WebGPU a streamed load adds about its
+ * header, not its weights); backendReason, why "auto" chose the backend it did, when it measured.
+ */
+function infoOf(engine, backendReason) {
+  return { ...engine.info(), backendReason, version: wasm.version(), threads: wasm.threads, wasmMemoryBytes: wasm.wasmMemoryBytes() };
+}
+
+// "auto"'s verdicts (engine.autoVerdict: the GPU's check, and which backend decodes this model
+// faster on this device), kept in the Cache API per model, adapter, CPU options and build, so a
+// later load goes straight to the faster backend. Storage failures only cost a new measurement.
+const VERDICTS = "nexttoken-backend-v1";
+
+function verdictKey(spec, adapter, { exact, threads }) {
+  const url = new URL(spec.url, self.location.href).href;
+  const cpu = `${exact ? "exact" : "fast"}, ${Math.min(threads ?? wasm.threads, wasm.threads)} threads`;
+  return `https://nexttoken.invalid/verdict?${new URLSearchParams({ url, adapter, cpu, version: wasm.version() })}`;
+}
+
+async function recallVerdict(key) {
+  try {
+    const r = await (await caches.open(VERDICTS)).match(key);
+    return r ? await r.json() : null;
+  } catch {
+    return null;
+  }
+}
+
+async function rememberVerdict(key, verdict) {
+  try {
+    await (await caches.open(VERDICTS)).put(key, new Response(JSON.stringify(verdict), { headers: { "content-type": "application/json" } }));
+  } catch {
+    // No Cache API (an opaque origin), or no quota: measured again next time.
   }
 }
 
@@ -288,7 +387,7 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
     post({ type: "done", id, summary: null });
     return;
   }
-  const engine = engines.get(slot);
+  let engine = engines.get(slot);
   if (!engine) {
     post({ type: "error", id, message: "no model is loaded" });
     return;
@@ -296,6 +395,7 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
   let session = null;
   sessionId = id;
   sessionSlot = slot;
+  const generated = []; // the ids streamed so far (a lost GPU's text continues from them)
   try {
     if (type === "chat") session = engine.startChat(messages, options);
     else if (ids) session = engine.startIds(Uint32Array.from(ids), options);
@@ -305,12 +405,38 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
         session.abort();
         break;
       }
-      const token = await session.next();
+      let token;
+      try {
+        token = await session.next();
+      } catch (e) {
+        // WebGPU lost mid-generation (a driver reset, the tab's GPU process gone): the model
+        // moves to the CPU path and the text goes on from what was streamed (a beam search
+        // cannot resume: it ends with the error, the model on the CPU path for the next one).
+        const load = loads.get(slot);
+        if (!load || !/GPU device lost/.test(errorMessage(e))) throw e;
+        if ((options.beams ?? 1) > 1) {
+          session.free();
+          session = null;
+          await moveToCpu(id, slot, load, `WebGPU was lost (${errorMessage(e)}): the model moved to the CPU path; run the beam search again`);
+          throw e;
+        }
+        const promptIds = Array.from(session.promptIds);
+        session.free();
+        session = null;
+        engine = await moveToCpu(id, slot, load, `WebGPU was lost (${errorMessage(e)}) after ${generated.length} tokens: the model moved to the CPU path`);
+        const rest = { ...options, maxTokens: (options.maxTokens ?? options.max_tokens ?? 256) - generated.length };
+        if (options.constraint) rest.constraintPrefix = (options.constraintPrefix ?? 0) + generated.length;
+        if (options.forceTokens) rest.forceTokens = options.forceTokens.slice(generated.length);
+        if (rest.maxTokens <= 0) break;
+        session = engine.startIds(Uint32Array.from([...promptIds, ...generated]), rest);
+        continue;
+      }
       if (token === null) break;
+      generated.push(token.id);
       post({ type: "token", id, token });
       await yieldToEvents();
     }
-    post({ type: "done", id, summary: session.summary(), messages: session.messages, promptIds: Array.from(session.promptIds), beamTree: session.beamTree });
+    post({ type: "done", id, summary: session?.summary() ?? null, messages: session?.messages, promptIds: session && Array.from(session.promptIds), beamTree: session?.beamTree });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   } finally {
@@ -319,6 +445,21 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
     aborted.delete(id);
     sessionId = null;
     sessionSlot = null;
+  }
+}
+
+/** The slot's model loaded again on the CPU path (from the cache), replacing its GPU engine. */
+async function moveToCpu(id, slot, load, why) {
+  post({ type: "warning", id, message: why });
+  const cpu = wasm.BackendChoice.cpu(why);
+  try {
+    const { engine } = await loadGguf(load.spec, id, new AbortController().signal, cpu, load.tokenizer, load.loadOptions);
+    engines.get(slot)?.free();
+    engines.set(slot, engine);
+    post({ type: "backend", id, info: infoOf(engine, why) });
+    return engine;
+  } finally {
+    cpu.free();
   }
 }
 
@@ -362,6 +503,10 @@ self.onmessage = (event) => {
       break;
     case "unload":
       unload(msg);
+      break;
+    case "simulate-gpu-loss":
+      // Tests of the fallback path: the slot's WebGPU device is destroyed as a driver reset would.
+      engines.get(msg.slot)?.simulateGpuLoss();
       break;
     case "render-chat": {
       const engine = engines.get(msg.slot);

@@ -179,9 +179,14 @@ impl GpuContext {
         m & !3
     }
 
-    /// One line for logs: adapter name and backend.
+    /// One line for logs: adapter name and backend. Browsers may hide the adapter's name: then
+    /// "WebGPU's adapter".
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+        let name = match self.info.name.trim() {
+            "" => "WebGPU's adapter",
+            name => name,
+        };
+        format!("{name} ({:?}, {:?})", self.info.backend, self.info.device_type)
     }
 
     /// Wait for `buffer` (MAP_READ) to map and return its bytes. Natively this polls the device

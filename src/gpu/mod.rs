@@ -10,6 +10,8 @@
 //!   with the log-sum-exp) so a decode step reads back a few bytes;
 //! - `stream`: `GpuStream`, a model loaded from its file's bytes as they arrive (a download),
 //!   straight into the GPU buffers, never holding the file; the ordinary upload is the same path;
+//! - `check`: the GPU at hand against the CPU oracle on a tiny model shaped like the loaded one
+//!   (a miscompiling driver is caught at load, before it answers);
 //! - `host`: run one kernel on host data (tests and debugging; native only).
 //!
 //! Weights stay in their GGUF encoding on the GPU and are decoded in the shader, so a Q4_K model
@@ -19,6 +21,7 @@
 // share them across threads, so the lint only misfires on wasm32.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
+pub mod check;
 pub mod context;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod host;
@@ -27,6 +30,7 @@ pub mod model;
 pub mod ops;
 pub mod stream;
 
+pub use check::Checked;
 pub use context::{is_device_lost, GpuContext, DEVICE_LOST, NO_ADAPTER};
 pub use model::{GpuModel, GpuOptions, GpuState, GpuStats, TopK};
 pub use stream::GpuStream;

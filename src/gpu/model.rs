@@ -284,7 +284,9 @@ enum Output {
 pub struct GpuModel {
     pub model: Model,
     ctx: Arc<GpuContext>,
-    kernels: Kernels,
+    /// Compiled pipelines: the model's own, or shared with the model it was made beside
+    /// ([`GpuModel::with_shared_kernels`]).
+    kernels: Arc<Kernels>,
     /// The model's weights, uploaded (a tied output projection shares its embedding's buffer;
     /// q|k|v and gate|up are views of packed buffers where their types agree).
     weights: Weights<Arc<GpuTensor>>,
@@ -437,6 +439,16 @@ impl GpuModel {
         pending.finish(model.release_bytes()).await
     }
 
+    /// Upload `model` beside `other`, on its device, with its options and its compiled kernels
+    /// (those `model` needs beyond them are compiled): a second model that costs no recompiling
+    /// of what they share, such as [`GpuModel::check_against_cpu`]'s.
+    pub async fn with_shared_kernels(other: &GpuModel, model: Model) -> Result<GpuModel> {
+        let mut pending = GpuModel::plan(other.ctx.clone(), &model, other.opts, None)?;
+        pending.kernels = Some(other.kernels.clone());
+        pending.fill.feed(&model.storage)?;
+        pending.finish(model.release_bytes()).await
+    }
+
     /// Make every buffer of the model described by `model` (none of its bytes are read), and
     /// record where each tensor's bytes go: the weights (q|k|v and gate|up of one type packed
     /// into one buffer each), the small vectors decoded to f32 into one buffer, and
@@ -544,13 +556,14 @@ impl GpuModel {
             tensors: cache.into_values().collect(),
             fill,
             oom: Some(oom),
+            kernels: None,
         })
     }
 
     /// The rest of [`GpuModel::with_options`] once the weights are written: activations,
     /// kernels, and the model itself.
     pub(super) async fn assemble(p: Pending, model: Model) -> Result<GpuModel> {
-        let Pending { ctx, opts, weights, plans, vectors, output_norm, tensors, .. } = p;
+        let Pending { ctx, opts, weights, plans, vectors, output_norm, tensors, kernels, .. } = p;
         let c = model.config.clone();
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
 
@@ -585,7 +598,7 @@ impl GpuModel {
             zeros: floats(&ctx, "zeros", c.n_embd.max(4)),
             no_kv: floats(&ctx, "no kv", 4),
         };
-        let kernels = Kernels::new(ctx.clone());
+        let kernels = kernels.unwrap_or_else(|| Arc::new(Kernels::new(ctx.clone())));
         let h = opts.f16_kv;
         let mut needed = vec![
             Kernel::Rope(false),

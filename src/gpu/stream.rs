@@ -265,6 +265,8 @@ pub(super) struct Pending {
     pub(super) fill: Filler,
     /// Catches running out of GPU memory while the buffers are made and written.
     pub(super) oom: Option<wgpu::ErrorScopeGuard>,
+    /// Compiled pipelines to share (else the model compiles its own).
+    pub(super) kernels: Option<Arc<super::kernels::Kernels>>,
 }
 
 impl Pending {

@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use super::js::{self, ChatOptions, GenOptions, InfoOut, LoadOptions};
 use super::js_err;
 use super::session::{self, start_after, Backend, Session, Slot};
+use crate::backend::{self, software_adapter};
 use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
 use crate::generate::{prompt_ids, Score};
@@ -88,7 +89,9 @@ pub struct BackendChoice {
 #[wasm_bindgen]
 impl BackendChoice {
     /// Choose by the load options' `backend`: "cpu"; "gpu" (WebGPU or an error saying why
-    /// not); "auto" (the default: WebGPU when the browser has an adapter, else the CPU path).
+    /// not); "auto" (the default: WebGPU when the browser has a real adapter, else the CPU path:
+    /// a software adapter such as SwiftShader is far slower than it; once the model is on the
+    /// GPU, `Engine.autoVerdict` checks it and times both backends).
     pub async fn choose(options: JsValue) -> Result<BackendChoice, JsError> {
         let opts = LoadOptions::parse(options)?;
         let backend = opts.backend.as_deref().unwrap_or("auto");
@@ -96,6 +99,16 @@ impl BackendChoice {
         match backend {
             "cpu" => Ok(cpu("CPU backend chosen".into())),
             "gpu" | "auto" => match webgpu().await {
+                Ok(ctx)
+                    if backend == "auto"
+                        && !opts.allow_software_gpu
+                        && software_adapter(&ctx.info).is_some() =>
+                {
+                    let why = software_adapter(&ctx.info).unwrap_or_default();
+                    Ok(cpu(format!(
+                        "auto: {why}, slower than the CPU path; backend \"gpu\" forces WebGPU"
+                    )))
+                }
                 Ok(ctx) => Ok(BackendChoice {
                     gpu: Some(ctx),
                     cpu_why: String::new(),
@@ -123,6 +136,12 @@ impl BackendChoice {
             cpu_why: self.cpu_why.clone(),
             fallback: self.fallback,
         }
+    }
+
+    /// The WebGPU adapter's description ("WebGPU: NAME (shader-f16)"), "" on the CPU path.
+    #[wasm_bindgen(getter)]
+    pub fn adapter(&self) -> String {
+        self.gpu.as_deref().map(adapter_name).unwrap_or_default()
     }
 
     /// "webgpu" or "cpu".
@@ -544,6 +563,55 @@ impl Engine {
                 Some(rows) => Ok(js::to_js(&rows)?),
                 None => Ok(JsValue::NULL),
             }
+        })
+    }
+
+    /// `backend: "auto"` on WebGPU, once the model is loaded there: the GPU checked against the
+    /// CPU oracle on a tiny model shaped like this one (rejects, naming the adapter, when it
+    /// computes wrongly), then a few decode steps timed against the CPU path's estimate (the
+    /// model's bytes per token over the CPU kernels' rate, measured now with `exact` and
+    /// `threads` as a CPU load would run). A Promise of `{gpu, reason, gpuMsPerToken,
+    /// cpuMsPerToken, cpuEstimated, check}`: `gpu` false means the CPU path is faster here.
+    #[wasm_bindgen(js_name = autoVerdict)]
+    pub fn auto_verdict(&self, exact: bool, threads: usize) -> js_sys::Promise {
+        let Loaded::Gpu(m, _) = &self.loaded else {
+            return js_sys::Promise::reject(&JsError::new("autoVerdict: not on WebGPU").into());
+        };
+        let m = m.clone();
+        let precision = if exact { Precision::Exact } else { Precision::Fast };
+        let threads = threads.clamp(1, crate::cpu::browser_threads());
+        wasm_bindgen_futures::future_to_promise(async move {
+            let cpu_ms = || {
+                let rate = backend::cpu_decode_rate(&m.model, precision, threads)?;
+                Ok((m.model.weight_bytes_per_token() as f64 / rate * 1e3, true))
+            };
+            let verdict = backend::verdict(&m, cpu_ms).await.map_err(js_err)?;
+            Ok(js::to_js(&verdict)?)
+        })
+    }
+
+    /// Destroy this model's WebGPU device, as a driver reset would lose it (every later use errs
+    /// with "GPU device lost"): for tests of the fallback to the CPU path. Nothing off WebGPU.
+    #[wasm_bindgen(js_name = simulateGpuLoss)]
+    pub fn simulate_gpu_loss(&self) {
+        if let Loaded::Gpu(m, _) = &self.loaded {
+            m.context().simulate_device_loss();
+        }
+    }
+
+    /// The load-time check alone (`autoVerdict`'s first part): a Promise of `{maxError,
+    /// tolerance, rows}`, rejected with a message naming the adapter when the GPU computes
+    /// wrongly. For a model whose backend was decided before (a remembered verdict, or
+    /// `backend: "gpu"`).
+    #[wasm_bindgen(js_name = checkGpu)]
+    pub fn check_gpu(&self) -> js_sys::Promise {
+        let Loaded::Gpu(m, _) = &self.loaded else {
+            return js_sys::Promise::reject(&JsError::new("checkGpu: not on WebGPU").into());
+        };
+        let m = m.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let checked = m.check_against_cpu().await.map_err(js_err)?;
+            Ok(js::to_js(&checked)?)
         })
     }
 

@@ -30,7 +30,8 @@ fn from_js<T: for<'de> Deserialize<'de> + Default>(
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 pub(super) struct LoadOptions {
-    /// "auto" (WebGPU when the browser has an adapter, else CPU), "gpu" or "cpu".
+    /// "auto" (WebGPU when the browser has a real adapter and it is faster for the model, else
+    /// CPU), "gpu" or "cpu".
     pub backend: Option<String>,
     /// Cap on the sequence length (models advertise far more than a page needs).
     pub max_seq: Option<usize>,
@@ -39,6 +40,9 @@ pub(super) struct LoadOptions {
     pub exact: bool,
     /// CPU threads (threads build, after `initThreads`): default and cap, the pool's size.
     pub threads: Option<usize>,
+    /// "auto" treats a software adapter as a real GPU: for tests of auto's measurement where
+    /// the only adapter is SwiftShader.
+    pub allow_software_gpu: bool,
 }
 
 impl LoadOptions {

@@ -1,5 +1,5 @@
 // Benchmark in headless Chromium: www/bench.html (the nexttoken wasm engine, run on the page),
-// once without WebGPU (CPU wasm) and once with --enable-unsafe-webgpu (backend=auto); and, when
+// once without WebGPU (CPU wasm) and once with --enable-unsafe-webgpu (backend=gpu); and, when
 // @wllama/wllama is installed here, a page served from a temp folder at /wllama/ (llama.cpp in wasm, 1 thread) on the
 // same GGUF, with a nexttoken/wllama ratio table. "init+load" is wasm compile + model load (wllama:
 // its worker start + load); wllama prompts are the same text, its tokenizer counts them (prompt_n).
@@ -182,7 +182,8 @@ try {
     if (haveWllama) await runPage(`wllama ${THREADS} threads`, wq(THREADS), { threads: THREADS });
   }
   const webgpuReps = process.env.WEBGPU_REPS || "1";
-  if (!process.env.NO_WEBGPU) await runPage("nexttoken auto (--enable-unsafe-webgpu)", `/bench.html${q("auto", 1, webgpuReps)}`, { webgpu: true });
+  // WebGPU by name: "auto" takes the CPU path where the only adapter is SwiftShader.
+  if (!process.env.NO_WEBGPU) await runPage("nexttoken gpu (--enable-unsafe-webgpu)", `/bench.html${q("gpu", 1, webgpuReps)}`, { webgpu: true });
 } finally {
   server.closeAllConnections?.();
   await new Promise((r) => server.close(r));

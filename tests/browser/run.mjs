@@ -281,6 +281,8 @@ async function generateAndCheck(page, label, { screenshot } = {}) {
 
 // ---------------------------------------------------------------------------------------------
 
+let webgpuAdapter = false; // this Chromium exposes a WebGPU adapter (the first test of a config says)
+
 async function runConfig(mode) {
   const webgpu = mode === "webgpu";
   console.log(`\n== Chromium ${webgpu ? "with WebGPU (--enable-unsafe-webgpu)" : "without WebGPU (CPU fallback)"} ==`);
@@ -298,6 +300,7 @@ async function runConfig(mode) {
     await test(`[${mode}] navigator.gpu adapter ${webgpu ? "present" : "absent"}`, async () => {
       await page.goto(`${base}/?nosw&model=lesson-toy`);
       const has = await page.evaluate(async () => !!(navigator.gpu && (await navigator.gpu.requestAdapter())));
+      webgpuAdapter = has;
       if (webgpu && !has) {
         console.log("      (this Chromium exposes no WebGPU adapter even with --enable-unsafe-webgpu)");
         return "skip";
@@ -466,13 +469,13 @@ async function runConfig(mode) {
     }
 
     if (haveShared) {
-      await test(`[${mode}] stories260K greedy ${N_TOKENS} tokens equals the native CLI, streamed token by token`, async () => {
-        await page.goto(base + modelUrl);
+      await test(`[${mode}] stories260K greedy ${N_TOKENS} tokens equals the native CLI, streamed token by token${webgpu ? " (backend gpu: auto would take the CPU path here)" : ""}`, async () => {
+        await page.goto(base + modelUrl + (webgpu ? "&backend=gpu" : ""));
         await waitLoaded(page);
         const stats = await statsOf(page);
         console.log(`      backend: ${stats.backend}`);
         if (webgpu) {
-          if (process.env.NEXTTOKEN_REQUIRE_WEBGPU) assert(/WebGPU/.test(stats.backend), `expected WebGPU, got ${stats.backend}`);
+          if (webgpuAdapter || process.env.NEXTTOKEN_REQUIRE_WEBGPU) assert(/WebGPU/.test(stats.backend), `expected WebGPU, got ${stats.backend}`);
         } else {
           assert(/CPU/.test(stats.backend), `expected the CPU fallback, got ${stats.backend}`);
           // The page is cross-origin isolated (serve.mjs): the threads build, one thread a core.
@@ -487,6 +490,92 @@ async function runConfig(mode) {
         for (const key of ["time to first token", "prefill", "decode", "backend", "load time"]) assert(s[key], `stat ${key} missing: ${JSON.stringify(s)}`);
         console.log(`      TTFT ${s["time to first token"]}, prefill ${s.prefill}, decode ${s.decode}`);
       });
+
+      if (webgpu) {
+        await test(`[${mode}] auto never takes the software adapter: the page's default backend runs stories260K on the CPU path and says why`, async () => {
+          if (!webgpuAdapter) return "skip";
+          await page.goto(base + modelUrl);
+          await waitLoaded(page);
+          const stats = await statsOf(page);
+          console.log(`      backend: ${stats.backend}`);
+          assert(/^CPU/.test(stats.backend) && /CPU emulating a GPU/.test(stats.backend), `auto on SwiftShader: ${stats.backend}`);
+          await generateAndCheck(page, `${mode} auto`);
+        });
+
+        await test(`[${mode}] auto on a GPU it may use (allowSoftwareGpu stands in for a real one): checked, both backends timed, the faster kept and remembered; same greedy text`, async () => {
+          if (!webgpuAdapter) return "skip";
+          const p = await browser.newPage();
+          await p.goto(`${base}/?nosw&model=lesson-toy`);
+          const r = await p.evaluate(
+            async ({ prompt, n }) => {
+              const { NextToken } = await import("/nexttoken.js");
+              const nt = new NextToken();
+              const opts = { tokenizer: "/test/tokenizer.json", exact: true, allowSoftwareGpu: true };
+              try {
+                const first = await nt.load("/test/stories260K-f32.gguf", opts);
+                let text = "";
+                for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: n })) text += t.text;
+                const second = await nt.load("/test/stories260K-f32.gguf", opts);
+                const pick = (i) => ({ backend: i.backend, reason: i.backendReason, backendMs: i.timings.backendMs });
+                return { first: pick(first), second: pick(second), text };
+              } catch (e) {
+                return { error: String(e && e.message ? e.message : e) };
+              } finally {
+                nt.terminate();
+              }
+            },
+            { prompt: PROMPT, n: N_TOKENS },
+          );
+          await p.close();
+          assert(!r.error, r.error);
+          console.log(`      first load: ${r.first.backend}, ${r.first.reason} (${r.first.backendMs?.toFixed(0)} ms)\n      second: ${r.second.backend}, ${r.second.reason}`);
+          const verdict = /^auto: .* decodes at \d+ tok\/s, the CPU path at \d+ tok\/s \(estimated from its measured rate\): the (GPU|CPU path) runs it$/;
+          assert(verdict.test(r.first.reason), `first load's reason: ${r.first.reason}`);
+          const gpuKept = / the GPU runs it$/.test(r.first.reason);
+          assertEq(r.first.backend, gpuKept ? "webgpu" : "cpu", "the backend the verdict names");
+          assert(r.second.reason.startsWith(r.first.reason) && /remembered for this model and adapter\)$/.test(r.second.reason), `second load's reason: ${r.second.reason}`);
+          assertEq(r.second.backend, r.first.backend, "the remembered backend");
+          assertEq(r.text, expected, "greedy text after auto's choice");
+        });
+
+        await test(`[${mode}] a GPU lost mid-generation: the model moves to the CPU path and the text goes on to the native CLI's`, async () => {
+          if (!webgpuAdapter) return "skip";
+          const p = await browser.newPage();
+          await p.goto(`${base}/?nosw&model=lesson-toy`);
+          const r = await p.evaluate(
+            async ({ prompt, n }) => {
+              const { NextToken } = await import("/nexttoken.js");
+              const nt = new NextToken();
+              const changes = [];
+              nt.onBackendChange = (info) => changes.push(info.backend);
+              try {
+                const info = await nt.load("/test/stories260K-f32.gguf", { tokenizer: "/test/tokenizer.json", backend: "gpu", exact: true });
+                let text = "";
+                let count = 0;
+                for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: n })) {
+                  text += t.text;
+                  if (++count === 5) nt.worker.postMessage({ type: "simulate-gpu-loss", slot: nt.slot });
+                }
+                return { before: info.backend, after: nt.info.backend, reason: nt.info.backendReason, changes, text, count, tokens: nt.lastSummary?.tokens };
+              } catch (e) {
+                return { error: String(e && e.message ? e.message : e) };
+              } finally {
+                nt.terminate();
+              }
+            },
+            { prompt: PROMPT, n: N_TOKENS },
+          );
+          await p.close();
+          assert(!r.error, r.error);
+          console.log(`      ${r.before} -> ${r.after}: ${r.reason}`);
+          assertEq(r.before, "webgpu", "loaded on");
+          assertEq(r.after, "cpu", "after the loss");
+          assertEq(JSON.stringify(r.changes), JSON.stringify(["cpu"]), "onBackendChange calls");
+          assert(/^WebGPU was lost \(.*GPU device lost.*\) after \d+ tokens: the model moved to the CPU path$/.test(r.reason), `reason: ${r.reason}`);
+          assertEq(r.count, N_TOKENS, "tokens streamed in all");
+          assertEq(r.text, expected, "the text across the loss vs the native CLI");
+        });
+      }
 
       if (!webgpu) {
         await test(`[${mode}] a page that is not cross-origin isolated runs one thread (pkg/), same greedy text`, async () => {

@@ -120,7 +120,7 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
     try {
       await p.goto(`${base}/?nosw&model=lesson-toy`);
       const r = await p.evaluate(
-        async ({ text }) => {
+        async ({ text, webgpu }) => {
           const { NextToken } = await import("/nexttoken.js");
           const { deleteCached } = await import("/model-cache.js");
           await deleteCached("/test/big/big.gguf");
@@ -131,7 +131,8 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
             const base = pick(await nt.load("/models/lesson-toy.json"));
             const loads = [];
             for (let k = 0; k < 2; k++) {
-              const info = pick(await nt.load("/test/big/big.gguf", { maxSeq: 64, exact: true }));
+              // WebGPU by name: "auto" takes the CPU path where the only adapter is SwiftShader.
+              const info = pick(await nt.load("/test/big/big.gguf", { maxSeq: 64, exact: true, backend: webgpu ? "gpu" : "auto" }));
               const t0 = performance.now();
               const score = await nt.score(text);
               loads.push({ ...info, score: score.tokens.map((t) => t.logprob), scoreMs: Math.round(performance.now() - t0) });
@@ -144,7 +145,7 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
             await deleteCached("/test/big/big.gguf");
           }
         },
-        { text },
+        { text, webgpu },
       );
       assert(!r.error, r.error);
       const mb = (n) => (n / 2 ** 20).toFixed(1) + " MiB";
@@ -190,7 +191,8 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
               } catch (e) {
                 gpuError = e.message;
               }
-              const info = await nt.load(url, { exact: true });
+              // allowSoftwareGpu: "auto" tries SwiftShader as it would a real GPU.
+              const info = await nt.load(url, { exact: true, allowSoftwareGpu: true });
               const score = await nt.score("Hi there");
               const cached = (await listCached()).filter((c) => c.url.endsWith(url)).map((c) => c.complete);
               return { gpuError, backend: info.backend, detail: info.backendDetail, fromCache: info.timings.fromCache, score: score.tokens.map((t) => t.logprob), cached };

@@ -11,10 +11,15 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
-/// `../shared` beside the repository, or None with a loud message so a stranger's checkout still
-/// passes. CI sets NEXTTOKEN_REQUIRE_SHARED=1, which turns the skip into a failure.
+/// `../shared` beside the repository (or the folder `NEXTTOKEN_SHARED` names), or None with a
+/// loud message so a stranger's checkout still passes. CI sets NEXTTOKEN_REQUIRE_SHARED=1, which
+/// turns the skip into a failure.
 pub fn shared() -> Option<PathBuf> {
-    let dir = repo().join("../shared");
+    // NEXTTOKEN_SHARED names it elsewhere: a test binary packed for a GPU machine
+    // (tools/gpu_bench.sh --pack) carries the files it reads beside it.
+    let dir = std::env::var_os("NEXTTOKEN_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared"));
     if dir.is_dir() {
         return Some(dir);
     }

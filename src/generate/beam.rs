@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::{check_prompt, common_prefix_len, text_after_anchor, visible_end, ANCHOR_TOKENS};
+use super::{check_prompt, TextStream};
 use super::{GenerationSummary, StopReason, TokenEvent};
 use crate::constraint::{AllowedSet, Constraint, ConstraintSpec};
 use crate::error::{Error, Result};
@@ -566,22 +566,14 @@ pub struct BeamReplay {
 /// The token events of `beam`, a continuation of `prompt_ids`, with the texts a
 /// [`Generation`](super::Generation) would have streamed.
 pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay {
-    let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
-    let anchor_text = vocab.decode(anchor);
-    let mut anchored = anchor.to_vec();
-    let mut shown = String::new();
+    let mut stream = TextStream::new(vocab, prompt_ids);
     let mut events = Vec::with_capacity(beam.tokens.len());
     for (k, token) in beam.tokens.iter().enumerate() {
         if k < beam.ids.len() {
-            anchored.push(token.id);
+            stream.push(token.id);
         }
-        let full = text_after_anchor(vocab, &anchored, anchor.len(), &anchor_text);
         let last = k + 1 == beam.tokens.len();
-        let (end, _) = visible_end(&full, shown.len(), &[], last);
-        let new_from = common_prefix_len(&shown, &full).min(end);
-        let text = full[new_from..end].to_string();
-        shown.truncate(new_from);
-        shown.push_str(&text);
+        let (text, _) = stream.take(vocab, &[], last);
         events.push(TokenEvent {
             candidates: Vec::new(),
             removed: Vec::new(),
@@ -596,7 +588,7 @@ pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay 
     BeamReplay {
         events,
         prompt_tokens: prompt_ids.len(),
-        text: shown,
+        text: stream.text().to_string(),
         stop_reason: beam.stop_reason,
     }
 }

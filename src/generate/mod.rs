@@ -26,7 +26,7 @@ pub use beam::{
     beam_search, beam_search_constrained, replay, Beam, BeamNode, BeamOptions, BeamReplay,
     BeamSearch, BeamToken,
 };
-pub use score::{score, Score, Scoring};
+pub use score::{continuation_ids, score, Score, Scoring};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -196,6 +196,97 @@ pub fn prompt_ids(bos: Option<u32>, vocab: &dyn Vocab, text: &str) -> Result<Vec
 /// its space (" cat", not "cat") and can be appended to the prompt as is.
 pub(crate) const ANCHOR_TOKENS: usize = 4;
 
+/// The text a stream of tokens adds, token by token, under one rule for every stream (a
+/// generation's events, a beam's replay): a token's text is only what completes characters not
+/// shown yet, so the events' texts, concatenated, are the final text byte for byte.
+///
+/// Text is decoded a segment at a time: the tokens since the last point where everything
+/// decoded so far was shown, after up to [`ANCHOR_TOKENS`] tokens before them (their anchor,
+/// decoded with them and then cut off, so a word keeps its leading space). A character whose
+/// bytes are split over tokens decodes as U+FFFD until its last byte arrives, and is held until
+/// then ([`visible_end`]); so is text that could be the start of a stop string. Decoding only
+/// the open segment matters for SentencePiece's byte fallback, which turns a whole run of byte
+/// tokens into U+FFFD while its last character is incomplete, complete characters before it
+/// included: those were shown and closed their segment.
+pub(crate) struct TextStream {
+    /// The open segment's anchor, then its tokens.
+    window: Vec<u32>,
+    anchor_len: usize,
+    anchor_text: String,
+    /// Everything shown.
+    text: String,
+    /// Bytes at the end of `text` that the open segment shows.
+    shown: usize,
+}
+
+impl TextStream {
+    /// A stream after `prompt_ids` (its last tokens are the first anchor).
+    pub(crate) fn new(vocab: &dyn Vocab, prompt_ids: &[u32]) -> TextStream {
+        let mut stream = TextStream {
+            window: prompt_ids.to_vec(),
+            anchor_len: 0,
+            anchor_text: String::new(),
+            text: String::new(),
+            shown: 0,
+        };
+        stream.close(vocab);
+        stream
+    }
+
+    /// A token that makes text (not an end token).
+    pub(crate) fn push(&mut self, id: u32) {
+        self.window.push(id);
+    }
+
+    /// The text the tokens pushed since the last call add, and whether it reached one of
+    /// `stop_strings` (the text then ends just before it). `last`: the stream ends here, so
+    /// nothing is held back.
+    pub(crate) fn take(
+        &mut self,
+        vocab: &dyn Vocab,
+        stop_strings: &[String],
+        last: bool,
+    ) -> (String, bool) {
+        let segment = text_after_anchor(vocab, &self.window, self.anchor_len, &self.anchor_text);
+        let shown = &self.text[self.text.len() - self.shown..];
+        if !segment.starts_with(shown) {
+            // The decoder changed text already shown (a run of bytes that turned invalid): what
+            // was shown stays, and the next token starts a new segment.
+            self.close(vocab);
+            return (String::new(), false);
+        }
+        let (end, hit_stop_string) = visible_end(&segment, self.shown, stop_strings, last);
+        let new = segment[self.shown..end.max(self.shown)].to_string();
+        self.text.push_str(&new);
+        self.shown += new.len();
+        if self.shown == segment.len() {
+            self.close(vocab);
+        }
+        (new, hit_stop_string)
+    }
+
+    /// Everything shown: the concatenation of what [`take`](TextStream::take) returned.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Start a new segment after the open one (whose text is all shown): its anchor is the
+    /// longest run of the last [`ANCHOR_TOKENS`] tokens that decodes without U+FFFD. One that
+    /// began inside a character's bytes would join the next byte tokens into a run the decoder
+    /// cannot read (SentencePiece's byte fallback then replaces the whole run).
+    fn close(&mut self, vocab: &dyn Vocab) {
+        let tail = &self.window[self.window.len().saturating_sub(ANCHOR_TOKENS)..];
+        let (anchor, text) = (0..tail.len())
+            .map(|skip| (&tail[skip..], vocab.decode(&tail[skip..])))
+            .find(|(_, text)| !text.contains('\u{FFFD}'))
+            .unwrap_or((&[], String::new()));
+        self.anchor_text = text;
+        self.anchor_len = anchor.len();
+        self.window = anchor.to_vec();
+        self.shown = 0;
+    }
+}
+
 /// What a [`Generation`] borrows for `'m` and is generic over, without holding either.
 type Borrows<'m, M> = PhantomData<(&'m (), fn() -> M)>;
 
@@ -222,13 +313,8 @@ pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
     /// The last token, sampled but not yet fed to the model. It is fed at the start of the next
     /// step, so the caller gets each token before the model works on the one after.
     pending: Option<u32>,
-    /// The anchor (last prompt tokens) followed by the generated tokens that make text (not the
-    /// end token), and the text of the anchor alone: their difference is the generated text.
-    decode_ids: Vec<u32>,
-    anchor_len: usize,
-    anchor_text: String,
-    /// The text streamed so far.
-    text: String,
+    /// The text streamed so far, and what the next tokens add.
+    stream: TextStream,
     stop: Option<StopReason>,
     clock: Clock,
     prefill_ms: f64,
@@ -333,8 +419,7 @@ where
         let started = clock();
         let constraint =
             start_constraint(m, Borrow::<dyn Vocab + 'm>::borrow(&vocab), prompt_ids, &opts)?;
-        let anchor = &prompt_ids[prompt_ids.len().saturating_sub(ANCHOR_TOKENS)..];
-        let anchor_text = Borrow::<dyn Vocab + 'm>::borrow(&vocab).decode(anchor);
+        let stream = TextStream::new(Borrow::<dyn Vocab + 'm>::borrow(&vocab), prompt_ids);
         Ok(Generation {
             reused,
             model,
@@ -348,10 +433,7 @@ where
             prefilled: false,
             logits: Vec::new(),
             pending: None,
-            decode_ids: anchor.to_vec(),
-            anchor_len: anchor.len(),
-            anchor_text,
-            text: String::new(),
+            stream,
             stop: None,
             clock,
             prefill_ms: 0.0,
@@ -629,7 +711,7 @@ where
         if is_end {
             self.stop = Some(StopReason::Eos);
         } else {
-            self.decode_ids.push(pick.id);
+            self.stream.push(pick.id);
             let start = (self.clock)();
             if let Some(c) = self.constraint.as_mut() {
                 c.consume(pick.id)?;
@@ -648,17 +730,13 @@ where
             }
         }
 
-        let full = self.generated_text();
-        let (end, hit_stop_string) =
-            visible_end(&full, self.text.len(), &self.opts.stop_strings, self.stop.is_some());
+        let vocab = Borrow::<dyn Vocab + 'm>::borrow(&self.vocab);
+        let (text, hit_stop_string) =
+            self.stream.take(vocab, &self.opts.stop_strings, self.stop.is_some());
         if hit_stop_string {
             self.stop = Some(StopReason::StopString);
             self.pending = None;
         }
-        let new_from = common_prefix_len(&self.text, &full).min(end);
-        let text = full[new_from..end].to_string();
-        self.text.truncate(new_from);
-        self.text.push_str(&text);
 
         Ok(TokenEvent {
             candidates: Vec::new(),
@@ -740,12 +818,6 @@ where
         ))
     }
 
-    /// Decode of everything generated so far, as a whole (so multi-byte characters split over
-    /// tokens come out right), without the prompt.
-    fn generated_text(&self) -> String {
-        text_after_anchor(self.vocab(), &self.decode_ids, self.anchor_len, &self.anchor_text)
-    }
-
     /// Stop now; later steps return `None`. (No-op if already stopped.)
     pub fn abort(&mut self) {
         self.stop.get_or_insert(StopReason::Aborted);
@@ -790,7 +862,7 @@ where
 
     /// The text streamed so far (the concatenation of the events' `text`).
     pub fn text(&self) -> &str {
-        &self.text
+        self.stream.text()
     }
 
     pub fn prefill_ms(&self) -> f64 {
@@ -812,7 +884,7 @@ where
             prompt_tokens: self.prompt_len,
             reused_tokens: self.reused,
             generated_tokens: self.generated_ids().len(),
-            text: self.text.clone(),
+            text: self.stream.text().to_string(),
             stop_reason: self.stop?,
             prefill_ms: self.prefill_ms,
             decode_ms: self.decode_ms,
@@ -954,14 +1026,6 @@ fn stop_prefix_len(text: &str, stop: &str) -> usize {
         .rev()
         .find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k]))
         .unwrap_or(0)
-}
-
-/// Bytes `a` and `b` share at the start, on a character boundary.
-fn common_prefix_len(a: &str, b: &str) -> usize {
-    a.char_indices()
-        .zip(b.chars())
-        .find(|&((_, x), y)| x != y)
-        .map_or(a.len().min(b.len()), |((i, _), _)| i)
 }
 
 /// Run a whole generation, calling `on_token` for each token; `on_token` returning false stops

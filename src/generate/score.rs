@@ -136,3 +136,28 @@ pub fn score<M: LanguageModel>(model: &M, ids: &[u32]) -> Result<Score> {
     }
     Ok(scoring.finish())
 }
+
+/// The ids to score `text` as the continuation of `prefix`, and how many of them are the
+/// prefix's (the context: the first continuation token is scored given all of them). The
+/// continuation's tokens are the ones generation would have produced after `prefix`'s: the two
+/// texts are tokenised together and split where `prefix`'s own tokens end. Tokenised alone,
+/// a continuation gets what a text's start gets (SentencePiece's leading "▁", a first word
+/// merged differently) and scores tokens generation never produced. Where the joined text's
+/// tokens cross the boundary (a word cut in two by it), the context is the tokens the two
+/// share, and the first scored token holds the end of `prefix` too.
+pub fn continuation_ids(
+    bos: Option<u32>,
+    vocab: &dyn crate::lm::Vocab,
+    prefix: &str,
+    text: &str,
+) -> Result<(Vec<u32>, usize)> {
+    let context = super::prompt_ids(bos, vocab, prefix)?;
+    let whole = super::prompt_ids(bos, vocab, &format!("{prefix}{text}"))?;
+    let shared = context.iter().zip(&whole).take_while(|(a, b)| a == b).count();
+    if shared == whole.len() {
+        return Err(Error::Input(format!(
+            "nothing to score: {text:?} adds no token after the prefix"
+        )));
+    }
+    Ok((whole, shared.max(1)))
+}

@@ -13,7 +13,7 @@ use super::session::{self, start_after, Backend, Session, Slot};
 use crate::backend::{self, software_adapter};
 use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
-use crate::generate::{prompt_ids, Score};
+use crate::generate::{continuation_ids, prompt_ids, Score};
 use crate::gguf::Gguf;
 use crate::gpu::{GpuContext, GpuModel, GpuOptions, GpuStream};
 use crate::model::Model;
@@ -366,12 +366,7 @@ fn score_promise<M: Backend>(
         let scored = async {
             let (ids, context) = match &after {
                 None => (prompt_ids(model.bos_token(), &*vocab, &text)?, 1),
-                Some(prefix) => {
-                    let mut ids = prompt_ids(model.bos_token(), &*vocab, prefix)?;
-                    let context = ids.len();
-                    ids.extend(vocab.encode(&text)?);
-                    (ids, context)
-                }
+                Some(prefix) => continuation_ids(model.bos_token(), &*vocab, prefix, &text)?,
             };
             let score = session::score(&*model, &ids).await?;
             // Token i + 1 is scored by token_logprobs[i]: keep those of the continuation, with

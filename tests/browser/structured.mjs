@@ -92,6 +92,58 @@ export async function structuredTests(t) {
     await page.selectOption("#constraint-kind", "");
   });
 
+  if (mode === "cpu") {
+    await test(`[${mode}] streamed text is the final text on a byte-fallback vocabulary: emoji, accents and CJK split over byte tokens, through the JS API and the OpenAI stream, equal to the native CLI; score(text, {after}) scores the tokens generated`, async () => {
+      const pattern = "(🙂中ßé😀 ){2}";
+      const prompt = "In the beginning";
+      await page.goto(`${base}/?nosw&model=lesson-toy`);
+      const r = await page.evaluate(async ({ pattern, prompt }) => {
+        const { NextToken } = await import("/nexttoken.js");
+        const nt = new NextToken();
+        try {
+          await nt.load("/models/default.gguf", { backend: "cpu" });
+          let streamed = "";
+          let fffd = 0;
+          for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: 48, constraint: { type: "regex", pattern } })) {
+            streamed += t.text;
+            if (t.text.includes("\uFFFD")) fffd++;
+          }
+          const summary = nt.lastSummary.text;
+          let chunks = "";
+          for await (const c of await nt.completions.create({ prompt, stream: true, temperature: 0, max_tokens: 48, regex: pattern })) chunks += c.choices[0]?.text ?? "";
+          // score(text, {after}) scores the tokens generation produced: their log P, summed.
+          let plain = "";
+          let logprob = 0;
+          for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: 16 })) {
+            plain += t.text;
+            logprob += t.logprob;
+          }
+          const scored = await nt.score(plain, { after: prompt });
+          return { streamed, summary, chunks, fffd, logprob, scored: { total: scored.logprob, tokens: scored.tokens.length } };
+        } catch (e) {
+          return { error: String(e && e.message ? e.message : e) };
+        } finally {
+          nt.terminate();
+        }
+      }, { pattern, prompt });
+      assert(!r.error, r.error);
+      const cli = spawnSync(bin, ["generate", "--model", path.join(www, "models", "default.gguf"), "--prompt", prompt, "--regex", pattern, "--temperature", "0", "--max-tokens", "48", "--backend", "cpu", "--json"], { encoding: "utf8" });
+      assertEq(cli.status, 0, `the CLI failed: ${cli.stderr}`);
+      const lines = cli.stdout.trim().split("\n").map((l) => JSON.parse(l));
+      const cliStreamed = lines.filter((l) => "id" in l).map((l) => l.text).join("");
+      const cliText = lines.find((l) => !("id" in l)).text;
+      console.log(`      ${JSON.stringify(r.streamed)}`);
+      assert(new RegExp(`^${pattern}$`, "u").test(r.summary), `the output does not match the regex: ${JSON.stringify(r.summary)}`);
+      assertEq(r.streamed, r.summary, "the JS API's token texts vs lastSummary.text");
+      assertEq(r.chunks, r.summary, "the OpenAI stream's chunks vs the final text");
+      assertEq(r.fffd, 0, "token texts with a replacement character");
+      assertEq(cliStreamed, cliText, "the CLI's --json token texts vs its summary");
+      assertEq(r.summary, cliText, "the page's text vs the native CLI's");
+      assertEq(r.scored.tokens, 16, "tokens score(text, {after}) scored");
+      assert(Math.abs(r.scored.total - r.logprob) <= 1e-3 * Math.max(1, Math.abs(r.logprob)), `score(text, {after}) ${r.scored.total} vs the generated tokens' ${r.logprob}`);
+    });
+  }
+
   await test(`[${mode}] OpenAI API: response_format json_schema and json_object, the regex and grammar extensions, finish_reason length when unfinished, bad requests named`, async () => {
     await page.goto(`${base}/?nosw&model=default`);
     await waitLoaded(page);

@@ -71,8 +71,12 @@ bindgen() {
   fi
 }
 
+# An 8 MB stack (the default is 1 MB): compiling a stranger's grammar or schema recurses, and
+# the limits in src/constraint.rs are set for this much (natively such work runs on a 64 MB
+# thread of its own).
+STACK="-C link-arg=-zstack-size=8388608"
 log "cargo build --release --target $TARGET (simd128)"
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128 $STACK" \
   cargo build --release --lib --target "$TARGET"
 bindgen "$CARGO_TARGET_DIR/$TARGET/release/nexttoken.wasm" "$OUT"
 
@@ -87,7 +91,7 @@ else
     rustup toolchain install "$NIGHTLY" --profile minimal --component rust-src --target "$TARGET"
   fi
   log "cargo +$NIGHTLY build --release --target $TARGET (simd128, atomics: the threads build)"
-  RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128 -C link-arg=--shared-memory \
+  RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128 $STACK -C link-arg=--shared-memory \
 -C link-arg=--max-memory=4294967296 -C link-arg=--import-memory -C link-arg=--export=__wasm_init_tls \
 -C link-arg=--export=__tls_size -C link-arg=--export=__tls_align -C link-arg=--export=__tls_base" \
   CARGO_TARGET_DIR="$CARGO_TARGET_DIR-threads" \

@@ -93,6 +93,12 @@ impl ConstraintSpec {
                 TopLevelGrammar::from_json_schema(schema)
             }
             ConstraintSpec::Regex { pattern } => {
+                if pattern.len() > MAX_SPEC_BYTES {
+                    return Err(Error::Constraint(format!(
+                        "the regex is {} bytes; at most {MAX_SPEC_BYTES}",
+                        pattern.len()
+                    )));
+                }
                 // regex-syntax's own message points at the offending character; llguidance
                 // would report the same error about its rewrite of the pattern.
                 if let Err(e) = regex_syntax::Parser::new().parse(pattern) {
@@ -104,10 +110,119 @@ impl ConstraintSpec {
                 if lark.trim().is_empty() {
                     return Err(Error::Constraint("invalid grammar: it is empty".into()));
                 }
+                check_grammar_shape(lark)?;
                 TopLevelGrammar::from_lark(lark.clone())
             }
         })
     }
+}
+
+/// The largest regex or grammar (bytes) and the deepest chain of rules a grammar may reach from
+/// its start rule. llguidance compiles a rule by compiling the rules it refers to first, one
+/// level of recursion each: a chain of 3,000 rules (`r0: r1`, `r1: r2`, ...) overflowed the
+/// native 8 MB stack and killed the process, and a browser's stack is smaller. Real grammars are
+/// a few kilobytes and a few dozen levels deep; llguidance itself limits bracket nesting.
+pub const MAX_SPEC_BYTES: usize = 256 << 10;
+pub const MAX_RULE_DEPTH: usize = 400;
+
+/// Refuse a Lark grammar whose size or chain of rule references exceeds the limits above,
+/// before llguidance compiles it. The references are found by a light reading of the text
+/// (definitions start a line: `name:` or `NAME:`, with Lark's `?`/`!` prefixes, priorities and
+/// parameters; names inside strings, regexes and comments do not count), which is all a bound
+/// on the compiler's recursion needs: the deepest path of first visits from `start`.
+fn check_grammar_shape(lark: &str) -> Result<()> {
+    if lark.len() > MAX_SPEC_BYTES {
+        return Err(Error::Constraint(format!(
+            "the grammar is {} bytes; at most {MAX_SPEC_BYTES}",
+            lark.len()
+        )));
+    }
+    // Definitions: (name, the words its body refers to).
+    let mut defs: Vec<(String, Vec<String>)> = Vec::new();
+    for line in lark.lines() {
+        let code = strip_literals(line);
+        let starts_definition = !line.starts_with(char::is_whitespace) && !line.starts_with('%');
+        let head = code.split(':').next().unwrap_or("");
+        let name = head.trim_start_matches(['?', '!']).split(['.', '{', ' ', '\t']).next();
+        match name {
+            Some(n) if starts_definition && code.contains(':') && is_name(n) => {
+                let body = &code[code.find(':').map_or(code.len(), |i| i + 1)..];
+                defs.push((n.to_string(), words(body)));
+            }
+            _ => {
+                if let Some(last) = defs.last_mut() {
+                    last.1.extend(words(&code));
+                }
+            }
+        }
+    }
+    let index = |name: &str| defs.iter().position(|(n, _)| *n == name);
+    let Some(start) = index("start").or((!defs.is_empty()).then_some(0)) else { return Ok(()) };
+    // Depth-first, each definition expanded at its first visit (as the compiler does).
+    let mut visited = vec![false; defs.len()];
+    visited[start] = true;
+    let mut stack = vec![(start, 0usize)];
+    let mut deepest = 1;
+    while let Some(&mut (def, ref mut next)) = stack.last_mut() {
+        let refs = &defs[def].1;
+        match refs.get(*next) {
+            None => {
+                stack.pop();
+            }
+            Some(word) => {
+                *next += 1;
+                if let Some(d) = index(word).filter(|&d| !visited[d]) {
+                    visited[d] = true;
+                    stack.push((d, 0));
+                    deepest = deepest.max(stack.len());
+                    if deepest > MAX_RULE_DEPTH {
+                        return Err(Error::Constraint(format!(
+                            "the grammar's rules refer to each other more than {MAX_RULE_DEPTH} \
+                             levels deep (from start through {word}): it cannot be compiled \
+                             safely"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `line` without its string literals, regexes and `//` comment (each replaced by a space).
+fn strip_literals(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' | '/' if c == '/' && chars.peek() == Some(&'/') => break,
+            '"' | '/' => {
+                // To the closing quote or slash, skipping escaped characters.
+                while let Some(d) = chars.next() {
+                    if d == '\\' {
+                        chars.next();
+                    } else if d == c {
+                        break;
+                    }
+                }
+                out.push(' ');
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn is_name(word: &str) -> bool {
+    let mut chars = word.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The names in `code`, in order.
+fn words(code: &str) -> Vec<String> {
+    let names = code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+    names.filter(|w| is_name(w)).map(str::to_string).collect()
 }
 
 /// Whitespace allowed between two JSON tokens (llguidance's `whitespace_pattern`): one or two
@@ -185,6 +300,8 @@ impl ConstraintVocab {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| Error::Constraint(format!("cannot index the vocabulary: {e}")))?;
         factory.quiet();
+        // One sentence per error, not the parser's state and the whole grammar after it.
+        factory.limits_mut().verbose_errors = false;
         Ok(ConstraintVocab { factory, n_vocab })
     }
 
@@ -361,7 +478,8 @@ impl Constraint {
     /// problem and where.
     pub fn new(spec: &ConstraintSpec, vocab: Arc<ConstraintVocab>) -> Result<Constraint> {
         let grammar = spec.grammar()?;
-        let parser = vocab.factory.create_parser(grammar).map_err(|e| {
+        let compile = || vocab.factory.create_parser(grammar);
+        let parser = crate::untrusted::on_own_stack(compile)?.map_err(|e| {
             Error::Constraint(format!("invalid {}: {}", spec.kind(), first_lines(&e.to_string())))
         })?;
         let matcher = Matcher::new(Ok(parser));
@@ -488,6 +606,19 @@ impl Constraint {
     }
 
     fn failure(&self, why: &str) -> Error {
+        // llguidance's way of saying that no token can extend the output (and it is not complete).
+        if why.contains("NoExtensionBias") {
+            let what = if self.consumed == 0 { "start" } else { "continue" };
+            return Error::Constraint(format!(
+                "the {} admits no output: no text can {what} it{}",
+                self.spec_kind,
+                if self.consumed == 0 {
+                    String::new()
+                } else {
+                    format!(" after {} tokens", self.consumed)
+                }
+            ));
+        }
         Error::Constraint(format!(
             "the {} matcher failed after {} tokens: {}",
             self.spec_kind,
@@ -497,12 +628,12 @@ impl Constraint {
     }
 }
 
-/// llguidance's verbose errors append the parser state and the whole grammar: the first lines
-/// carry the message.
+/// The message of an llguidance error: its first lines (its verbose form appends the parser
+/// state and the whole grammar), without the `<non-verbose/>` marker of the short form.
 fn first_lines(msg: &str) -> String {
-    let lines: Vec<&str> = msg.lines().take(6).collect();
+    let lines: Vec<&str> = msg.lines().filter(|l| l.trim() != "<non-verbose/>").take(6).collect();
     let mut out = lines.join("\n");
-    if msg.lines().count() > lines.len() {
+    if msg.lines().filter(|l| l.trim() != "<non-verbose/>").count() > lines.len() {
         out.push_str("\n...");
     }
     out

@@ -4,7 +4,8 @@
 //! description: config + weights), `cpu` (the forward pass), `gpu` (the same on the GPU), `lm`
 //! (the interface every model implements), `sampling`, `constraint` (structured output: the
 //! tokens a JSON schema, regex or grammar allows), `generate` (the loop, beam search, scoring),
-//! `table` (the lesson models), `tokenizer`, `chat` (chat templates, multi-turn KV reuse).
+//! `table` (the lesson models), `tokenizer`, `chat` (chat templates, multi-turn KV reuse),
+//! `untrusted` (where the programs a file carries run).
 //! `backend` and `timing` hold what the front ends share: the command line (`main.rs`, `cli/`)
 //! and the browser API (`web/`).
 
@@ -27,6 +28,7 @@ pub mod table;
 pub mod tensor_names;
 pub mod timing;
 pub mod tokenizer;
+pub mod untrusted;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 

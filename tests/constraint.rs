@@ -894,3 +894,128 @@ fn nothing_allowed_with_probability_is_an_error() {
         }
     }
 }
+
+/// A grammar, regex or schema from a stranger never takes the process down: a chain of 3,000
+/// rules (which overflowed the stack and aborted), deep nesting and huge specs end in one-line
+/// errors naming the limit; chains within it compile (on a stack of their own natively, so a
+/// test thread's 2 MB is not the limit); unsatisfiable specs say so in one sentence.
+#[test]
+fn hostile_grammars_regexes_and_schemas_end_in_clean_errors() {
+    let f = small_fixture();
+    let grammar = |lark: String| ConstraintSpec::Grammar { lark };
+    let chain = |n: usize| {
+        let mut g = String::from("start: r0\n");
+        for i in 0..n {
+            g.push_str(&format!("r{i}: r{}\n", i + 1));
+        }
+        g + &format!("r{n}: \"z\"\n")
+    };
+    let e = constraint_error(f, grammar(chain(3000)));
+    assert!(e.contains("more than 400 levels deep") && !e.contains('\n'), "{e}");
+    // Within the limit it compiles and generates the one sentence it allows.
+    let opts = constrained(grammar(chain(300)), SamplerConfig::greedy(), 8);
+    let (_, text, _) = run(&f.model, &f.tok, &prompt(f, "x"), opts).unwrap();
+    assert_eq!(text, "z");
+    // Terminals chain too (UPPERCASE definitions).
+    let mut terms = String::from("start: T0\n");
+    for i in 0..1000 {
+        terms.push_str(&format!("T{i}: T{}\n", i + 1));
+    }
+    terms.push_str("T1000: \"q\"\n");
+    assert!(constraint_error(f, grammar(terms)).contains("levels deep"));
+    // Names inside strings, regexes and comments are not references.
+    let quoted = format!("start: \"{}\" /r[0-9]+/ // {}\n", "r1 ".repeat(500), "r2 ".repeat(500));
+    let opts = constrained(grammar(quoted), SamplerConfig::greedy(), 1);
+    run(&f.model, &f.tok, &prompt(f, "x"), opts).unwrap();
+    // Deep brackets: llguidance's own limit, one line.
+    let deep = format!("start: {}\"z\"{}\n", "(".repeat(3000), ")".repeat(3000));
+    let e = constraint_error(f, grammar(deep));
+    assert!(e.contains("invalid grammar") && e.contains("nested"), "{e}");
+    // Too large.
+    let big = format!("start: \"{}\"\n", "a".repeat(300 << 10));
+    assert!(constraint_error(f, grammar(big)).contains("at most 262144"));
+    assert!(constraint_error(f, regex(&"a".repeat(300 << 10))).contains("at most 262144"));
+    let e = constraint_error(f, regex(&format!("{}a{}", "(".repeat(1000), ")".repeat(1000))));
+    assert!(e.contains("invalid regex") && e.contains("nest"), "{e}");
+    // Nothing can match: one sentence, not the parser's state.
+    for spec in [regex(r"[^\s\S]"), schema(serde_json::json!({"$ref": "#"}))] {
+        let e = constraint_error(f, spec);
+        assert!(e.contains("admits no output") && !e.contains('\n'), "{e}");
+    }
+    // Random regexes (nested groups, counted repetition, alternation, classes) and JSON schemas
+    // (nesting, $ref cycles, combinators, enums): each compiles or is a clean error.
+    let vocab = f.tok.constraint_vocab(f.model.vocab_size()).unwrap();
+    let clean = |what: String, r: nexttoken::Result<Constraint>| {
+        if let Err(e) = r {
+            let e = e.to_string();
+            assert!(e.starts_with("constraint: ") && e.lines().count() <= 7, "{what}: {e}");
+        }
+    };
+    let mut rng = SplitMix64(45);
+    for case in 0..150 {
+        let mut re = String::from("a");
+        for _ in 0..1 + rng.below(12) {
+            re = match rng.below(6) {
+                0 => format!("({re})"),
+                1 => format!("(?:{re}){{{},{}}}", rng.below(3), 1 + rng.below(1000)),
+                2 => format!("{re}|[a-z{}]+", rng.below(10)),
+                3 => format!("{re}*"),
+                4 => format!("(x|{re}|é){{{}}}", rng.below(50)),
+                _ => format!("{re}\\d{{0,{}}}", rng.below(100)),
+            };
+        }
+        clean(format!("regex {case}: {re}"), Constraint::new(&regex(&re), vocab.clone()));
+        let mut schema = serde_json::json!({"type": "string", "maxLength": rng.below(100)});
+        for _ in 0..1 + rng.below(30) {
+            schema = match rng.below(6) {
+                0 => {
+                    serde_json::json!({"type": "object", "properties": {"a": schema}, "required": ["a"]})
+                }
+                1 => {
+                    serde_json::json!({"type": "array", "items": schema, "maxItems": rng.below(5)})
+                }
+                2 => serde_json::json!({"anyOf": [schema, {"type": "integer"}]}),
+                3 => serde_json::json!({"$defs": {"n": schema}, "$ref": "#/$defs/n"}),
+                4 => {
+                    serde_json::json!({"$defs": {"n": {"anyOf": [schema, {"$ref": "#/$defs/n"}]}}, "$ref": "#/$defs/n"})
+                }
+                _ => {
+                    serde_json::json!({"enum": (0..rng.below(2000)).map(|i| format!("v{i}")).collect::<Vec<_>>()})
+                }
+            };
+        }
+        let spec = ConstraintSpec::JsonSchema { schema };
+        clean(format!("schema {case}"), Constraint::new(&spec, vocab.clone()));
+    }
+
+    // Random grammars: references forward and back, cycles, parentheses, repetition; each
+    // compiles or is a clean error.
+    let mut rng = SplitMix64(44);
+    for case in 0..120 {
+        let rules = 1 + rng.below(600) as usize;
+        let mut g = String::from("start: r0\n");
+        for i in 0..rules {
+            let refs: Vec<String> = (0..1 + rng.below(3))
+                .map(|_| match rng.below(4) {
+                    0 => format!("r{}", i + 1),
+                    1 => format!("r{}", rng.below(rules as u64 + 1)),
+                    2 => format!("(\"{}\" r{})*", i % 7, rng.below(rules as u64 + 1)),
+                    _ => format!("\"{}\"", (b'a' + (i % 26) as u8) as char),
+                })
+                .collect();
+            g.push_str(&format!("r{i}: {} | \"e\"\n", refs.join(" ")));
+        }
+        g.push_str(&format!("r{rules}: \"z\"\n"));
+        let spec = grammar(g);
+        match Constraint::new(&spec, f.tok.constraint_vocab(f.model.vocab_size()).unwrap()) {
+            Ok(_) => {}
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with("constraint: ") && e.lines().count() <= 7,
+                    "case {case}: {e}"
+                );
+            }
+        }
+    }
+}

@@ -80,6 +80,13 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// The budget of one rendering, in minijinja's fuel: one per instruction, plus one per 64 bytes
+/// of text and data made. The real templates of ../shared/chat-templates (SmolLM2, Qwen2.5,
+/// TinyLlama) spend 25-32 thousand to render 200 messages of 2 KB and 250-320 thousand for 2,000
+/// (4 MB of text, far past any context); this ends a template that loops without end in well
+/// under a second and one that doubles a string at some 128 MB of data.
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
 const GGUF_TEMPLATE_KEY: &str = "tokenizer.chat_template";
 
 impl ChatTemplate {
@@ -107,6 +114,10 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        // A template is a program from the file: its steps and the data it makes are budgeted
+        // (minijinja's fuel counts both), so a loop without end or a string that doubles ends
+        // in an error instead of minutes or gigabytes.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(|e| template_err(&e))?;
         Ok(ChatTemplate {
             env,
@@ -129,12 +140,25 @@ impl ChatTemplate {
     /// encoded with) consulted for the token strings and markers the GGUF's token list lacks (a
     /// file without `tokenizer.ggml.tokens`, used with a `tokenizer.json`).
     pub fn from_gguf_with_vocab(gguf: &Gguf, vocab: Option<&dyn Vocab>) -> Result<ChatTemplate> {
-        let source = gguf.get(GGUF_TEMPLATE_KEY).and_then(Value::as_str).ok_or_else(|| {
-            Error::Template(format!(
-                "the model has no chat template (no {GGUF_TEMPLATE_KEY} in the GGUF metadata); \
-                 use a chat/instruct model, or `generate` with a plain prompt"
-            ))
-        })?;
+        let source = match gguf.get(GGUF_TEMPLATE_KEY) {
+            Some(Value::String(source)) => source,
+            Some(other) => {
+                let kind = match other {
+                    Value::Array(items) => format!("a list of {} items", items.len()),
+                    Value::Bool(_) => "a boolean".to_string(),
+                    _ => "a number".to_string(),
+                };
+                return Err(Error::Template(format!(
+                    "{GGUF_TEMPLATE_KEY} is {kind}, not a template (text)"
+                )));
+            }
+            None => {
+                return Err(Error::Template(format!(
+                    "the model has no chat template (no {GGUF_TEMPLATE_KEY} in the GGUF \
+                     metadata); use a chat/instruct model, or `generate` with a plain prompt"
+                )))
+            }
+        };
         let tokens: Option<&[Value]> = match gguf.get("tokenizer.ggml.tokens") {
             Some(Value::Array(list)) => Some(list),
             _ => None,
@@ -207,14 +231,13 @@ impl ChatTemplate {
     /// and line.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_err(&e))?;
-        template
-            .render(minijinja::context! {
-                messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-            })
-            .map_err(|e| template_err(&e))
+        let context = minijinja::context! {
+            messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        crate::untrusted::on_own_stack(|| template.render(context))?.map_err(|e| template_err(&e))
     }
 
     /// The token ids of the rendered conversation: the text encoded with its special tokens
@@ -227,16 +250,27 @@ impl ChatTemplate {
         bos: Option<u32>,
         messages: &[Message],
     ) -> Result<Vec<u32>> {
-        let text = self.render(messages, true)?;
-        let ids = vocab.encode(&text)?;
-        Ok(match bos {
-            Some(bos) if ids.first() != Some(&bos) => std::iter::once(bos).chain(ids).collect(),
-            _ => ids,
-        })
+        encode_prompt(vocab, bos, &self.render(messages, true)?)
     }
 }
 
+/// The ids of a rendered prompt (see [`ChatTemplate::prompt_ids`]).
+fn encode_prompt(vocab: &dyn Vocab, bos: Option<u32>, text: &str) -> Result<Vec<u32>> {
+    let ids = vocab.encode(text)?;
+    Ok(match bos {
+        Some(bos) if ids.first() != Some(&bos) => std::iter::once(bos).chain(ids).collect(),
+        _ => ids,
+    })
+}
+
 fn template_err(e: &minijinja::Error) -> Error {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        return Error::Template(format!(
+            "rendering stopped: the template used up its budget of {TEMPLATE_FUEL} steps (a step \
+             also pays for 64 bytes of the text and data it makes); it loops or grows without end{}",
+            e.line().map(|l| format!(" (line {l})")).unwrap_or_default()
+        ));
+    }
     let mut message = e.kind().to_string();
     if let Some(detail) = e.detail() {
         message = format!("{message}: {detail}");
@@ -257,10 +291,13 @@ fn raise_exception(message: String) -> std::result::Result<String, minijinja::Er
 /// ": " separators, non-ASCII kept), or with `indent` the same with newlines. (minijinja's own
 /// `tojson` escapes `<`, `>`, `&` and `'` for HTML, which would change the prompt.)
 fn tojson(
+    state: &minijinja::State,
     value: minijinja::Value,
     indent: Option<usize>,
 ) -> std::result::Result<String, minijinja::Error> {
-    let mut out = Vec::new();
+    // Paid for as it is written (minijinja charges for a filter's result only once it exists,
+    // and a list doubled 40 times is a view of 2^40 items that costs nothing to make).
+    let mut out = Fueled { state, bytes: Vec::new(), charged: 0, out_of_fuel: None };
     let result = match indent {
         None => {
             let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
@@ -273,11 +310,44 @@ fn tojson(
             value.serialize(&mut ser)
         }
     };
+    if let Some(e) = out.out_of_fuel {
+        return Err(e);
+    }
     result.map_err(|e| {
         minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
     })?;
-    String::from_utf8(out)
+    String::from_utf8(out.bytes)
         .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))
+}
+
+/// `tojson`'s output, charging the template's fuel as it grows, a step per 4 bytes (minijinja's
+/// own serialising filters pay 16 times what plain data does: walking a value costs more than
+/// copying bytes), failing the write once the fuel is out.
+struct Fueled<'s, 'e> {
+    state: &'s minijinja::State<'s, 'e>,
+    bytes: Vec<u8>,
+    /// Bytes paid for so far.
+    charged: usize,
+    out_of_fuel: Option<minijinja::Error>,
+}
+
+impl std::io::Write for Fueled<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes.extend_from_slice(buf);
+        let unpaid = self.bytes.len() - self.charged;
+        if unpaid >= 4096 {
+            if let Err(e) = self.state.consume_fuel((unpaid / 4) as u64) {
+                self.out_of_fuel = Some(e);
+                return Err(std::io::Error::other("out of fuel"));
+            }
+            self.charged += unpaid / 4 * 4;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// serde_json's compact output with Python's default separators.
@@ -411,6 +481,11 @@ impl std::fmt::Display for TurnStats {
     }
 }
 
+/// The most bytes one token stands for in the vocabularies we load (runs of spaces in code
+/// models' are the longest, well under this): a rendering longer than this many per token of
+/// context cannot fit.
+pub const MAX_TOKEN_BYTES: usize = 256;
+
 /// The prompt ids of `messages` (see [`ChatTemplate::prompt_ids`]), fitted to a context of
 /// `context` tokens: with [`Overflow::Error`] a prompt that leaves no room for a reply is an
 /// error; with [`Overflow::DropOldest`] the oldest turns are removed from `messages` until it
@@ -424,14 +499,21 @@ pub fn fit_prompt(
     overflow: Overflow,
 ) -> Result<(Vec<u32>, usize)> {
     let mut dropped = 0;
+    let max_bytes = context.saturating_mul(MAX_TOKEN_BYTES);
     loop {
-        let ids = template.prompt_ids(vocab, bos, messages)?;
+        // A rendering longer than the context can hold in any tokenisation is not tokenised (a
+        // template can write megabytes; tokenising 10 MB took 8 s and 800 MB).
+        let text = template.render(messages, true)?;
+        let ids = match text.len() <= max_bytes {
+            true => Some(encode_prompt(vocab, bos, &text)?),
+            false => None,
+        };
         let room = match overflow {
             Overflow::Error => 1,
             Overflow::DropOldest { reply_room } => reply_room.clamp(1, context.max(1)),
         };
-        if ids.len() + room <= context {
-            return Ok((ids, dropped));
+        if let Some(ids) = ids.as_ref().filter(|ids| ids.len() + room <= context) {
+            return Ok((ids.clone(), dropped));
         }
         let first = messages.iter().position(|m| m.role != "system");
         let last_user = messages.iter().rposition(|m| m.role == "user");
@@ -444,10 +526,17 @@ pub fn fit_prompt(
                     "the system message and the last user message alone are too long"
                 }
             };
+            let size = match &ids {
+                Some(ids) => format!("is {} tokens", ids.len()),
+                None => format!(
+                    "renders to {} bytes (more than {context} tokens of at most \
+                     {MAX_TOKEN_BYTES} bytes can hold)",
+                    text.len()
+                ),
+            };
             return Err(Error::Input(format!(
-                "the conversation is {} tokens and needs {room} more for the reply, but the \
-                 model's context is {context} tokens: {advice}",
-                ids.len()
+                "the conversation {size} and needs {room} more for the reply, but the model's \
+                 context is {context} tokens: {advice}"
             )));
         }
         // Remove the oldest turn: the first non-system message and everything up to the next

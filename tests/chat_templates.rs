@@ -6,7 +6,7 @@
 
 mod common;
 
-use nexttoken::chat::{strftime, ChatTemplate, Message};
+use nexttoken::chat::{strftime, ChatTemplate, Message, Overflow};
 use nexttoken::gguf::{Gguf, GgufWriter, Value};
 use nexttoken::Error;
 
@@ -118,6 +118,18 @@ fn a_model_without_a_template_is_a_clear_error() {
     assert!(matches!(err, Error::Template(_)));
     let msg = err.to_string();
     assert!(msg.contains("no chat template") && msg.contains("tokenizer.chat_template"), "{msg}");
+    // One that is there but not text says so.
+    for (value, kind) in [
+        (Value::U32(5), "a number"),
+        (Value::Array(vec![Value::String("{{ x }}".into())]), "a list of 1 items"),
+    ] {
+        let gguf = gguf_with(&[("tokenizer.chat_template", value)]);
+        let msg = ChatTemplate::from_gguf(&gguf).unwrap_err().to_string();
+        assert!(
+            msg.contains(&format!("tokenizer.chat_template is {kind}, not a template")),
+            "{msg}"
+        );
+    }
 }
 
 #[test]
@@ -174,4 +186,96 @@ fn strftime_matches_known_dates() {
     let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
     let year: i32 = t.render(&[], false).unwrap().parse().unwrap();
     assert!(year >= 2024);
+}
+
+/// A chat template is a program from the file: whatever it does, rendering ends with the text
+/// or a one-line error within its budget (minijinja's fuel: steps and the data they make). The
+/// cases of issue 35 (nested loops of 10^10 steps, a string doubled 40 times, a list doubled
+/// and written as JSON, doubling macro calls, `loop.cycle` 10^8 times), then generated programs:
+/// loops, recursion, doubling strings, growing lists and JSON.
+#[test]
+fn hostile_templates_end_in_their_budget() {
+    let user = [Message::new("user", "hi")];
+    let render = |source: &str| ChatTemplate::new(source, "<s>", "</s>")?.render(&user, true);
+    for (source, why) in [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "budget"),
+        (
+            "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+            "budget",
+        ),
+        ("{% macro f(n) %}{{ f(n + 1) }}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", ""),
+        // A list doubled 30 times is a lazy view of 2^30 items; written out, it is paid for.
+        // (Past 32 levels minijinja 3.1 copies such a list whole without charging its budget:
+        // the one way left to exhaust memory, noted in ARCHITECTURE.md.)
+        (
+            "{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|tojson }}",
+            "budget",
+        ),
+        (
+            "{% for i in range(10000) %}{% for j in range(10000) %}{{ loop.cycle('a', 'b') }}{% endfor %}{% endfor %}",
+            "budget",
+        ),
+    ] {
+        let e = render(source).expect_err(source).to_string();
+        assert!(e.starts_with("chat template: ") && !e.contains('\n') && e.contains(why), "{source}: {e}");
+    }
+    // Data is paid for: 10 MB of it renders, 100 MB does not.
+    assert_eq!(render("{{ ('a' * 10000000)|length }}").unwrap(), "10000000");
+    assert!(render("{{ ('a' * 100000000)|length }}").unwrap_err().to_string().contains("budget"));
+    // A rendering longer than the context could hold is refused without being tokenised
+    // (tokenising 10 MB took 8 s and 800 MB).
+    let tok = nexttoken::tokenizer::HfTokenizer::from_file(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("www/models/default-tokenizer.json"),
+    )
+    .unwrap();
+    let big = ChatTemplate::new("{{ 'word ' * 2000000 }}", "<s>", "</s>").unwrap();
+    let t0 = std::time::Instant::now();
+    let e = nexttoken::chat::fit_prompt(&big, &tok, None, &mut user.to_vec(), 512, Overflow::Error)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("renders to 10000000 bytes") && e.contains("context is 512 tokens"), "{e}");
+    eprintln!("refused in {:?}", t0.elapsed());
+
+    // Generated programs.
+    let mut seed = 0x5eed_u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let pieces = [
+        "{% for i in range(N) %}B{% endfor %}",
+        "{% set ns.s = ns.s ~ ns.s %}",
+        "{% set ns.l = ns.l + [1, 2] %}",
+        "{{ ns.l|tojson }}",
+        "{{ f(N) }}",
+        "{{ 'ab' * N }}",
+        "{% if N > 3 %}B{% else %}B{% endif %}",
+        "{{ messages|tojson }}",
+        "{% for m in messages %}{{ m.content * N }}{% endfor %}",
+    ];
+    for case in 0..100 {
+        let mut body = String::from("B");
+        for _ in 0..1 + next(4) {
+            let piece = pieces[next(pieces.len() as u64) as usize];
+            let n = [1, 7, 100, 10_000, 1_000_000][next(5) as usize].to_string();
+            body = body.replacen('B', &piece.replace('N', &n), 1);
+            if !body.contains('B') {
+                body.push('B');
+            }
+        }
+        let source = format!(
+            "{{% set ns = namespace(s='xy', l=[1, 2]) %}}{{% macro f(n) %}}{{% if n > 0 %}}{{{{ f(n - 1) }}}}{{{{ f(n - 1) }}}}{{% endif %}}{{% endmacro %}}{}",
+            body.replace('B', "x")
+        );
+        match render(&source) {
+            Ok(text) => assert!(text.len() <= 130 << 20, "case {case}: {} bytes", text.len()),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with("chat template: ") && !e.contains('\n'),
+                    "case {case}: {source}: {e}"
+                );
+            }
+        }
+    }
 }

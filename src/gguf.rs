@@ -710,41 +710,62 @@ impl GgufWriter {
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            write_string(&mut out, key);
-            out.extend_from_slice(&value_type(value).to_le_bytes());
-            write_value(&mut out, value);
-        }
-        // The file's own alignment when it names one (a split's part 1 keeps the original's).
-        let align = self
-            .metadata
+        let sizes: Vec<TensorHeader> = self
+            .tensors
             .iter()
-            .find(|(k, _)| k == "general.alignment")
-            .and_then(|(_, v)| valid_alignment(v))
-            .unwrap_or(DEFAULT_ALIGNMENT) as usize;
-        let mut offset = 0usize;
-        for (name, ty, dims, data) in &self.tensors {
-            write_string(&mut out, name);
-            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for &d in dims {
-                out.extend_from_slice(&(d as u64).to_le_bytes());
-            }
-            out.extend_from_slice(&ty.id().to_le_bytes());
-            out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset += data.len().div_ceil(align) * align;
-        }
-        out.resize(out.len().div_ceil(align) * align, 0);
+            .map(|(name, ty, dims, data)| TensorHeader { name, ty: *ty, dims, size: data.len() })
+            .collect();
+        let (mut out, align) = gguf_header(&self.metadata, &sizes);
         for (_, _, _, data) in &self.tensors {
             out.extend_from_slice(data);
             out.resize(out.len().div_ceil(align) * align, 0);
         }
         out
     }
+}
+
+/// A tensor as the header describes it: name, type, GGUF shape (innermost first), bytes.
+pub struct TensorHeader<'a> {
+    pub name: &'a str,
+    pub ty: GgmlType,
+    pub dims: &'a [usize],
+    pub size: usize,
+}
+
+/// A GGUF file's header for `metadata` and `tensors` (their data laid out in order, each padded
+/// to the alignment), padded to where the data starts, and that alignment: the file is the
+/// header, then each tensor's bytes and padding (a writer that streams the data, such as
+/// `synthetic::write_to`, needs only this).
+pub fn gguf_header(metadata: &[(String, Value)], tensors: &[TensorHeader]) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        write_string(&mut out, key);
+        out.extend_from_slice(&value_type(value).to_le_bytes());
+        write_value(&mut out, value);
+    }
+    // The file's own alignment when it names one (a split's part 1 keeps the original's).
+    let align = metadata
+        .iter()
+        .find(|(k, _)| k == "general.alignment")
+        .and_then(|(_, v)| valid_alignment(v))
+        .unwrap_or(DEFAULT_ALIGNMENT) as usize;
+    let mut offset = 0usize;
+    for t in tensors {
+        write_string(&mut out, t.name);
+        out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for &d in t.dims {
+            out.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        out.extend_from_slice(&t.ty.id().to_le_bytes());
+        out.extend_from_slice(&(offset as u64).to_le_bytes());
+        offset += t.size.div_ceil(align) * align;
+    }
+    out.resize(out.len().div_ceil(align) * align, 0);
+    (out, align)
 }
 
 /// The GGUF file `bytes` split as llama.cpp's `gguf-split` splits one: part i gets the next

@@ -493,9 +493,23 @@ impl Model {
         if copy.advise(memmap2::Advice::HugePage).is_err() {
             return self;
         }
-        // The file's pages mapped in one call rather than a fault per 4 KiB during the copy.
-        let _ = map.advise(memmap2::Advice::PopulateRead);
-        copy.copy_from_slice(map);
+        // In pieces, each of the file's pages given back once copied, so the two copies never
+        // sit in memory whole at once (the peak was twice the file): the model's memory is the
+        // copy plus one piece.
+        const PIECE: usize = 8 << 20;
+        let mut at = 0;
+        while at < map.len() {
+            let len = PIECE.min(map.len() - at);
+            // The piece's pages mapped in one call rather than a fault per 4 KiB.
+            let _ = map.advise_range(memmap2::Advice::PopulateRead, at, len);
+            copy[at..at + len].copy_from_slice(&map[at..at + len]);
+            // SAFETY: `map` is a read-only mapping of the file that only this model holds
+            // (checked above) and that the copy replaces: dropping its pages can change no data
+            // (a later read would fault them in again from the file), and nothing reads them.
+            let _ =
+                unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, len) };
+            at += len;
+        }
         match copy.make_read_only() {
             Ok(copy) => Model { storage: Arc::new(Storage::Mapped(copy)), ..self },
             Err(_) => self,
@@ -597,7 +611,16 @@ fn read_parts(paths: &[std::path::PathBuf]) -> Result<Vec<u8>> {
             other => other,
         })?;
         let file = std::fs::File::open(path).map_err(io)?;
-        total += file.metadata().map_err(io)?.len();
+        let len = file.metadata().map_err(io)?.len();
+        if len == 0 {
+            // Read on, the next part would be taken for this one.
+            return Err(Error::Model(format!(
+                "{} (part {} of {n} of a split model) is empty: 0 bytes",
+                path.display(),
+                k + 1
+            )));
+        }
+        total += len;
         files.push((file, io));
     }
     let mut buf = Vec::new();
@@ -622,7 +645,6 @@ fn read_config(g: &Gguf) -> Result<Config> {
             None => Err(Error::Model(format!("missing or non-integer metadata {full}"))),
         }
     };
-    let opt_f = |k: &str| g.get(&key(k)).and_then(Value::as_f64);
 
     let token_embd = g
         .tensor(names::TOKEN_EMBD)
@@ -669,6 +691,7 @@ fn read_config(g: &Gguf) -> Result<Config> {
     }
     // BOS, EOS and whether prompts start with BOS: one decision, shared with the tokenizer built
     // from the same metadata (`HfTokenizer::from_gguf`).
+    check_special_ids(g, n_vocab)?;
     let special = SpecialTokens::from_gguf(g, n_vocab);
 
     let config = Config {
@@ -684,9 +707,11 @@ fn read_config(g: &Gguf) -> Result<Config> {
         norm,
         mlp,
         rope,
-        rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0) as f32,
+        rope_theta: checked_f(g, &key("rope.freq_base"), 10000.0, "at least 1", |v| v >= 1.0)?,
         rope_dims,
-        norm_eps: opt_f(norm_eps_key).unwrap_or(1e-5) as f32,
+        norm_eps: checked_f(g, &key(norm_eps_key), 1e-5, "positive and below 1", |v| {
+            v > 0.0 && v < 1.0
+        })?,
         bos_token: special.bos,
         add_bos: special.add_bos,
         eos_tokens: special.end_tokens(),
@@ -694,7 +719,59 @@ fn read_config(g: &Gguf) -> Result<Config> {
     if config.n_layer > 1024 {
         return Err(Error::Model(format!("block_count {} is absurd", config.n_layer)));
     }
+    check_layer_count(g, &key("block_count"), config.n_layer)?;
     Ok(config)
+}
+
+/// The float at `key` (`default` when absent): a number, finite and `sane` (described by `what`),
+/// or an error naming the key. llama.cpp refuses files whose numbers make no sense; an infinite
+/// epsilon or a RoPE base of 1e-45 would otherwise run and print nonsense.
+fn checked_f(
+    g: &Gguf,
+    key: &str,
+    default: f64,
+    what: &str,
+    sane: impl Fn(f64) -> bool,
+) -> Result<f32> {
+    let Some(value) = g.get(key) else { return Ok(default as f32) };
+    match value.as_f64() {
+        Some(v) if v.is_finite() && sane(v) && (v as f32).is_finite() => Ok(v as f32),
+        Some(v) => Err(Error::Model(format!("{key} = {v}: it must be finite and {what}"))),
+        None => Err(Error::Model(format!("{key} is {value:?}, not a number"))),
+    }
+}
+
+/// `block_count` against the tensors: every layer below it has tensors (checked as they are
+/// read), and none above it does: a file that says 1 layer and holds 5 would run one of them.
+fn check_layer_count(g: &Gguf, key: &str, n_layer: usize) -> Result<()> {
+    let layer_of = |name: &str| name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok();
+    match g.tensors.iter().filter_map(|t| layer_of(&t.name)).max() {
+        Some(top) if top >= n_layer => Err(Error::Model(format!(
+            "{key} = {n_layer}, but the file has tensors of {} layers (blk.0 to blk.{top})",
+            top + 1
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The special tokens generation uses (BOS, EOS, EOT), when the file names them: an id inside
+/// the vocabulary, or an error naming the key (a BOS that is dropped silently changes every
+/// prompt; a string or -1 is no id).
+fn check_special_ids(g: &Gguf, n_vocab: usize) -> Result<()> {
+    for name in ["bos", "eos", "eot"] {
+        let key = format!("tokenizer.ggml.{name}_token_id");
+        let Some(value) = g.get(&key) else { continue };
+        match value.as_u64() {
+            Some(id) if id < n_vocab as u64 => {}
+            Some(id) => {
+                return Err(Error::Model(format!(
+                    "{key} = {id} is outside the vocabulary of {n_vocab} tokens"
+                )))
+            }
+            None => return Err(Error::Model(format!("{key} is {value:?}, not a token id"))),
+        }
+    }
+    Ok(())
 }
 
 /// The weights by role, and Llama 3's `rope_freqs` (which only [`read_rope`] reads).

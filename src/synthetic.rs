@@ -17,7 +17,7 @@
 
 use half::f16;
 
-use crate::gguf::{Gguf, GgufWriter, Value};
+use crate::gguf::{gguf_header, Gguf, GgufWriter, TensorHeader, Value};
 use crate::model::Arch;
 use crate::quant::{quantize, GgmlType};
 use crate::tensor_names::{self as names, block};
@@ -58,6 +58,8 @@ pub struct Spec {
     /// A real tokenizer written instead of the placeholder vocabulary (see [`Spec::with_vocab`]),
     /// so the file alone is a model with a usable tokenizer.
     pub vocab: Option<VocabMeta>,
+    /// `tokenizer.chat_template`, written after the vocabulary's keys (in place of its own).
+    pub chat_template: Option<String>,
 }
 
 /// A real tokenizer's metadata: every `tokenizer.*` key of a GGUF file (llama.cpp's
@@ -141,6 +143,7 @@ impl Spec {
             eos: 2,
             seed: 0,
             vocab: None,
+            chat_template: None,
         }
     }
 
@@ -207,7 +210,103 @@ impl Parts {
 
 /// The GGUF file `spec` describes.
 pub fn write(spec: &Spec) -> Result<Vec<u8>> {
-    Ok(parts(spec)?.into_bytes())
+    let mut out = Vec::new();
+    write_to(spec, &mut out)?;
+    Ok(out)
+}
+
+/// The most bytes one tensor of a synthetic model may have (the largest of real models', Llama
+/// 3 70B's F16 embeddings, are 2.1 GB) and the whole file (a 405B model in F16 is 810 GB).
+pub const MAX_TENSOR_BYTES: u64 = 16 << 30;
+pub const MAX_FILE_BYTES: u64 = 1 << 40;
+
+/// Write the GGUF file `spec` describes to `out` as it is made: the header, then each tensor in
+/// pieces of at most 64 MiB, so memory holds a piece at a time however large the model (writing
+/// a 144 MB model used to take 295 MB). A shape whose tensors or file exceed
+/// [`MAX_TENSOR_BYTES`] or [`MAX_FILE_BYTES`] is refused before anything is written. Returns the
+/// bytes written.
+pub fn write_to(spec: &Spec, out: &mut impl std::io::Write) -> Result<u64> {
+    check(spec)?;
+    let planned = plan(spec);
+    // Each tensor's type (a matrix whose rows are not whole blocks of its type falls back, as
+    // `matrix` does) and size, checked before anything is made.
+    let mut layout = Vec::with_capacity(planned.len());
+    let mut total = 0u64;
+    for p in &planned {
+        let ty = match p.kind {
+            Kind::Matrix => matrix_type(p.cols, spec.type_of(&p.name)),
+            _ => GgmlType::F32,
+        };
+        // In u64 (wasm32's usize is 32 bits), then a usize where the tensor fits one.
+        let size = (ty.row_bytes(p.cols) as u64).saturating_mul(p.rows as u64);
+        match usize::try_from(size) {
+            Ok(bytes) if size <= MAX_TENSOR_BYTES => {
+                total = total.saturating_add(size);
+                layout.push((ty, bytes));
+            }
+            _ => {
+                return Err(Error::Input(format!(
+                    "synthetic model: {} would be {} x {} {} ({:.1} GB), more than the {} GB a \
+                     tensor may have",
+                    p.name,
+                    p.rows,
+                    p.cols,
+                    ty.name(),
+                    (p.rows as f64) * (ty.row_bytes(p.cols) as f64) / 1e9,
+                    MAX_TENSOR_BYTES >> 30
+                )))
+            }
+        }
+    }
+    if total > MAX_FILE_BYTES {
+        return Err(Error::Input(format!(
+            "synthetic model: the file would be {:.0} GB, more than {} GB",
+            total as f64 / 1e9,
+            MAX_FILE_BYTES >> 30
+        )));
+    }
+    let dims: Vec<Vec<usize>> = planned
+        .iter()
+        .map(|p| if p.kind == Kind::Matrix { vec![p.cols, p.rows] } else { vec![p.cols] })
+        .collect();
+    let headers: Vec<TensorHeader> = planned
+        .iter()
+        .zip(&layout)
+        .zip(&dims)
+        .map(|((p, &(ty, size)), dims)| TensorHeader { name: &p.name, ty, dims, size })
+        .collect();
+    let metadata = metadata(spec);
+    let (header, align) = gguf_header(&metadata, &headers);
+    let io = |e: std::io::Error| Error::Input(format!("synthetic model: writing it: {e}"));
+    out.write_all(&header).map_err(io)?;
+    let mut written = header.len() as u64;
+    for (p, &(ty, size)) in planned.iter().zip(&layout) {
+        let seed = tensor_seed(spec.seed, &p.name);
+        match p.kind {
+            Kind::Matrix => {
+                // Whole rows, at most 64 MiB (and at least a row) at a time.
+                let row_bytes = ty.row_bytes(p.cols);
+                let step = ((64 << 20) / row_bytes.max(1)).max(1);
+                for first in (0..p.rows).step_by(step) {
+                    let rows = step.min(p.rows - first);
+                    out.write_all(&matrix_rows(seed, p.cols, first, rows, ty)).map_err(io)?;
+                }
+            }
+            Kind::Norm => {
+                out.write_all(&f32_bytes(normalish(seed, p.cols, 0.1, 1.0))).map_err(io)?
+            }
+            Kind::Bias => {
+                out.write_all(&f32_bytes(normalish(seed, p.cols, 0.1, 0.0))).map_err(io)?
+            }
+            Kind::RopeFreqs => out
+                .write_all(&f32_bytes(spec.rope_freqs.clone().unwrap_or_default()))
+                .map_err(io)?,
+        }
+        let padded = size.div_ceil(align) * align;
+        out.write_all(&vec![0u8; padded - size]).map_err(io)?;
+        written += padded as u64;
+    }
+    Ok(written)
 }
 
 /// The metadata and encoded tensors of the GGUF file `spec` describes.
@@ -300,6 +399,11 @@ fn metadata(s: &Spec) -> Vec<(String, Value)> {
     match &s.vocab {
         Some(v) => m.extend(v.keys.iter().cloned()),
         None => m.extend(vocabulary(s)),
+    }
+    if let Some(template) = &s.chat_template {
+        let key = "tokenizer.chat_template";
+        m.retain(|(k, _)| k != key);
+        m.push((key.to_string(), Value::String(template.clone())));
     }
     m
 }
@@ -482,13 +586,25 @@ fn f32_bytes(v: Vec<f32>) -> Vec<u8> {
 
 /// A random matrix of `rows` x `cols` in `ty`, or in the fallback when rows are not whole blocks.
 fn matrix(seed: u64, cols: usize, rows: usize, ty: GgmlType) -> (GgmlType, Vec<u8>) {
-    let ty = if cols.is_multiple_of(ty.block_size()) {
+    let ty = matrix_type(cols, ty);
+    (ty, matrix_rows(seed, cols, 0, rows, ty))
+}
+
+/// The type a matrix of rows of `cols` is written in when `ty` is asked for: `ty` where the rows
+/// are whole blocks of it, else F32 or F16.
+fn matrix_type(cols: usize, ty: GgmlType) -> GgmlType {
+    if cols.is_multiple_of(ty.block_size()) {
         ty
     } else if ty == GgmlType::F32 {
         GgmlType::F32
     } else {
         GgmlType::F16
-    };
+    }
+}
+
+/// Rows `first .. first + rows` of a random matrix of type `ty` (from [`matrix_type`]): each
+/// row from its own seed, so any range of rows is the same bytes as in the whole.
+fn matrix_rows(seed: u64, cols: usize, first: usize, rows: usize, ty: GgmlType) -> Vec<u8> {
     let std = 1.0 / (cols as f32).sqrt();
     let row_bytes = ty.row_bytes(cols);
     let mut data = vec![0u8; rows * row_bytes];
@@ -511,11 +627,11 @@ fn matrix(seed: u64, cols: usize, rows: usize, ty: GgmlType) -> (GgmlType, Vec<u
         const ROWS_PER_TASK: usize = 64;
         data.par_chunks_mut(row_bytes * ROWS_PER_TASK)
             .enumerate()
-            .for_each(|(task, out)| fill(task * ROWS_PER_TASK, out));
+            .for_each(|(task, out)| fill(first + task * ROWS_PER_TASK, out));
     }
     #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
-    fill(0, &mut data);
-    (ty, data)
+    fill(first, &mut data);
+    data
 }
 
 /// Random Q4_K, Q5_K or Q6_K blocks (any bytes are valid) with their f16 super-block scales set so the

@@ -650,22 +650,70 @@ fn odd_metadata_values() {
     );
     assert_eq!(m.context_length(), 1 << 24);
     m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
-    // Nonsense float hyperparameters give numbers (maybe NaN), never a panic.
-    for v in [Value::F32(f32::NAN), Value::F32(-1.0), Value::F64(1e300), Value::String("x".into())]
-    {
+    // Nonsense float hyperparameters and special-token ids are refused by name: see
+    // `metadata_that_contradicts_the_tensors_or_sense`. Sane ones of every width load and run.
+    for v in [Value::F32(500000.0), Value::F64(1e6), Value::U32(10000)] {
         let m =
             CpuModel::new(Model::from_bytes(edit("llama", "rope.freq_base", v.clone())).unwrap());
         m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
-        let m = CpuModel::new(
-            Model::from_bytes(edit("llama", "attention.layer_norm_rms_epsilon", v)).unwrap(),
-        );
-        m.forward(&mut m.new_state(), &[1, 2, 3], false).unwrap();
     }
-    // Special token ids outside the vocabulary are dropped, not trusted.
     let mut parts = synth_parts("llama", GgmlType::F32, 7);
-    parts.set_meta("tokenizer.ggml.bos_token_id", Value::U32(50));
-    parts.set_meta("tokenizer.ggml.eos_token_id", Value::U32(u32::MAX));
+    parts.set_meta("tokenizer.ggml.bos_token_id", Value::U32(49));
+    parts.set_meta("tokenizer.ggml.eos_token_id", Value::I32(2));
     let m = CpuModel::new(Model::from_bytes(parts.to_bytes()).unwrap());
-    assert_eq!(m.bos_token(), None);
-    assert!(m.eos_tokens().is_empty());
+    assert_eq!(m.bos_token(), Some(49));
+    assert_eq!(m.eos_tokens(), [2]);
+}
+
+/// Metadata that contradicts the tensors or makes no sense is refused, naming the key (as
+/// llama.cpp refuses it), instead of running and printing nonsense.
+#[test]
+fn metadata_that_contradicts_the_tensors_or_sense() {
+    // A block count below the layers the tensors hold (2 here): one layer would run.
+    let mut parts = synth_parts("llama", GgmlType::F32, 7);
+    parts.set_meta("llama.block_count", Value::U32(1));
+    expect_err(parts.to_bytes(), &["llama.block_count = 1", "tensors of 2 layers"]);
+    // Above them: a missing tensor, as before.
+    let mut parts = synth_parts("llama", GgmlType::F32, 7);
+    parts.set_meta("llama.block_count", Value::U32(3));
+    expect_err(parts.to_bytes(), &["missing tensor", "blk.2."]);
+
+    let eps = "llama.attention.layer_norm_rms_epsilon";
+    for bad in [f32::INFINITY, f32::NAN, 0.0, -1e-5, 2.0] {
+        let mut parts = synth_parts("llama", GgmlType::F32, 7);
+        parts.set_meta(eps, Value::F32(bad));
+        expect_err(parts.to_bytes(), &[eps, "finite and positive"]);
+    }
+    let mut parts = synth_parts("gpt2", GgmlType::F32, 7);
+    parts.set_meta("gpt2.attention.layer_norm_epsilon", Value::String("tiny".into()));
+    expect_err(parts.to_bytes(), &["gpt2.attention.layer_norm_epsilon", "not a number"]);
+    for bad in [f32::INFINITY, 1e-45, 0.0, -10000.0] {
+        let mut parts = synth_parts("llama", GgmlType::F32, 7);
+        parts.set_meta("llama.rope.freq_base", Value::F32(bad));
+        expect_err(parts.to_bytes(), &["llama.rope.freq_base", "at least 1"]);
+    }
+    // An f64 beyond f32's range is not finite once stored.
+    let mut parts = synth_parts("llama", GgmlType::F32, 7);
+    parts.set_meta("llama.rope.freq_base", Value::F64(1e300));
+    expect_err(parts.to_bytes(), &["llama.rope.freq_base"]);
+
+    // Special-token ids outside the vocabulary (50 tokens), negative or not numbers.
+    for key in [
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+    ] {
+        for (bad, needle) in [
+            (Value::U32(512), "outside the vocabulary of 50"),
+            (Value::U32(u32::MAX), "outside the vocabulary"),
+            (Value::I32(-1), "not a token id"),
+            (Value::String("1".into()), "not a token id"),
+        ] {
+            let mut parts = synth_parts("llama", GgmlType::F32, 7);
+            parts.set_meta(key, bad);
+            expect_err(parts.to_bytes(), &[key, needle]);
+        }
+    }
+    // The valid file still loads.
+    Model::from_bytes(synth_model("llama", GgmlType::F32, 7)).unwrap();
 }

@@ -278,6 +278,20 @@ fn broken_split_models_give_clear_errors() {
     // Opening a later part asks for the first.
     let err = Model::open(&tmp.part(2, 3)).err().expect("part 2 alone").to_string();
     assert!(err.contains("load the first part"), "{err}");
+    // An empty part is named as empty (read on, the next part would be taken for it: an empty
+    // first part said "load the first part", the file that was given).
+    let parts_dir = TempDir::new("split-empty");
+    let first = parts_dir.write_parts(&parts);
+    std::fs::write(&first, b"").unwrap();
+    let err = Model::open(&first).err().expect("part 1 is empty").to_string();
+    assert!(
+        err.contains("m-00001-of-00003.gguf (part 1 of 3") && err.contains("is empty"),
+        "{err}"
+    );
+    std::fs::write(&first, p1).unwrap();
+    std::fs::write(parts_dir.part(2, 3), b"").unwrap();
+    let err = Model::open(&first).err().expect("part 2 is empty").to_string();
+    assert!(err.contains("part 2 of 3") && err.contains("is empty"), "{err}");
 }
 
 #[test]

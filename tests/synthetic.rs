@@ -238,3 +238,21 @@ fn real_tokenizer_from_a_vocab_gguf() {
     assert!(events.iter().all(|&id| (id as usize) < c.n_vocab));
     assert_eq!(summary.text, tok.decode(&events));
 }
+
+/// The streamed writer (`write_to`, what `nexttoken synth` uses: a piece of a tensor in memory
+/// at a time) writes the same bytes as the file assembled whole (`parts`), for every spec; a
+/// shape whose tensor or file is too large is refused before a byte is written, naming it.
+#[test]
+fn streamed_files_are_the_assembled_ones_and_huge_shapes_are_refused() {
+    for spec in specs() {
+        let mut streamed = Vec::new();
+        let n = synthetic::write_to(&spec, &mut streamed).unwrap();
+        assert_eq!(n as usize, streamed.len());
+        assert!(streamed == synthetic::parts(&spec).unwrap().into_bytes(), "{}", spec.name);
+    }
+    let huge = Spec::new(Arch::Llama, 49152, 1 << 20, 1, 16, 1536, 64);
+    let mut out = Vec::new();
+    let e = synthetic::write_to(&huge, &mut out).unwrap_err().to_string();
+    assert!(e.contains("token_embd.weight") && e.contains("more than the 16 GB"), "{e}");
+    assert!(out.is_empty(), "{} bytes written before the refusal", out.len());
+}

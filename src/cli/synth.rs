@@ -129,6 +129,7 @@ pub fn run(
     out: &Path,
     seed: u64,
     vocab: Option<&Path>,
+    chat_template: Option<String>,
     split: usize,
 ) -> Result<()> {
     let ty = match ty.to_ascii_lowercase().as_str() {
@@ -158,25 +159,45 @@ pub fn run(
             );
         }
     }
+    c.chat_template = chat_template;
     let t0 = std::time::Instant::now();
-    let bytes = synthetic::write(&c)?;
-    let size = bytes.len();
-    let files = if split > 1 {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| Error::Io { path: path.clone(), source }
+    };
+    let (files, size) = if split > 1 {
+        // Split: made in memory, then cut into parts.
+        let bytes = synthetic::write(&c)?;
         let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("model");
         let prefix = name.strip_suffix(".gguf").unwrap_or(name);
         let parts = split_gguf(&bytes, split)?;
-        let names = (1..=split).map(|k| out.with_file_name(split_file_name(prefix, k, split)));
-        names.zip(parts).collect()
+        let mut files = Vec::new();
+        for (k, part) in (1..=split).zip(parts) {
+            let path = out.with_file_name(split_file_name(prefix, k, split));
+            std::fs::write(&path, part).map_err(io(&path))?;
+            files.push(path);
+        }
+        (files, bytes.len() as u64)
     } else {
-        vec![(out.to_path_buf(), bytes)]
+        // Streamed (a piece of a tensor in memory at a time) to OUT.partial, renamed once
+        // whole: a refused shape or a full disk leaves no file that looks like a model.
+        let partial = out.with_extension("gguf.partial");
+        let written = (|| {
+            let file = std::fs::File::create(&partial).map_err(io(&partial))?;
+            let mut w = std::io::BufWriter::new(file);
+            let size = synthetic::write_to(&c, &mut w)?;
+            std::io::Write::flush(&mut w).map_err(io(&partial))?;
+            std::fs::rename(&partial, out).map_err(io(out))?;
+            Ok(size)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        (vec![out.to_path_buf()], written?)
     };
-    for (path, part) in &files {
-        std::fs::write(path, part)
-            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
-    }
     eprintln!(
         "wrote {} ({} {}, {} layers, n_embd {}, vocab {}, {:.1} MiB) in {:.1} s",
-        files.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
         c.arch.gguf_name(),
         ty.name(),
         c.n_layer,

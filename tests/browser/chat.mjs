@@ -304,6 +304,46 @@ export async function chatTests(t) {
     assert(/no chat template/.test(err), `error: ${err}`);
   });
 
+  if (mode === "cpu") {
+    await test(`[${mode}] a chat template that loops without end stops at its budget with an error in the page; the worker goes on`, async () => {
+      // The chat model's shapes with the default model's vocabulary and a template of 10^10 steps.
+      const dir = path.join(fixtures, "hostile");
+      fs.mkdirSync(dir, { recursive: true });
+      const config = path.join(dir, "config.json");
+      fs.writeFileSync(config, JSON.stringify({ ...CONFIG, model_type: "llama", vocab_size: 2048 }));
+      const template = path.join(dir, "loop.jinja");
+      fs.writeFileSync(template, "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+      const r = spawnSync(bin, ["synth", "--config", config, "--vocab-from", path.join(path.dirname(new URL(import.meta.url).pathname), "..", "..", "www", "models", "default.gguf"), "--chat-template", template, "--type", "q8_0", "--out", path.join(dir, "hostile.gguf")], { encoding: "utf8" });
+      assertEq(r.status, 0, `synth failed: ${r.stderr}`);
+      await page.goto(`${base}/?nosw&model=lesson-toy`);
+      const out = await page.evaluate(async () => {
+        const { NextToken } = await import("/nexttoken.js");
+        const nt = new NextToken();
+        try {
+          await nt.load("/test/hostile/hostile.gguf", { backend: "cpu" });
+          const t0 = performance.now();
+          let error = "no error";
+          try {
+            for await (const _ of nt.reply([{ role: "user", content: "hi" }]));
+          } catch (e) {
+            error = e.message;
+          }
+          const ms = performance.now() - t0;
+          let text = "";
+          for await (const t of nt.generate("In the beginning", { temperature: 0, maxTokens: 4 })) text += t.text;
+          return { error, ms, tokens: nt.lastSummary.generatedTokens, text };
+        } catch (e) {
+          return { error: `failed: ${e.message}` };
+        } finally {
+          nt.terminate();
+        }
+      });
+      console.log(`      ${out.error} (${out.ms?.toFixed(0)} ms)`);
+      assert(/chat template: rendering stopped: the template used up its budget/.test(out.error), `reply(): ${out.error}`);
+      assertEq(out.tokens, 4, "tokens generated after the runaway template");
+    });
+  }
+
   await test(`[${mode}] Hugging Face references resolve to the Hub's download URL and load (hf:owner/repo/file, owner/repo:file)`, async () => {
     const r = await page.evaluate(async () => {
       const { resolveModelUrl } = await import("/nexttoken.js");

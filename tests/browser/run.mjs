@@ -556,7 +556,7 @@ async function runConfig(mode) {
                   text += t.text;
                   if (++count === 5) nt.worker.postMessage({ type: "simulate-gpu-loss", slot: nt.slot });
                 }
-                return { before: info.backend, after: nt.info.backend, reason: nt.info.backendReason, changes, text, count, tokens: nt.lastSummary?.tokens };
+                return { before: info.backend, after: nt.info.backend, reason: nt.info.backendReason, changes, text, count };
               } catch (e) {
                 return { error: String(e && e.message ? e.message : e) };
               } finally {

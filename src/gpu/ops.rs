@@ -491,7 +491,7 @@ const NONE: u32 = u32::MAX;
 
 /// Threads per row of a matvec.wgsl product of rows of `cols` elements: a power of two from 8
 /// to 16, so a workgroup holds 16 rows (32 for rows of under 8 chunks) and each thread decodes
-/// a few chunks of 32 elements. Measured on an H200 (README, "GPU"): 16 rows per workgroup
+/// a few chunks of 32 elements. Measured on an H200 (docs/gpu.md): 16 rows per workgroup
 /// beat 4 and 8 on the 1B model's 2048-wide rows (fewer workgroups staging and norming the same
 /// activations) and matched them on SmolLM2-135M's 576-wide ones. `NEXTTOKEN_MATVEC_TEAM=n`
 /// (natively; a power of two, 8 to 128) sets it instead, to measure another GPU.

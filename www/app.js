@@ -6,7 +6,7 @@
 // &prompt=TEXT &mode=text (stay in text mode for a chat model). The body's data-state is idle | loading |
 // ready | generating | error.
 
-import { NextToken, CATALOG, resolveSpec } from "./nexttoken.js";
+import { NextToken, CATALOG, RunningLogP, resolveSpec } from "./nexttoken.js";
 import { listCached, deleteCached, isCached, formatBytes } from "./model-cache.js";
 import { el, probColor, withRunningSums, alternativesList, samplerPanel as samplerView, beamTreeNodes, greedyLine, scoreNodes } from "./views.js";
 
@@ -507,13 +507,12 @@ async function branchFrom(i, alt) {
   const t0 = performance.now();
   let first = null;
   try {
-    let sum = branch.tokens.at(-1)?.logprobSum ?? 0;
+    const running = new RunningLogP(branch.tokens.at(-1)?.logprobSum ?? 0, branch.tokens.length);
     for await (const t of nt.generate({ ids }, { ...options(), forceTokens: [alt.id] })) {
       first ??= performance.now() - t0;
-      sum += t.logprob;
-      const n = branch.tokens.length + 1;
-      const token = { ...t, logprobSum: sum, perplexity: Math.exp(-sum / n) };
+      const token = running.add(t);
       branch.tokens.push(token);
+      const n = branch.tokens.length;
       out.append(tokenSpanAt(token, n - 1));
       liveStats(token, n, t0, first);
     }

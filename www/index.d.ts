@@ -99,7 +99,22 @@ export interface GenerateOptions {
   forceTokens?: number[];
   /** Each token event carries the step's this-many most likely tokens with their logits (at most 64), for samplerView. */
   keepCandidates?: number;
+  /** Structured output: only tokens that keep the output valid are sampled (see `Constraint`). */
+  constraint?: Constraint;
 }
+
+/**
+ * Structured output: the whole output is one JSON value valid against `schema`, any JSON object,
+ * a match of `pattern` (Rust regex syntax, anchored at both ends) or a sentence of a Lark grammar
+ * (llguidance's dialect, starting at `start`). Tokens then carry `removed`, and
+ * `lastSummary.stopReason` is "ConstraintComplete" or, when the tokens or the context ran out
+ * first, "Incomplete".
+ */
+export type Constraint =
+  | { type: "json_schema"; schema: object | boolean }
+  | { type: "json_object" }
+  | { type: "regex"; pattern: string }
+  | { type: "grammar"; lark: string };
 
 /** A step's most likely tokens with their raw logits, best first. */
 export interface Candidates {
@@ -134,6 +149,8 @@ export interface Token extends Alternative {
   /** Over the generated tokens so far. */
   logprobSum: number;
   perplexity: number;
+  /** Under a constraint: the model's most likely tokens it removed at this step (absent when none). */
+  removed?: { id: number; token: string; piece?: string; prob: number; logprob: number }[];
 }
 
 export interface Summary {
@@ -141,13 +158,15 @@ export interface Summary {
   reusedTokens: number;
   generatedTokens: number;
   text: string;
-  stopReason: "Eos" | "MaxTokens" | "StopString" | "ContextFull" | "Aborted" | string;
+  stopReason: "Eos" | "MaxTokens" | "StopString" | "ContextFull" | "Aborted" | "ConstraintComplete" | "Incomplete";
   prefillMs: number;
   decodeMs: number;
   ttftMs: number;
   prefillTokS: number;
   decodeTokS: number;
   backend: "table" | "cpu" | "webgpu";
+  /** Under a constraint: ms compiling it, then ms over its steps. */
+  constraint?: { buildMs: number; stepsMs: number; steps: number };
   wallMs: number;
   promptIds: number[];
   messages?: ChatMessage[];
@@ -184,7 +203,12 @@ export interface CompletionParams {
   stream?: boolean;
   stream_options?: { include_usage?: boolean };
   n?: 1;
-  response_format?: { type: "text" };
+  /** Structured output as OpenAI takes it; or the extensions `regex` and `grammar` (one of the three). */
+  response_format?: { type: "text" } | { type: "json_object" } | { type: "json_schema"; json_schema: { name?: string; schema: object; strict?: boolean } };
+  /** Extension: the whole output matches this regular expression (Rust regex syntax). */
+  regex?: string;
+  /** Extension: the output is a sentence of this Lark grammar (llguidance's dialect). */
+  grammar?: string;
   signal?: AbortSignal;
 }
 export interface ChatCompletionParams extends CompletionParams {
@@ -277,6 +301,16 @@ export class NextToken {
   samplerView(candidates: Candidates, options: GenerateOptions, history?: ArrayLike<number>): Promise<{ id: number; prob: number }[]>;
   abort(): void;
   terminate(): void;
+}
+
+/** The running log P and perplexity of a sequence of tokens (what `generate`'s tokens carry). */
+export class RunningLogP {
+  /** Continue a sequence whose tokens so far sum to `sum` over `count` tokens. */
+  constructor(sum?: number, count?: number);
+  readonly sum: number;
+  readonly count: number;
+  /** `token` with `logprobSum` and `perplexity` over it and every token before. */
+  add<T extends { logprob: number }>(token: T): T & { logprobSum: number; perplexity: number };
 }
 
 export interface CatalogEntry extends ModelSpec {

@@ -192,6 +192,24 @@ class WorkerLink {
 let sharedLink = null;
 let nextSlot = 1;
 
+/**
+ * The running log P (natural log) and perplexity of a sequence of tokens: `add(token)` returns
+ * the token with `logprobSum` and `perplexity` over it and every token before. Start from
+ * `(sum, count)` to continue a sequence (a branch continues its prefix's totals).
+ */
+export class RunningLogP {
+  constructor(sum = 0, count = 0) {
+    this.sum = sum;
+    this.count = count;
+  }
+
+  add(token) {
+    this.sum += token.logprob;
+    this.count += 1;
+    return { ...token, logprobSum: this.sum, perplexity: Math.exp(-this.sum / this.count) };
+  }
+}
+
 export class NextToken {
   /**
    * `workerUrl`: the worker script (default: worker.js beside this module). `shareWorker`: use the
@@ -326,8 +344,7 @@ export class NextToken {
     let wake = null;
     let finished = false;
     let failure = null;
-    let logprobSum = 0;
-    let count = 0;
+    const running = new RunningLogP();
     const t0 = performance.now();
     this.pending.set(id, (msg) => {
       if (msg.type === "warning") {
@@ -341,9 +358,7 @@ export class NextToken {
         return;
       }
       if (msg.type === "token") {
-        count += 1;
-        logprobSum += msg.token.logprob;
-        queue.push({ ...msg.token, logprobSum, perplexity: Math.exp(-logprobSum / count) });
+        queue.push(running.add(msg.token));
       } else if (msg.type === "done" || msg.type === "error") {
         this.pending.delete(id);
         if (this.current === id) this.current = null;

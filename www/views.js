@@ -2,6 +2,8 @@
 // alternatives, the sampler view, the beam search tree, scored texts as surprisal heat maps.
 // Everything returns DOM nodes; model output only enters them as text, never as HTML.
 
+import { RunningLogP } from "./nexttoken.js";
+
 export const el = (tag, props = {}, ...children) => {
   const node = Object.assign(document.createElement(tag), props);
   for (const c of children) node.append(c);
@@ -22,11 +24,8 @@ export function surprisalColor(bits) {
 
 /** `list` (tokens) with the running log P and perplexity recomputed from the first. */
 export function withRunningSums(list) {
-  let sum = 0;
-  return list.map((t, k) => {
-    sum += t.logprob;
-    return { ...t, logprobSum: sum, perplexity: Math.exp(-sum / (k + 1)) };
-  });
+  const running = new RunningLogP();
+  return list.map((t) => running.add(t));
 }
 
 /** The step's most likely tokens as bars; `onBranch(alt)`, when given, adds "continue with this". */

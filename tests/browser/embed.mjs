@@ -293,6 +293,15 @@ async function main(): Promise<void> {
   console.log(r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens);
   for await (const c of await nt.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], stream: true })) console.log(c.choices[0]?.delta.content);
   console.log((await nt.score(" sat", { after: "the cat" })).perplexity, nt.lastSummary?.beamTree?.best);
+  // Structured output, as the JS API and the OpenAI API take it.
+  const schema = { type: "object", properties: { name: { type: "string" } }, required: ["name"] };
+  for await (const t of nt.generate("Hi", { constraint: { type: "json_schema", schema } })) console.log(t.removed?.[0]?.prob);
+  for await (const t of nt.generate("Hi", { constraint: { type: "regex", pattern: "[0-9]+" }, maxTokens: 4 })) console.log(t.text);
+  if (nt.lastSummary?.stopReason === "Incomplete") console.log(nt.lastSummary.constraint?.buildMs);
+  await nt.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], response_format: { type: "json_schema", json_schema: { name: "p", schema } } });
+  await nt.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], response_format: { type: "json_object" } });
+  await nt.completions.create({ prompt: "Hi", grammar: 'start: "a" | "b"' });
+  await nt.completions.create({ prompt: "Hi", regex: "[ab]" });
 }
 main();
 `;
@@ -325,6 +334,8 @@ async function npmTest({ test, assert, assertEq, mode, www }, { start, newPage, 
     assert(typed.status === 0, `the declarations do not type-check a typical use:\n${typed.stdout}${typed.stderr}`);
     fs.writeFileSync(path.join(app, "misuse.ts"), `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { temperature: "hot" });\n`);
     assert(tsc("misuse.ts").status !== 0, "a misuse (temperature: string) type-checks");
+    fs.writeFileSync(path.join(app, "misuse2.ts"), `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { constraint: { type: "regex", schema: {} } });\n`);
+    assert(tsc("misuse2.ts").status !== 0, "a misuse (a regex constraint without its pattern) type-checks");
     const resolved = spawnSync(process.execPath, ["--input-type=module", "-e", `console.log(import.meta.resolve("nexttoken")); console.log(import.meta.resolve("nexttoken/element"))`], { cwd: app, encoding: "utf8" });
     assertEq(resolved.stdout.trim().split("\n").map((u) => path.relative(pkg, new URL(u).pathname)).join(" "), "nexttoken.js next-token.js", "what the exports resolve to");
     page(app, "index.html", `<next-token id="e" model="lesson-toy" temperature="0" autorun></next-token>`, `<script type="module" src="node_modules/nexttoken/next-token.js"></script>`);

@@ -295,7 +295,8 @@ export class NextToken {
   generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
   reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
   renderChat(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): Promise<string>;
-  /** With `after`: `text` scored as the continuation of that prefix, P(text | after). */
+  /** With `after`: `text` scored as the continuation of that prefix, P(text | after); the two are
+   * joined exactly (`text` starts with its own space, as generated text does). */
   score(text: string, options?: { after?: string }): Promise<Score>;
   /** What the sampler keeps from a step's candidates with these settings, with the probabilities it draws with. */
   samplerView(candidates: Candidates, options: GenerateOptions, history?: ArrayLike<number>): Promise<{ id: number; prob: number }[]>;

@@ -183,6 +183,19 @@ export function scoreTable(r) {
   return table;
 }
 
+/**
+ * The text a typed candidate continues `prompt` with. Candidates are typed (or given to the
+ * element trimmed) without the space that separates them from the prompt, while the model scores
+ * text exactly as it would have generated it: "Paris" after "The capital of France is" is
+ * " Paris". So a space goes between two words (letters or digits on both sides, outside scripts
+ * written without spaces); punctuation, a candidate that starts with a space and a prompt that
+ * ends with one are left as they are.
+ */
+export function continuationText(prompt, candidate) {
+  const wordEnd = /[\p{L}\p{N}]$/u.test(prompt) && !/[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Thai}]$/u.test(prompt);
+  return wordEnd && /^[\p{L}\p{N}]/u.test(candidate) ? ` ${candidate}` : candidate;
+}
+
 /** Score `prompt` alone (no candidates), or each candidate after it: the nodes to show. */
 export async function scoreNodes(nt, prompt, candidates) {
   if (!candidates.length) {
@@ -190,7 +203,7 @@ export async function scoreNodes(nt, prompt, candidates) {
     return [scoredText("the prompt", r), scoreTable(r)];
   }
   const scored = [];
-  for (const text of candidates) scored.push({ text, r: await nt.score(text, { after: prompt }) });
+  for (const text of candidates) scored.push({ text, r: await nt.score(continuationText(prompt, text), { after: prompt }) });
   const best = (key) => scored.reduce((a, b) => (key(b.r) > key(a.r) ? b : a));
   const byTotal = best((r) => r.logprob);
   const byAverage = best((r) => -r.avgNll);

@@ -144,7 +144,13 @@ export async function scoreViewTests(t) {
     assertEq(scored[0].heat, 5, "heat map tokens");
     const verdict = await page.textContent("#score-out .verdict");
     assert(/Most likely: "the sun is warm <\/s>"/.test(verdict), `verdict: ${verdict}`);
-    // 400 digits after "digits": log P = 400 ln 0.1, with no underflow.
+    // A typed candidate continues the prompt as generation would have: a word after a word gets its space.
+    const joins = await page.evaluate(async () => {
+      const { continuationText } = await import("/views.js");
+      return [["The capital of France is", "Paris"], ["Once upon a time", ", there"], ["Hello ", "world"], ["", "the"], ["日本", "語"], ["x", " y"]].map(([p, c]) => continuationText(p, c));
+    });
+    assertEq(JSON.stringify(joins), JSON.stringify([" Paris", ", there", "world", "the", "語", " y"]), "candidate joins");
+    // 400 digits after "digits": log P = 400 ln 0.1, with no underflow (the candidate typed without its space).
     await page.fill("#prompt", "digits");
     await page.fill("#candidates", "7 ".repeat(400).trim());
     await page.click("#score-btn");

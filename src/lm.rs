@@ -2,6 +2,7 @@
 //! the generation loop, the samplers, beam search and the scorer. A transformer (CPU or GPU) and
 //! a lesson's table model both implement it, so the same loop runs them all.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::constraint::{AllowedSet, ConstraintVocab};
@@ -12,6 +13,13 @@ use crate::sampling::{logsumexp, top_n};
 ///
 /// The model itself is immutable (weights); everything that changes while generating lives in
 /// `State` (the KV cache and the position). Beam search clones states to fork hypotheses.
+///
+/// The forward passes are asynchronous, because a GPU's must be awaited in the browser (it
+/// cannot block). The CPU and table models compute inside the future and answer at once; the
+/// blocking forms ([`forward`](LanguageModel::forward) and its kin) run a pass to its end on
+/// this thread ([`block_on`]), which is how the CLI and the tests call every model. The drivers
+/// ([`Generation`](crate::generate::Generation), [`BeamSearch`](crate::generate::BeamSearch),
+/// [`score`](crate::generate::score)) are written once, against the asynchronous passes.
 pub trait LanguageModel {
     type State: Clone;
 
@@ -39,33 +47,83 @@ pub trait LanguageModel {
     /// `vocab_size()` (row i predicts the token after `tokens[i]`); otherwise only the last row.
     /// Errors (and leaves `state` unchanged) when the tokens would not fit in the context or an
     /// id is outside the vocabulary.
+    fn forward_async(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> impl Future<Output = Result<Vec<f32>>>;
+
+    /// Append `tokens` like [`forward_async`](LanguageModel::forward_async) and return only the
+    /// `k` most likely next tokens and the log-sum-exp of all the logits: all that beam search
+    /// needs. This default reads the whole logits row; a backend that can rank on its own device
+    /// (the GPU's top-k kernel) overrides it so only the k pairs come back.
+    fn forward_top_async(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+    ) -> impl Future<Output = Result<TopK>> {
+        async move { Ok(TopK::from_logits(&self.forward_async(state, tokens, false).await?, k)) }
+    }
+
+    /// Append `tokens` like [`forward_async`](LanguageModel::forward_async) and rank for a
+    /// constrained step: the `k` most likely tokens of the `allowed` set, and the `shown` most
+    /// likely of all (what the model itself believed, so a view can show what the constraint
+    /// removed), both with the log-sum-exp of all the logits. This default reads the whole
+    /// logits row; the GPU masks in its top-k kernel so only the pairs come back.
+    fn forward_top_allowed_async(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        k: usize,
+        shown: usize,
+        allowed: &AllowedSet,
+    ) -> impl Future<Output = Result<AllowedTop>> {
+        async move {
+            let logits = self.forward_async(state, tokens, false).await?;
+            Ok(AllowedTop::from_logits(&logits, k, shown, allowed))
+        }
+    }
+
+    /// The largest k for which [`forward_top_async`](LanguageModel::forward_top_async) ranks on
+    /// the model's own device (so a generation step whose sampler needs only the top tokens
+    /// reads back those and not the whole row); `None` (the default) when it would read the
+    /// whole row anyway.
+    fn top_on_device(&self) -> Option<usize> {
+        None
+    }
+
+    /// The most tokens a scoring pass gives the model at once (each returns a row of logits per
+    /// token). Unlimited by default; the GPU keeps its read-back to a few rows however long the
+    /// text.
+    fn score_chunk(&self) -> usize {
+        usize::MAX
+    }
+
+    /// Whether the forward passes answer at once (the future is ready when first polled): true
+    /// for the models that compute on the CPU. The browser steps those without awaiting.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
+    /// [`forward_async`](LanguageModel::forward_async), run to its end on this thread.
     fn forward(
         &self,
         state: &mut Self::State,
         tokens: &[u32],
         all_logits: bool,
-    ) -> Result<Vec<f32>>;
+    ) -> Result<Vec<f32>> {
+        block_on(self.forward_async(state, tokens, all_logits))
+    }
 
-    /// Append `tokens` like [`forward`](LanguageModel::forward) and return only the `k` most
-    /// likely next tokens and the log-sum-exp of all the logits: all that beam search needs.
-    /// This default reads the whole logits row; a backend that can rank on its own device (the
-    /// GPU's top-k kernel) overrides it so only the k pairs come back.
+    /// [`forward_top_async`](LanguageModel::forward_top_async), run to its end on this thread.
     fn forward_top(&self, state: &mut Self::State, tokens: &[u32], k: usize) -> Result<TopK> {
-        Ok(TopK::from_logits(&self.forward(state, tokens, false)?, k))
+        block_on(self.forward_top_async(state, tokens, k))
     }
 
-    /// The largest k for which [`forward_top`](LanguageModel::forward_top) ranks on the model's
-    /// own device (so a generation step whose sampler needs only the top tokens reads back those
-    /// and not the whole row); `None` (the default) when it would read the whole row anyway.
-    fn top_on_device(&self) -> Option<usize> {
-        None
-    }
-
-    /// Append `tokens` like [`forward`](LanguageModel::forward) and rank for a constrained step:
-    /// the `k` most likely tokens of the `allowed` set, and the `shown` most likely of all (what
-    /// the model itself believed, so a view can show what the constraint removed), both with the
-    /// log-sum-exp of all the logits. This default reads the whole logits row; the GPU masks in
-    /// its top-k kernel so only the pairs come back.
+    /// [`forward_top_allowed_async`](LanguageModel::forward_top_allowed_async), run to its end
+    /// on this thread.
     fn forward_top_allowed(
         &self,
         state: &mut Self::State,
@@ -74,7 +132,25 @@ pub trait LanguageModel {
         shown: usize,
         allowed: &AllowedSet,
     ) -> Result<AllowedTop> {
-        Ok(AllowedTop::from_logits(&self.forward(state, tokens, false)?, k, shown, allowed))
+        block_on(self.forward_top_allowed_async(state, tokens, k, shown, allowed))
+    }
+}
+
+/// Run `future` to its end on this thread: the one place the library blocks. A future that is
+/// ready when first polled (a CPU model's pass) costs nothing more. Natively one that waits (the
+/// GPU's) parks the thread until it is woken (pollster); the browser cannot block, so there a
+/// future that waits is an error that says to await it.
+pub fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(value) => value,
+        #[cfg(not(target_arch = "wasm32"))]
+        std::task::Poll::Pending => pollster::block_on(future),
+        #[cfg(target_arch = "wasm32")]
+        std::task::Poll::Pending => Err(Error::Input(
+            "this model computes asynchronously in the browser (WebGPU): await it".into(),
+        )),
     }
 }
 

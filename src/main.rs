@@ -343,7 +343,7 @@ fn with_model(
     let context = match choice {
         BackendChoice::Gpu { context, reason } if request == BackendRequest::Gpu => {
             eprintln!("backend: {reason}");
-            let gpu = pollster::block_on(GpuModel::with_context(context, model))?;
+            let gpu = nexttoken::lm::block_on(GpuModel::with_context(context, model))?;
             return f(&gpu.with_max_seq(args.context), &tokenizer, header);
         }
         BackendChoice::Gpu { context, .. } => context,
@@ -355,9 +355,10 @@ fn with_model(
     // auto on a real GPU: the GPU checked against the CPU oracle, then both timed on this model.
     let cpu = cpu_model(model.share())?;
     let gpu =
-        pollster::block_on(GpuModel::with_context(context, model))?.with_max_seq(args.context);
-    let verdict =
-        pollster::block_on(backend::verdict(&gpu, || Ok((backend::cpu_decode_ms(&cpu)?, false))));
+        nexttoken::lm::block_on(GpuModel::with_context(context, model))?.with_max_seq(args.context);
+    let verdict = nexttoken::lm::block_on(backend::verdict(&gpu, || {
+        Ok((backend::cpu_decode_ms(&cpu)?, false))
+    }));
     match verdict {
         Ok(v) if v.gpu => {
             eprintln!("backend: gpu, {} ({})", gpu.context().describe(), v.reason);

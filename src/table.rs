@@ -236,7 +236,7 @@ impl LanguageModel for TableModel {
         Ok(())
     }
 
-    fn forward(
+    async fn forward_async(
         &self,
         state: &mut TableState,
         tokens: &[u32],

@@ -854,7 +854,12 @@ impl LanguageModel for Fixed {
         *state = len;
         Ok(())
     }
-    fn forward(&self, state: &mut usize, tokens: &[u32], _: bool) -> nexttoken::Result<Vec<f32>> {
+    async fn forward_async(
+        &self,
+        state: &mut usize,
+        tokens: &[u32],
+        _: bool,
+    ) -> nexttoken::Result<Vec<f32>> {
         *state += tokens.len();
         Ok(self.logits.clone())
     }

@@ -30,6 +30,7 @@ use nexttoken::gpu::host::{self, Elementwise};
 use nexttoken::gpu::kernels::Kernels;
 use nexttoken::gpu::ops::RopeMode;
 use nexttoken::gpu::{is_device_lost, GpuContext, GpuModel, GpuOptions, GpuStream, NO_ADAPTER};
+use nexttoken::lm::block_on;
 use nexttoken::model::{Arch, Model};
 use nexttoken::quant::{dequantize_row, GgmlType};
 use nexttoken::synthetic::{self, Spec};
@@ -961,8 +962,8 @@ fn stories260k_picks_on_the_gpu() {
         let mut g_full = gs.clone();
         let mut g_top = gs.clone();
         let logits = gpu.forward(&mut g_full, &[tok], false).unwrap();
-        let top = gpu.forward_topk(&mut g_top, &[tok], 40).unwrap();
-        let greedy = gpu.forward_greedy(&mut gs, &[tok]).unwrap();
+        let top = block_on(gpu.forward_topk_async(&mut g_top, &[tok], 40)).unwrap();
+        let greedy = block_on(gpu.forward_greedy_async(&mut gs, &[tok])).unwrap();
         assert_eq!(gpu.stats().readback_bytes_last, 4, "greedy reads back one id");
         assert_eq!(gpu.position(&gs), gpu.position(&g_top));
         // Against the GPU's own logits of the same step: the same computation, so exact.
@@ -993,7 +994,7 @@ fn stories260k_picks_on_the_gpu() {
     // The whole greedy decode again, chained on the GPU in one submission: the same tokens.
     let mut st = gpu.new_state();
     let mut cs = cpu.new_state();
-    let chain = gpu.forward_greedy_chain(&mut st, &[bos], 64).unwrap();
+    let chain = block_on(gpu.forward_greedy_chain_async(&mut st, &[bos], 64)).unwrap();
     assert_eq!(gpu.stats().readback_bytes_last, 64 * 4);
     assert_eq!(gpu.position(&st), 64);
     let mut tok = bos;
@@ -1002,20 +1003,20 @@ fn stories260k_picks_on_the_gpu() {
         assert_eq!(got, tok, "chained greedy step {step}");
     }
     // The state continues from there like any other.
-    let next = gpu.forward_greedy(&mut st, &[chain[63]]).unwrap();
+    let next = block_on(gpu.forward_greedy_async(&mut st, &[chain[63]])).unwrap();
     assert_eq!(next, argmax(&cpu.forward(&mut cs, &[tok], false).unwrap()));
     // A chain from a longer prompt, from the middle of a sequence.
     let mut a = gpu.new_state();
     let mut b = gpu.new_state();
-    let c1 = gpu.forward_greedy_chain(&mut a, &[bos, 300, 301], 5).unwrap();
-    let mut t = gpu.forward_greedy(&mut b, &[bos, 300, 301]).unwrap();
+    let c1 = block_on(gpu.forward_greedy_chain_async(&mut a, &[bos, 300, 301], 5)).unwrap();
+    let mut t = block_on(gpu.forward_greedy_async(&mut b, &[bos, 300, 301])).unwrap();
     let mut singles = vec![t];
     for _ in 1..5 {
-        t = gpu.forward_greedy(&mut b, &[t]).unwrap();
+        t = block_on(gpu.forward_greedy_async(&mut b, &[t])).unwrap();
         singles.push(t);
     }
     assert_eq!(c1, singles);
-    assert!(gpu.forward_greedy_chain(&mut a, &[1], 10_000).is_err());
+    assert!(block_on(gpu.forward_greedy_chain_async(&mut a, &[1], 10_000)).is_err());
     eprintln!("stories260K picks: 64 greedy steps match the CPU; top-40 probabilities within {worst_p:.2e}");
 }
 
@@ -1061,23 +1062,23 @@ fn decode_steps_create_no_buffers_or_bind_groups() {
     for opts in [GpuOptions::f32(), GpuOptions::auto(&ctx)] {
         let gpu = gpu_model(&ctx, Model::open(&path).unwrap(), opts);
         let mut st = gpu.new_state();
-        let mut tok = gpu.forward_greedy(&mut st, &[1, 400, 20]).unwrap();
+        let mut tok = block_on(gpu.forward_greedy_async(&mut st, &[1, 400, 20])).unwrap();
         // Warm up each kind of step once.
         let logits = gpu.forward(&mut st, &[tok], false).unwrap();
         let full = gpu.stats();
         tok = argmax(&logits);
-        gpu.forward_topk(&mut st, &[tok], 64).unwrap();
+        block_on(gpu.forward_topk_async(&mut st, &[tok], 64)).unwrap();
         let topk = gpu.stats();
-        tok = gpu.forward_greedy(&mut st, &[tok]).unwrap();
+        tok = block_on(gpu.forward_greedy_async(&mut st, &[tok])).unwrap();
         let before = gpu.stats();
         for i in 0..40 {
             tok = match i % 3 {
-                0 => gpu.forward_greedy(&mut st, &[tok]).unwrap(),
-                1 => gpu.forward_topk(&mut st, &[tok], 64).unwrap().ids[0],
+                0 => block_on(gpu.forward_greedy_async(&mut st, &[tok])).unwrap(),
+                1 => block_on(gpu.forward_topk_async(&mut st, &[tok], 64)).unwrap().ids[0],
                 _ => argmax(&gpu.forward(&mut st, &[tok], false).unwrap()),
             };
         }
-        tok = gpu.forward_greedy(&mut st, &[tok]).unwrap();
+        tok = block_on(gpu.forward_greedy_async(&mut st, &[tok])).unwrap();
         let after = gpu.stats();
         assert!(tok < 512);
         assert_eq!(after.buffers_created, before.buffers_created, "buffers created during decode");
@@ -1163,11 +1164,11 @@ fn lost_device_gives_a_clear_error_and_the_cpu_continues() {
     let gpu = gpu_model(&ctx, Model::open(&path).unwrap(), GpuOptions::f32());
     let cpu = CpuModel::new(Model::open(&path).unwrap());
     let mut st = gpu.new_state();
-    let first = gpu.forward_greedy(&mut st, &[1]).unwrap();
+    let first = block_on(gpu.forward_greedy_async(&mut st, &[1])).unwrap();
     ctx.simulate_device_loss();
     for e in [
         gpu.forward(&mut st, &[first], false).unwrap_err(),
-        gpu.forward_greedy(&mut st, &[first]).unwrap_err(),
+        block_on(gpu.forward_greedy_async(&mut st, &[first])).unwrap_err(),
         pollster::block_on(GpuModel::with_context(ctx.clone(), Model::open(&path).unwrap()))
             .err()
             .unwrap(),
@@ -1225,11 +1226,11 @@ fn decode_dispatches_stay_within_budget() {
         let mut st = gpu.new_state();
         let prompt: Vec<u32> = (1..100).collect();
         gpu.forward(&mut st, &prompt, false).unwrap();
-        let mut tok = gpu.forward_greedy(&mut st, &[3]).unwrap();
+        let mut tok = block_on(gpu.forward_greedy_async(&mut st, &[3])).unwrap();
         let greedy = gpu.stats().dispatches_last;
         tok = argmax(&gpu.forward(&mut st, &[tok], false).unwrap());
         let logits = gpu.stats().dispatches_last;
-        gpu.forward_topk(&mut st, &[tok], 8).unwrap();
+        block_on(gpu.forward_topk_async(&mut st, &[tok], 8)).unwrap();
         let topk = gpu.stats().dispatches_last;
         let budget = 8 * layers + 6;
         eprintln!(
@@ -1330,7 +1331,7 @@ fn profile_times_every_dispatch_of_a_step() {
     gpu.forward(&mut st, &[1, 2, 3], false).unwrap();
     let mut plain = st.clone();
     gpu.forward(&mut plain, &[4], false).unwrap();
-    let Some(times) = gpu.profile(&mut st, &[4]).unwrap() else {
+    let Some(times) = block_on(gpu.profile_async(&mut st, &[4])).unwrap() else {
         eprintln!("SKIPPED profile: the adapter has no timestamp queries");
         return;
     };
@@ -1350,7 +1351,8 @@ fn profile_times_every_dispatch_of_a_step() {
 
     // Per family (what bench --profile and the browser bench page show): every dispatch of the
     // same step counted once, under the label it ran with, and the same weight bytes.
-    let families = gpu.profile_after(&[1, 2, 3, 4], 3).unwrap().expect("timestamps");
+    let families =
+        block_on(gpu.profile_after_async(&[1, 2, 3, 4], 3)).unwrap().expect("timestamps");
     let count = |label: &str| labels.iter().filter(|l| **l == label).count();
     assert_eq!(families.iter().map(|f| f.dispatches).sum::<usize>(), times.len());
     for f in &families {

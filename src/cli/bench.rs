@@ -15,6 +15,7 @@ use nexttoken::cpu::{CpuModel, Precision};
 use nexttoken::generate::{prompt_ids, GenerateOptions, Generation};
 use nexttoken::gguf::Gguf;
 use nexttoken::gpu::GpuModel;
+use nexttoken::lm::block_on;
 use nexttoken::model::Model;
 use nexttoken::sampling::SamplerConfig;
 use nexttoken::timing::bench_token;
@@ -209,7 +210,7 @@ fn profile(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
     let decodes = o.contexts.iter().map(|&ctx| (ctx.to_string(), ctx, 1));
     let prefills = o.prefill.iter().filter(|&&n| n > 8).map(|&n| (format!("prefill {n}"), 0, n));
     for (key, ctx, n) in decodes.chain(prefills) {
-        let Some(rows) = gm.profile_after(&ids(0, ctx + n), ctx)? else {
+        let Some(rows) = block_on(gm.profile_after_async(&ids(0, ctx + n), ctx))? else {
             return Ok(Value::Null);
         };
         out.insert(key, json!(rows));
@@ -239,13 +240,13 @@ fn gpu_step(gm: &GpuModel, o: &BenchOptions) -> Result<Value> {
         let mut s = fill(ctx)?;
         let mut total = Some(0.0);
         for i in 0..o.steps {
-            let t = gm.gpu_micros(&mut s, &ids(ctx + i, 1))?;
+            let t = block_on(gm.gpu_micros_async(&mut s, &ids(ctx + i, 1)))?;
             total = total.zip(t).map(|(a, b)| a + b);
         }
         micros.insert(ctx.to_string(), json!(total.map(|t| t / o.steps as f64)));
         let mut s = fill(ctx)?;
         let start = default_clock();
-        gm.forward_greedy_chain(&mut s, &ids(ctx, 1), o.steps)?;
+        block_on(gm.forward_greedy_chain_async(&mut s, &ids(ctx, 1), o.steps))?;
         chained.insert(ctx.to_string(), json!(per_second(o.steps, default_clock() - start)));
     }
     Ok(json!({"gpu_step_us": micros, "chained_decode_tok_s": chained}))

@@ -950,7 +950,12 @@ impl LanguageModel for CpuModel {
         Ok(())
     }
 
-    fn forward(&self, state: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+    async fn forward_async(
+        &self,
+        state: &mut KvCache,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>> {
         self.check_tokens(state.pos, tokens)?;
         let pass = || {
             self.forward_hidden(state, tokens);

@@ -297,6 +297,30 @@ impl<S: Clone> BeamSearch<S> {
         self.over
     }
 
+    /// Run every step of the search on `model` (the one driver of both the blocking
+    /// [`beam_search`] and the browser's awaited one); then [`tree`](BeamSearch::tree) and
+    /// [`finish`](BeamSearch::finish). Under a constraint each pass ranks among the tokens it
+    /// allows (on the GPU, in its top-k kernel).
+    pub async fn run_async<M: LanguageModel<State = S>>(&mut self, model: &M) -> Result<()> {
+        while let Some(tokens) = self.step_input() {
+            let k = self.top_k();
+            match self.allowed()? {
+                Some(allowed) => {
+                    let state = self.state_mut();
+                    let top = model
+                        .forward_top_allowed_async(state, &tokens, k, TOP_SHOWN, &allowed)
+                        .await?;
+                    self.step_output_allowed(top)?;
+                }
+                None => {
+                    let top = model.forward_top_async(self.state_mut(), &tokens, k).await?;
+                    self.step_output(top)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Up to `beams` hypotheses, finished or not, best score first. Called before the search is
     /// over (an aborted search), it ranks what it has, live hypotheses as unfinished.
     pub fn finish(self) -> Vec<Beam> {
@@ -528,25 +552,7 @@ pub fn beam_search_constrained<M: LanguageModel>(
     if let Some((vocab, spec)) = constraint {
         search = search.with_constraint(vocab, spec)?;
     }
-    while let Some(tokens) = search.step_input() {
-        let k = search.top_k();
-        match search.allowed()? {
-            Some(allowed) => {
-                let top = model.forward_top_allowed(
-                    search.state_mut(),
-                    &tokens,
-                    k,
-                    TOP_SHOWN,
-                    &allowed,
-                )?;
-                search.step_output_allowed(top)?;
-            }
-            None => {
-                let top = model.forward_top(search.state_mut(), &tokens, k)?;
-                search.step_output(top)?;
-            }
-        }
-    }
+    crate::lm::block_on(search.run_async(model))?;
     Ok(search.finish())
 }
 

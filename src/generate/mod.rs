@@ -26,7 +26,7 @@ pub use beam::{
     beam_search, beam_search_constrained, replay, Beam, BeamNode, BeamOptions, BeamReplay,
     BeamSearch, BeamToken,
 };
-pub use score::{continuation_ids, score, Score, Scoring};
+pub use score::{continuation_ids, score, score_async, Score, Scoring};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -463,10 +463,12 @@ where
 
     /// The next token, or `None` once generation has stopped (see [`stop_reason`]). The first
     /// call runs the whole prompt through the model in one forward pass (prefill); each later
-    /// call feeds the previous token (one-token forward pass) and samples the next.
+    /// call feeds the previous token (one-token forward pass) and samples the next. Where the
+    /// model ranks on its device (the GPU's top-k kernel) and the sampler needs only the top
+    /// tokens, only those come back; under a constraint, among the tokens it allows.
     ///
     /// [`stop_reason`]: Generation::stop_reason
-    pub fn step(&mut self) -> Result<Option<TokenEvent>> {
+    pub async fn step_async(&mut self) -> Result<Option<TokenEvent>> {
         let Some(tokens) = self.step_input() else {
             return Ok(None);
         };
@@ -478,15 +480,21 @@ where
             if let Some(c) = self.constraint.as_mut() {
                 let allowed = c.allowed()?;
                 let shown = self.shown_needed();
-                let top =
-                    model.forward_top_allowed(&mut self.state, &tokens, k, shown, &allowed)?;
+                let top = model
+                    .forward_top_allowed_async(&mut self.state, &tokens, k, shown, &allowed)
+                    .await?;
                 return self.step_output_allowed(top).map(Some);
             }
-            let top = model.forward_top(&mut self.state, &tokens, k)?;
+            let top = model.forward_top_async(&mut self.state, &tokens, k).await?;
             return self.step_output_top(top).map(Some);
         }
-        let logits = model.forward(&mut self.state, &tokens, false)?;
+        let logits = model.forward_async(&mut self.state, &tokens, false).await?;
         self.step_output(logits).map(Some)
+    }
+
+    /// [`step_async`](Generation::step_async), run to its end on this thread.
+    pub fn step(&mut self) -> Result<Option<TokenEvent>> {
+        crate::lm::block_on(self.step_async())
     }
 
     /// [`step`](Generation::step) in parts, for a model whose forward pass must be awaited (WebGPU

@@ -1,8 +1,8 @@
 //! Scoring: the chain rule, P(sequence) = Π P(token | prefix), computed as a sum of logs.
 //!
 //! [`Scoring`] takes the sequence through the model in chunks with logits at every position, so
-//! a model whose forward pass must be awaited (WebGPU) can score, and long texts need not read
-//! back every position's logits at once; [`score`] drives it in one chunk.
+//! long texts need not read back every position's logits at once; [`score_async`] drives it
+//! (and [`score`] blocks on that).
 
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
@@ -126,15 +126,21 @@ impl<S> Scoring<S> {
     }
 }
 
-/// Score `ids` with one forward pass that returns logits at every position. `ids[0]` is the
-/// context start (usually BOS) and is not scored; each later token is scored given all before it.
-pub fn score<M: LanguageModel>(model: &M, ids: &[u32]) -> Result<Score> {
-    let mut scoring = Scoring::new(model, ids, ids.len())?;
+/// Score `ids`: `ids[0]` is the context start (usually BOS) and is not scored; each later token
+/// is scored given all before it. The model's forward passes return logits at every position,
+/// [`LanguageModel::score_chunk`] tokens at a time (one pass on the CPU).
+pub async fn score_async<M: LanguageModel>(model: &M, ids: &[u32]) -> Result<Score> {
+    let mut scoring = Scoring::new(model, ids, model.score_chunk())?;
     while let Some(tokens) = scoring.step_input() {
-        let logits = model.forward(scoring.state_mut(), &tokens, true)?;
+        let logits = model.forward_async(scoring.state_mut(), &tokens, true).await?;
         scoring.step_output(&logits)?;
     }
     Ok(scoring.finish())
+}
+
+/// [`score_async`], run to its end on this thread.
+pub fn score<M: LanguageModel>(model: &M, ids: &[u32]) -> Result<Score> {
+    crate::lm::block_on(score_async(model, ids))
 }
 
 /// The ids to score `text` as the continuation of `prefix`, and how many of them are the

@@ -170,7 +170,7 @@ impl GpuContext {
     /// Blocking version of [`GpuContext::new_async`] (native only; the browser must await).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Arc<GpuContext>> {
-        pollster::block_on(GpuContext::new_async())
+        crate::lm::block_on(GpuContext::new_async())
     }
 
     /// Largest buffer one storage binding may cover, in bytes (a multiple of 4).

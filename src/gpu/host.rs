@@ -59,7 +59,7 @@ pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> 
         enc.copy_buffer_to_buffer(buf, 0, &rb, 0, n as u64 * 4);
     }
     ctx.queue.submit([enc.finish()]);
-    let bytes = pollster::block_on(ctx.read_buffer(&rb))?;
+    let bytes = crate::lm::block_on(ctx.read_buffer(&rb))?;
     // A kernel that failed to compile or a dispatch that failed validation left `buf` as it
     // was: say so rather than return it.
     if let Some(e) = ctx.take_uncaptured_error() {

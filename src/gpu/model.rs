@@ -413,7 +413,7 @@ impl GpuModel {
     /// Open the GPU and upload `model` (native; blocks).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(model: Model) -> Result<GpuModel> {
-        pollster::block_on(async {
+        crate::lm::block_on(async {
             GpuModel::with_context(GpuContext::new_async().await?, model).await
         })
     }
@@ -742,17 +742,6 @@ impl GpuModel {
         self.model.config.check_tokens(pos, tokens, self.max_seq)
     }
 
-    /// [`LanguageModel::forward`], awaitable (the only way in the browser).
-    pub async fn forward_async(
-        &self,
-        state: &mut GpuState,
-        tokens: &[u32],
-        all_logits: bool,
-    ) -> Result<Vec<f32>> {
-        let bytes = self.run(state, tokens, Output::Logits { all: all_logits }).await?;
-        Ok(words(&bytes).map(f32::from_bits).collect())
-    }
-
     /// Append `tokens` and return the `k` (1..=64, at most the vocabulary) most likely next
     /// tokens with the log-sum-exp of all logits, chosen on the GPU: only these come back.
     pub async fn forward_topk_async(
@@ -776,7 +765,7 @@ impl GpuModel {
     /// tokens of `allowed` (its bits uploaded with the step and applied in the top-k kernel) and
     /// the `shown` (1..=64) most likely of all, with the log-sum-exp of all the logits. Only
     /// these pairs come back (`(2 + 2k) + (2 + 2 shown)` words).
-    pub async fn forward_top_allowed_async(
+    pub async fn forward_topk_allowed_async(
         &self,
         state: &mut GpuState,
         tokens: &[u32],
@@ -812,19 +801,6 @@ impl GpuModel {
         Ok(AllowedTop { allowed, all })
     }
 
-    /// Blocking [`GpuModel::forward_top_allowed_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_top_allowed_blocking(
-        &self,
-        state: &mut GpuState,
-        tokens: &[u32],
-        k: usize,
-        shown: usize,
-        allowed: &AllowedSet,
-    ) -> Result<AllowedTop> {
-        pollster::block_on(self.forward_top_allowed_async(state, tokens, k, shown, allowed))
-    }
-
     /// Append `tokens` and return the most likely next token (the argmax of the logits, the
     /// smallest id among equals), chosen on the GPU: 4 bytes come back.
     pub async fn forward_greedy_async(&self, state: &mut GpuState, tokens: &[u32]) -> Result<u32> {
@@ -849,29 +825,6 @@ impl GpuModel {
         }
         let bytes = self.run(state, tokens, Output::Chain { steps }).await?;
         Ok(words(&bytes).collect())
-    }
-
-    /// Blocking [`GpuModel::forward_greedy_chain_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_greedy_chain(
-        &self,
-        state: &mut GpuState,
-        tokens: &[u32],
-        steps: usize,
-    ) -> Result<Vec<u32>> {
-        pollster::block_on(self.forward_greedy_chain_async(state, tokens, steps))
-    }
-
-    /// Blocking [`GpuModel::forward_topk_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_topk(&self, state: &mut GpuState, tokens: &[u32], k: usize) -> Result<TopK> {
-        pollster::block_on(self.forward_topk_async(state, tokens, k))
-    }
-
-    /// Blocking [`GpuModel::forward_greedy_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn forward_greedy(&self, state: &mut GpuState, tokens: &[u32]) -> Result<u32> {
-        pollster::block_on(self.forward_greedy_async(state, tokens))
     }
 
     /// One forward: record and submit under the runtime lock (no await in between, so the step
@@ -920,12 +873,6 @@ impl GpuModel {
         Ok(times.map(|t| t.iter().map(|d| d.micros).sum()))
     }
 
-    /// Blocking [`GpuModel::gpu_micros_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn gpu_micros(&self, state: &mut GpuState, tokens: &[u32]) -> Result<Option<f64>> {
-        pollster::block_on(self.gpu_micros_async(state, tokens))
-    }
-
     /// Per kernel family, the times of a forward pass of `ids[context..]` (one token: a decode
     /// step; more: a prefill) after `ids[..context]` fill a fresh cache (in passes of up to 256
     /// tokens, untimed); `None` when the device has no timestamp queries. What `bench --profile`
@@ -941,22 +888,6 @@ impl GpuModel {
         }
         let times = self.profile_async(&mut state, &ids[context..]).await?;
         Ok(times.map(|t| by_family(&t)))
-    }
-
-    /// Blocking [`GpuModel::profile_after_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn profile_after(&self, ids: &[u32], context: usize) -> Result<Option<Vec<FamilyTime>>> {
-        pollster::block_on(self.profile_after_async(ids, context))
-    }
-
-    /// Blocking [`GpuModel::profile_async`] (native only).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn profile(
-        &self,
-        state: &mut GpuState,
-        tokens: &[u32],
-    ) -> Result<Option<Vec<DispatchTime>>> {
-        pollster::block_on(self.profile_async(state, tokens))
     }
 
     async fn run_profiled(
@@ -1402,30 +1333,34 @@ impl LanguageModel for GpuModel {
         Ok(())
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
-    fn forward(&self, state: &mut GpuState, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
-        pollster::block_on(self.forward_async(state, tokens, all_logits))
+    async fn forward_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<f32>> {
+        let bytes = self.run(state, tokens, Output::Logits { all: all_logits }).await?;
+        Ok(words(&bytes).map(f32::from_bits).collect())
     }
 
-    /// Top-k on the GPU, so only k (id, logit) pairs and the log-sum-exp come back (beam search).
-    #[cfg(not(target_arch = "wasm32"))]
-    fn forward_top(&self, state: &mut GpuState, tokens: &[u32], k: usize) -> Result<TopK> {
+    /// Top-k on the GPU, so only k (id, logit) pairs and the log-sum-exp come back; past the
+    /// kernel's k, from the whole row.
+    async fn forward_top_async(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<TopK> {
         if (1..=MAX_TOP_K).contains(&k) {
-            self.forward_topk(state, tokens, k)
+            self.forward_topk_async(state, tokens, k).await
         } else {
-            Ok(TopK::from_logits(&self.forward(state, tokens, false)?, k))
+            Ok(TopK::from_logits(&self.forward_async(state, tokens, false).await?, k))
         }
-    }
-
-    /// The top-k kernel: a greedy or top-k step reads back only the picks.
-    fn top_on_device(&self) -> Option<usize> {
-        Some(MAX_TOP_K)
     }
 
     /// The masked top-k kernel: a constrained step uploads its allowed set and reads back only
     /// the picks.
-    #[cfg(not(target_arch = "wasm32"))]
-    fn forward_top_allowed(
+    async fn forward_top_allowed_async(
         &self,
         state: &mut GpuState,
         tokens: &[u32],
@@ -1434,21 +1369,25 @@ impl LanguageModel for GpuModel {
         allowed: &AllowedSet,
     ) -> Result<AllowedTop> {
         if (1..=MAX_TOP_K).contains(&k) && (1..=MAX_TOP_K).contains(&shown) {
-            self.forward_top_allowed_blocking(state, tokens, k, shown, allowed)
+            self.forward_topk_allowed_async(state, tokens, k, shown, allowed).await
         } else {
-            let logits = self.forward(state, tokens, false)?;
+            let logits = self.forward_async(state, tokens, false).await?;
             Ok(AllowedTop::from_logits(&logits, k, shown, allowed))
         }
     }
 
-    /// The browser cannot block on the GPU: use [`GpuModel::forward_async`].
-    #[cfg(target_arch = "wasm32")]
-    fn forward(
-        &self,
-        _state: &mut GpuState,
-        _tokens: &[u32],
-        _all_logits: bool,
-    ) -> Result<Vec<f32>> {
-        Err(gpu_err("in the browser the GPU model runs through forward_async"))
+    /// The top-k kernel: a greedy or top-k step reads back only the picks.
+    fn top_on_device(&self) -> Option<usize> {
+        Some(MAX_TOP_K)
+    }
+
+    /// One batch: the read-back stays at 64 rows of logits however long the text.
+    fn score_chunk(&self) -> usize {
+        64
+    }
+
+    /// The GPU's passes wait for the device.
+    fn answers_at_once(&self) -> bool {
+        false
     }
 }

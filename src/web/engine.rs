@@ -9,7 +9,7 @@ use std::cell::RefCell;
 
 use super::js::{self, ChatOptions, GenOptions, InfoOut, LoadOptions};
 use super::js_err;
-use super::session::{self, start_after, Backend, Session, Slot};
+use super::session::{start_after, Backend, Session, Slot};
 use crate::backend::{self, software_adapter};
 use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
@@ -368,7 +368,7 @@ fn score_promise<M: Backend>(
                 None => (prompt_ids(model.bos_token(), &*vocab, &text)?, 1),
                 Some(prefix) => continuation_ids(model.bos_token(), &*vocab, prefix, &text)?,
             };
-            let score = session::score(&*model, &ids).await?;
+            let score = crate::generate::score_async(&*model, &ids).await?;
             // Token i + 1 is scored by token_logprobs[i]: keep those of the continuation, with
             // the last token of the context before them (unscored), as `score_out` expects.
             let mine = Score::from_logprobs(score.token_logprobs[context - 1..].to_vec());

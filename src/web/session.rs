@@ -1,10 +1,10 @@
 //! Sessions: a generation or a beam search stepped from JS, on whichever backend is loaded.
-//! The library's step-wise drivers run here with the forward pass awaited, which is what lets
-//! the WebGPU model run them (the CPU and table models answer at once).
+//! The library's drivers (`Generation::step_async`, `BeamSearch::run_async`) run here awaited,
+//! which is what lets the WebGPU model run them (the CPU and table models answer at once, so
+//! `nextSync` may step them).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::future::Future;
 use std::rc::Rc;
 
 use wasm_bindgen::prelude::*;
@@ -12,54 +12,16 @@ use wasm_bindgen::prelude::*;
 use super::js::{self, GenOptions};
 use super::{clock, js_err};
 use crate::chat::{reuse_prefix, Message};
-use crate::constraint::AllowedSet;
 use crate::cpu::CpuModel;
-use crate::generate::{
-    self, BeamNode, BeamSearch, Generation, GenerationSummary, Score, Scoring, TokenEvent,
-};
-use crate::gpu::kernels::MAX_TOP_K;
+use crate::generate::{self, BeamNode, BeamSearch, Generation, GenerationSummary, TokenEvent};
 use crate::gpu::GpuModel;
-use crate::lm::{AllowedTop, TopK};
 use crate::table::TableModel;
 use crate::{Error, LanguageModel, Result, Vocab};
 
-/// A model as the browser runs it: its forward passes awaited.
+/// A model the browser runs: its name in results, and its session variant.
 pub(super) trait Backend: LanguageModel + Sized + 'static {
     /// Reported with every result: "table", "cpu" or "webgpu".
     const NAME: &'static str;
-    /// Whether the forward pass answers at once (so `nextSync` may step it).
-    const IMMEDIATE: bool = true;
-    /// Most tokens scored per forward pass (each returns a row of logits per token).
-    const SCORE_CHUNK: usize = usize::MAX;
-
-    async fn forward_awaited(
-        &self,
-        state: &mut Self::State,
-        tokens: &[u32],
-        all_logits: bool,
-    ) -> Result<Vec<f32>> {
-        self.forward(state, tokens, all_logits)
-    }
-
-    async fn forward_top_awaited(
-        &self,
-        state: &mut Self::State,
-        tokens: &[u32],
-        k: usize,
-    ) -> Result<TopK> {
-        self.forward_top(state, tokens, k)
-    }
-
-    async fn forward_top_allowed_awaited(
-        &self,
-        state: &mut Self::State,
-        tokens: &[u32],
-        k: usize,
-        shown: usize,
-        allowed: &AllowedSet,
-    ) -> Result<AllowedTop> {
-        self.forward_top_allowed(state, tokens, k, shown, allowed)
-    }
 
     /// The session enum's variant for this backend, and back.
     fn wrap(stepper: Stepper<Self>) -> Gen;
@@ -93,69 +55,7 @@ impl Backend for CpuModel {
 
 impl Backend for GpuModel {
     const NAME: &'static str = "webgpu";
-    const IMMEDIATE: bool = false;
-    /// One GPU batch: the read-back stays at 64 rows of logits however long the text.
-    const SCORE_CHUNK: usize = 64;
     variant!(Gpu);
-
-    async fn forward_awaited(
-        &self,
-        state: &mut Self::State,
-        tokens: &[u32],
-        all_logits: bool,
-    ) -> Result<Vec<f32>> {
-        self.forward_async(state, tokens, all_logits).await
-    }
-
-    /// Ranked on the GPU, so only k pairs come back; past the kernel's k, from the whole row.
-    async fn forward_top_awaited(
-        &self,
-        state: &mut Self::State,
-        tokens: &[u32],
-        k: usize,
-    ) -> Result<TopK> {
-        if k <= MAX_TOP_K {
-            self.forward_topk_async(state, tokens, k).await
-        } else {
-            Ok(TopK::from_logits(&self.forward_async(state, tokens, false).await?, k))
-        }
-    }
-
-    /// The allowed set applied in the top-k kernel, so only the pairs come back.
-    async fn forward_top_allowed_awaited(
-        &self,
-        state: &mut Self::State,
-        tokens: &[u32],
-        k: usize,
-        shown: usize,
-        allowed: &AllowedSet,
-    ) -> Result<AllowedTop> {
-        if k <= MAX_TOP_K && shown <= MAX_TOP_K {
-            self.forward_top_allowed_async(state, tokens, k, shown, allowed).await
-        } else {
-            let logits = self.forward_async(state, tokens, false).await?;
-            Ok(AllowedTop::from_logits(&logits, k, shown, allowed))
-        }
-    }
-}
-
-/// [`generate::score`] with the forward passes awaited.
-pub(super) async fn score<M: Backend>(model: &M, ids: &[u32]) -> Result<Score> {
-    let mut scoring = Scoring::new(model, ids, M::SCORE_CHUNK)?;
-    while let Some(tokens) = scoring.step_input() {
-        let logits = model.forward_awaited(scoring.state_mut(), &tokens, true).await?;
-        scoring.step_output(&logits)?;
-    }
-    Ok(scoring.finish())
-}
-
-/// The result of a future that never waits (an [`Backend::IMMEDIATE`] model's steps).
-fn immediate<T>(future: impl Future<Output = T>) -> T {
-    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::pin::pin!(future).poll(&mut context) {
-        std::task::Poll::Ready(value) => value,
-        std::task::Poll::Pending => unreachable!("an immediate model's forward pass waited"),
-    }
 }
 
 type Owned<M> = Generation<'static, M, Rc<M>, Rc<dyn Vocab>>;
@@ -179,9 +79,8 @@ pub(super) fn start_after<M: Backend>(
 
 /// What a session steps.
 pub(super) enum Stepper<M: Backend> {
-    /// Sampling, one forward pass per token. The model is held beside the generation so its
-    /// forward pass can run on the generation's state.
-    Sample(Box<Owned<M>>, Rc<M>),
+    /// Sampling, one forward pass per token.
+    Sample(Box<Owned<M>>),
     /// A beam search, run whole on the first step, then its best beam replayed token by token.
     Beam(BeamRun<M>),
 }
@@ -248,16 +147,23 @@ impl<M: Backend> Stepper<M> {
                     gen_opts,
                     clock,
                 )?;
-                Stepper::Sample(Box::new(generation), model.clone())
+                Stepper::Sample(Box::new(generation))
             }
         })
+    }
+
+    fn model(&self) -> &M {
+        match self {
+            Stepper::Sample(generation) => generation.model(),
+            Stepper::Beam(run) => &run.model,
+        }
     }
 
     /// What a sampling run leaves for the next session: its state and the ids it holds. (A
     /// beam search keeps no single state.)
     fn into_cache(self) -> Option<Cache<M>> {
         match self {
-            Stepper::Sample(generation, _) => {
+            Stepper::Sample(generation) => {
                 let held = generation.held_ids().to_vec();
                 Some((generation.into_state(), held))
             }
@@ -267,30 +173,7 @@ impl<M: Backend> Stepper<M> {
 
     async fn next(&mut self) -> Result<Option<TokenEvent>> {
         match self {
-            Stepper::Sample(generation, model) => {
-                let Some(tokens) = generation.step_input() else {
-                    return Ok(None);
-                };
-                if tokens.is_empty() {
-                    return generation.step_output(Vec::new()).map(Some);
-                }
-                // Greedy or top-k on WebGPU: the GPU ranks, only the picks come back (under a
-                // constraint, among the allowed tokens: the set is uploaded with the step).
-                if let Some(k) = model.top_on_device().and_then(|l| generation.top_needed(l)) {
-                    if let Some(allowed) = generation.allowed()? {
-                        let shown = generation.shown_needed();
-                        let state = generation.state_mut();
-                        let top = model
-                            .forward_top_allowed_awaited(state, &tokens, k, shown, &allowed)
-                            .await?;
-                        return generation.step_output_allowed(top).map(Some);
-                    }
-                    let top = model.forward_top_awaited(generation.state_mut(), &tokens, k).await?;
-                    return generation.step_output_top(top).map(Some);
-                }
-                let logits = model.forward_awaited(generation.state_mut(), &tokens, false).await?;
-                generation.step_output(logits).map(Some)
-            }
+            Stepper::Sample(generation) => generation.step_async().await,
             Stepper::Beam(run) => {
                 if run.aborted {
                     return Ok(None);
@@ -305,7 +188,7 @@ impl<M: Backend> Stepper<M> {
 
     fn abort(&mut self) {
         match self {
-            Stepper::Sample(generation, _) => generation.abort(),
+            Stepper::Sample(generation) => generation.abort(),
             Stepper::Beam(run) => {
                 run.aborted = true;
                 let summary = run.summary.get_or_insert_with(|| GenerationSummary {
@@ -326,7 +209,7 @@ impl<M: Backend> Stepper<M> {
     /// The totals once stopped.
     fn summary(&self) -> Option<GenerationSummary> {
         match self {
-            Stepper::Sample(generation, _) => generation.summary(),
+            Stepper::Sample(generation) => generation.summary(),
             Stepper::Beam(run) => {
                 let over = run.aborted || (run.search.is_none() && run.events.is_empty());
                 over.then(|| run.summary.clone()).flatten()
@@ -339,25 +222,7 @@ impl<M: Backend> BeamRun<M> {
     async fn search_all(&mut self) -> Result<()> {
         let started = clock();
         let search = self.search.as_mut().expect("called while the search has not run");
-        while let Some(tokens) = search.step_input() {
-            let k = search.top_k();
-            match search.allowed()? {
-                Some(allowed) => {
-                    let state = search.state_mut();
-                    let shown = crate::sampling::TOP_SHOWN;
-                    let model = &self.model;
-                    let top = model
-                        .forward_top_allowed_awaited(state, &tokens, k, shown, &allowed)
-                        .await?;
-                    search.step_output_allowed(top)?;
-                }
-                None => {
-                    let top =
-                        self.model.forward_top_awaited(search.state_mut(), &tokens, k).await?;
-                    search.step_output(top)?;
-                }
-            }
-        }
+        search.run_async(&*self.model).await?;
         let search = self.search.take().expect("checked above");
         self.tree = search.tree().to_vec();
         let beams = search.finish();
@@ -404,13 +269,13 @@ impl Gen {
 
     fn next_now(&mut self) -> Result<Option<TokenEvent>> {
         each!(self, s, M => {
-            if !M::IMMEDIATE {
+            if !s.model().answers_at_once() {
                 return Err(Error::Input(format!(
                     "a {} generation steps asynchronously: use next()",
                     M::NAME
                 )));
             }
-            immediate(s.next())
+            crate::lm::block_on(s.next())
         })
     }
 
@@ -425,7 +290,7 @@ impl Gen {
     /// A constrained sampling run's time on its constraint.
     fn constraint_time(&self) -> Option<js::ConstraintTimeOut> {
         each!(self, s, _M => match s {
-            Stepper::Sample(g, _) if g.is_constrained() => {
+            Stepper::Sample(g) if g.is_constrained() => {
                 let (steps_ms, steps) = g.constraint_time();
                 Some(js::ConstraintTimeOut { build_ms: g.constraint_build_ms(), steps_ms, steps })
             }

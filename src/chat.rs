@@ -460,6 +460,18 @@ pub enum Overflow {
     DropOldest { reply_room: usize },
 }
 
+impl Overflow {
+    /// The front ends' rule: with `drop_oldest`, keep room for a whole reply of `max_tokens`,
+    /// but never more than half the `context` (a conversation must keep some of its past).
+    pub fn for_reply(drop_oldest: bool, max_tokens: usize, context: usize) -> Overflow {
+        if drop_oldest {
+            Overflow::DropOldest { reply_room: max_tokens.min(context / 2) }
+        } else {
+            Overflow::Error
+        }
+    }
+}
+
 /// What a turn's prompt cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TurnStats {

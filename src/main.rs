@@ -635,14 +635,8 @@ fn chat_with<M: LanguageModel>(
     args: &ChatArgs,
     template: ChatTemplate,
 ) -> Result<()> {
-    let overflow = if args.drop_oldest {
-        // Room for a whole reply, but never more than half the context.
-        Overflow::DropOldest {
-            reply_room: args.sampling.max_tokens.min(model.context_length() / 2),
-        }
-    } else {
-        Overflow::Error
-    };
+    let overflow =
+        Overflow::for_reply(args.drop_oldest, args.sampling.max_tokens, model.context_length());
     let mut chat: Chat<M::State> =
         Chat::new(template, args.system.as_deref()).with_overflow(overflow);
     let mut out = Lines::new(std::io::stdout().lock());

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use super::js::{self, ChatOptions, GenOptions, InfoOut, LoadOptions};
 use super::js_err;
 use super::session::{start_after, Backend, Session, Slot};
-use crate::backend::{self, software_adapter};
+use crate::backend::{self, software_adapter, BackendRequest};
 use crate::chat::{fit_prompt, ChatTemplate, Overflow};
 use crate::cpu::{kernels::Isa, CpuModel, Precision};
 use crate::generate::{continuation_ids, prompt_ids, Score};
@@ -94,13 +94,19 @@ impl BackendChoice {
     /// GPU, `Engine.autoVerdict` checks it and times both backends).
     pub async fn choose(options: JsValue) -> Result<BackendChoice, JsError> {
         let opts = LoadOptions::parse(options)?;
-        let backend = opts.backend.as_deref().unwrap_or("auto");
+        let request: BackendRequest = match &opts.backend {
+            Some(name) => {
+                name.parse().map_err(|e: Error| JsError::new(&format!("load options: {e}")))?
+            }
+            None => BackendRequest::Auto,
+        };
+        let auto = request == BackendRequest::Auto;
         let cpu = |why: String| BackendChoice { gpu: None, cpu_why: why, fallback: false };
-        match backend {
-            "cpu" => Ok(cpu("CPU backend chosen".into())),
-            "gpu" | "auto" => match webgpu().await {
+        match request {
+            BackendRequest::Cpu => Ok(cpu("CPU backend chosen".into())),
+            BackendRequest::Gpu | BackendRequest::Auto => match webgpu().await {
                 Ok(ctx)
-                    if backend == "auto"
+                    if auto
                         && !opts.allow_software_gpu
                         && software_adapter(&ctx.info).is_some() =>
                 {
@@ -109,17 +115,12 @@ impl BackendChoice {
                         "auto: {why}, slower than the CPU path; backend \"gpu\" forces WebGPU"
                     )))
                 }
-                Ok(ctx) => Ok(BackendChoice {
-                    gpu: Some(ctx),
-                    cpu_why: String::new(),
-                    fallback: backend == "auto",
-                }),
-                Err(e) if backend == "gpu" => Err(JsError::new(&e)),
+                Ok(ctx) => {
+                    Ok(BackendChoice { gpu: Some(ctx), cpu_why: String::new(), fallback: auto })
+                }
+                Err(e) if !auto => Err(JsError::new(&e)),
                 Err(e) => Ok(cpu(format!("{e}; running on the CPU"))),
             },
-            other => Err(JsError::new(&format!(
-                "load options: backend must be \"auto\", \"gpu\" or \"cpu\", not {other:?}"
-            ))),
         }
     }
 
@@ -673,12 +674,9 @@ impl Engine {
         let mut messages = js::messages(messages)?;
         let opts = GenOptions::parse(options.clone())?;
         let context = self.context_length();
-        let overflow = match ChatOptions::parse(options)?.drop_oldest {
-            true => Overflow::DropOldest {
-                reply_room: opts.generate_options().max_tokens.min(context / 2),
-            },
-            false => Overflow::Error,
-        };
+        let drop_oldest = ChatOptions::parse(options)?.drop_oldest;
+        let overflow =
+            Overflow::for_reply(drop_oldest, opts.generate_options().max_tokens, context);
         let vocab = self.vocab();
         let (ids, _) = fit_prompt(template, &*vocab, self.bos(), &mut messages, context, overflow)
             .map_err(js_err)?;

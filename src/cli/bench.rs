@@ -60,7 +60,7 @@ pub struct BenchOptions {
     /// --regex or --grammar) and report the constraint's cost per decode step as a share of
     /// the step.
     #[command(flatten)]
-    pub constraint: crate::ConstraintArgs,
+    pub constraint: super::generate::ConstraintArgs,
     /// The tokenizer a constraint reads (default: the GGUF's own).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -332,7 +332,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["note"] = json!("readback is the full logits row (the LanguageModel API); forward_greedy reads 4 bytes, forward_topk 8k+8");
             r
         } else {
-            let threads = crate::cpu_threads(o.threads)?;
+            let threads = super::load::cpu_threads(o.threads)?;
             let precision = if o.exact { Precision::Exact } else { Precision::Fast };
             let mut cm = CpuModel::new(model)
                 .with_precision(precision)

@@ -1,4 +1,11 @@
-//! Command-line-only modules (`main.rs` is the argument glue).
+//! The command line, one module per subcommand (`main.rs` is the argument glue): `load` turns
+//! `--model`, `--tokenizer` and `--backend` into a model any subcommand runs (`DynModel`);
+//! `generate` also holds the sampling and structured-output options `chat` and `bench` share.
 
 pub mod bench;
+pub mod chat;
+pub mod generate;
+pub mod info;
+pub mod load;
+pub mod score;
 pub mod synth;

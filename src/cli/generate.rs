@@ -1,0 +1,296 @@
+//! `nexttoken generate`: the prompt, then its continuation streamed token by token (or the
+//! best beam), as text or `--json` lines; the sampling, stopping and structured-output options
+//! `chat` shares.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+
+use nexttoken::constraint::ConstraintSpec;
+use nexttoken::generate::{
+    self, prompt_ids, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason,
+};
+use nexttoken::sampling::SamplerConfig;
+use nexttoken::{Error, LanguageModel, Result, Vocab};
+
+use super::load::{read_text, ModelArgs};
+
+#[derive(Args)]
+pub(crate) struct GenerateArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    #[arg(long, default_value = "")]
+    pub(crate) prompt: String,
+    #[command(flatten)]
+    pub(crate) sampling: SamplingArgs,
+    /// Beam search with this many beams (1 = off); the best beam is printed.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) beams: usize,
+    /// Divide a beam's log P by its length when ranking beams.
+    #[arg(long)]
+    pub(crate) length_normalise: bool,
+}
+
+/// The sampling and stopping options `generate` and `chat` share.
+#[derive(Args)]
+pub(crate) struct SamplingArgs {
+    #[arg(long, default_value_t = GenerateOptions::default().max_tokens)]
+    pub(crate) max_tokens: usize,
+    /// 0 means greedy (always the most likely token).
+    #[arg(long, default_value_t = SamplerConfig::default().temperature)]
+    pub(crate) temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = SamplerConfig::default().top_k)]
+    pub(crate) top_k: usize,
+    /// Keep the smallest set of tokens whose probabilities sum to P (1 = off).
+    #[arg(long, default_value_t = SamplerConfig::default().top_p)]
+    pub(crate) top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long, default_value_t = SamplerConfig::default().min_p)]
+    pub(crate) min_p: f32,
+    /// Penalise tokens seen in the last --repeat-window tokens (1 = off).
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_penalty)]
+    pub(crate) repeat_penalty: f32,
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_window)]
+    pub(crate) repeat_window: usize,
+    #[arg(long, default_value_t = SamplerConfig::default().seed)]
+    pub(crate) seed: u64,
+    /// Stop when the text contains this string (repeatable; not with a constraint).
+    #[arg(long = "stop")]
+    pub(crate) stop: Vec<String>,
+    #[command(flatten)]
+    pub(crate) constraint: ConstraintArgs,
+}
+
+/// Structured output: at most one of these. Only tokens that keep the output valid are sampled;
+/// output that runs out of --max-tokens (or context) before it is complete is an error.
+#[derive(Args, Clone)]
+#[group(multiple = false)]
+pub(crate) struct ConstraintArgs {
+    /// The output is one JSON value valid against the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json_schema: Option<PathBuf>,
+    /// The output is a JSON object (any keys and values).
+    #[arg(long)]
+    pub(crate) json_object: bool,
+    /// The whole output matches the regular expression RE (Rust regex syntax).
+    #[arg(long, value_name = "RE")]
+    pub(crate) regex: Option<String>,
+    /// The output is a sentence of the Lark-style grammar in FILE (llguidance's dialect: rules,
+    /// regex terminals, %import common, %json; generation starts at `start`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) grammar: Option<PathBuf>,
+}
+
+impl ConstraintArgs {
+    pub(crate) fn spec(&self) -> Result<Option<ConstraintSpec>> {
+        if let Some(path) = &self.json_schema {
+            let text = read_text(path, "JSON schema")?;
+            let schema = serde_json::from_str(&text).map_err(|e| {
+                Error::Constraint(format!("invalid JSON schema: {}: not JSON: {e}", path.display()))
+            })?;
+            return Ok(Some(ConstraintSpec::JsonSchema { schema }));
+        }
+        if self.json_object {
+            return Ok(Some(ConstraintSpec::JsonObject));
+        }
+        if let Some(pattern) = &self.regex {
+            return Ok(Some(ConstraintSpec::Regex { pattern: pattern.clone() }));
+        }
+        if let Some(path) = &self.grammar {
+            return Ok(Some(ConstraintSpec::Grammar { lark: read_text(path, "grammar")? }));
+        }
+        Ok(None)
+    }
+}
+
+/// An error for constrained output that ran out of tokens or context before it was complete
+/// (after it has been shown, so the user sees how far it got).
+pub(crate) fn check_complete(stop: StopReason, max_tokens: usize) -> Result<()> {
+    if stop == StopReason::Incomplete {
+        return Err(Error::Constraint(format!(
+            "the output does not match the constraint: --max-tokens {max_tokens} or the context \
+             ran out before it was complete, so it is not valid output"
+        )));
+    }
+    Ok(())
+}
+
+impl SamplingArgs {
+    pub(crate) fn options(&self) -> Result<GenerateOptions> {
+        Ok(GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampler: SamplerConfig {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_window: self.repeat_window,
+                seed: self.seed,
+                ..SamplerConfig::default()
+            },
+            stop_strings: self.stop.clone(),
+            constraint: self.constraint.spec()?,
+            ..GenerateOptions::default()
+        })
+    }
+}
+
+fn top_json(vocab: &dyn Vocab, top: &[(u32, f32)]) -> serde_json::Value {
+    top.iter().map(|&(id, p)| json!({"id": id, "token": vocab.token_text(id), "prob": p})).collect()
+}
+
+/// Stdout that remembers whether its last line is unfinished (streamed text), so that an error
+/// can end the line first instead of running into the text.
+pub(crate) struct Lines<W: Write> {
+    pub(crate) out: W,
+    pub(crate) open: bool,
+}
+
+impl<W: Write> Lines<W> {
+    pub(crate) fn new(out: W) -> Self {
+        Lines { out, open: false }
+    }
+
+    /// `result`, after ending an unfinished line if it is an error.
+    pub(crate) fn end_line_if_err<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() && self.open {
+            self.open = false;
+            let _ = writeln!(self.out).and_then(|()| self.out.flush());
+        }
+        result
+    }
+}
+
+impl<W: Write> Write for Lines<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        if n > 0 {
+            self.open = buf[n - 1] != b'\n';
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+pub(crate) fn generate_with<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    args: &GenerateArgs,
+) -> Result<()> {
+    let mut out = Lines::new(std::io::stdout().lock());
+    let result = generate_to(model, vocab, args, &mut out);
+    out.end_line_if_err(result)
+}
+
+fn generate_to<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    args: &GenerateArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    let ids = prompt_ids(model.bos_token(), vocab, &args.prompt)?;
+    let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
+
+    // 0 beams goes to the search too, which refuses it (it is not a quiet "1").
+    if args.beams != 1 {
+        let opts = BeamOptions {
+            beams: args.beams,
+            max_tokens: args.sampling.max_tokens,
+            length_normalise: args.length_normalise,
+        };
+        let spec = args.sampling.constraint.spec()?;
+        let constraint = spec.as_ref().map(|spec| (vocab, spec));
+        let beams = generate::beam_search_constrained(model, &ids, opts, constraint)?;
+        if args.model.json {
+            let list: Vec<_> = beams
+                .iter()
+                .map(|b| json!({"ids": b.ids, "text": continuation(vocab, &ids, &b.ids), "logprob": b.logprob, "score": b.score, "finished": b.finished, "stop_reason": format!("{:?}", b.stop_reason)}))
+                .collect();
+            writeln!(out, "{}", json!({"prompt_tokens": ids.len(), "beams": list}))
+                .map_err(write_err)?;
+        } else {
+            let best = beams
+                .first()
+                .ok_or_else(|| Error::Input("beam search found no continuation".into()))?;
+            writeln!(out, "{}{}", args.prompt, continuation(vocab, &ids, &best.ids))
+                .map_err(write_err)?;
+            eprintln!("beam log P = {:.4}, P = {:.4}", best.logprob, best.logprob.exp());
+        }
+        if let Some(best) = beams.first() {
+            check_complete(best.stop_reason, args.sampling.max_tokens)?;
+        }
+        return Ok(());
+    }
+
+    let opts = args.sampling.options()?;
+    if !args.model.json {
+        write!(out, "{}", args.prompt).map_err(write_err)?;
+        out.flush().map_err(write_err)?;
+    }
+    let mut generation = Generation::new(model, vocab, &ids, opts)?;
+    while let Some(ev) = generation.step()? {
+        if args.model.json {
+            let mut line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
+            if generation.is_constrained() {
+                line["removed"] = top_json(vocab, &ev.removed);
+            }
+            writeln!(out, "{line}").map_err(write_err)?;
+        } else {
+            write!(out, "{}", ev.text).map_err(write_err)?;
+        }
+        out.flush().map_err(write_err)?;
+    }
+    let s = generation.summary().expect("generation has stopped");
+    if args.model.json {
+        let summary = json!({
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "prefill_tok_s": s.prefill_tokens_per_second(),
+            "decode_tok_s": s.decode_tokens_per_second(),
+            "ttft_ms": s.ttft_ms,
+            "stop_reason": format!("{:?}", s.stop_reason),
+            "text": s.text,
+        });
+        writeln!(out, "{summary}").map_err(write_err)?;
+    } else {
+        writeln!(out).map_err(write_err)?;
+        eprintln!(
+            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s{}",
+            s.prompt_tokens,
+            s.generated_tokens,
+            s.prefill_tokens_per_second(),
+            s.decode_tokens_per_second(),
+            constrained_note(&generation, &s),
+        );
+    }
+    check_complete(s.stop_reason, args.sampling.max_tokens)
+}
+
+/// The constraint's share of the time and why generation stopped, for stderr.
+fn constrained_note<M: LanguageModel>(generation: &Generation<M>, s: &GenerationSummary) -> String {
+    if !generation.is_constrained() {
+        return String::new();
+    }
+    let (ms, steps) = generation.constraint_time();
+    format!(
+        "; constraint: built in {:.1} ms, then {:.2} ms per token; stop: {:?} ({})",
+        generation.constraint_build_ms(),
+        ms / steps.max(1) as f64,
+        s.stop_reason,
+        s.stop_reason.describe()
+    )
+}
+
+/// Text the generated ids add after the prompt (decoded together so joins come out right).
+pub(crate) fn continuation(vocab: &dyn Vocab, prompt: &[u32], generated: &[u32]) -> String {
+    let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
+    let full = vocab.decode(&all);
+    let head = vocab.decode(prompt);
+    full.strip_prefix(&head).map(str::to_owned).unwrap_or_else(|| vocab.decode(generated))
+}

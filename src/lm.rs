@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::constraint::{AllowedSet, ConstraintVocab};
 use crate::error::{Error, Result};
-use crate::sampling::{logsumexp, top_n};
+pub use crate::sampling::{AllowedTop, TopK};
 
 /// A model of P(x_t | x_<t): given the tokens so far (held in `State`), the logits of the next.
 ///
@@ -163,51 +163,6 @@ pub fn check_truncate(held: usize, len: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The k most likely next tokens, with the log-sum-exp of all the logits: the probability of
-/// `ids[i]` under the full softmax is `exp(logits[i] - logsumexp)`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TopK {
-    /// Best first; ties broken by smaller id.
-    pub ids: Vec<u32>,
-    pub logits: Vec<f32>,
-    /// f64: on the CPU it is summed in f64, and beam search adds many of these up.
-    pub logsumexp: f64,
-}
-
-impl TopK {
-    /// The `k` best of one row of logits (fewer when the row is shorter; NaNs never ranked).
-    pub fn from_logits(logits: &[f32], k: usize) -> TopK {
-        let (ids, top_logits) = top_n(logits, k).into_iter().unzip();
-        TopK { ids, logits: top_logits, logsumexp: logsumexp(logits) }
-    }
-
-    /// ln P(`ids[i]`) under the full softmax.
-    pub fn logprob(&self, i: usize) -> f64 {
-        self.logits[i] as f64 - self.logsumexp
-    }
-}
-
-/// What a constrained step ranks ([`LanguageModel::forward_top_allowed`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct AllowedTop {
-    /// The most likely tokens the constraint allows, best first (fewer when fewer are allowed).
-    pub allowed: TopK,
-    /// The most likely tokens of all, allowed or not: the model's own view.
-    pub all: TopK,
-}
-
-impl AllowedTop {
-    /// The `k` best allowed and the `shown` best of one row of logits.
-    pub fn from_logits(logits: &[f32], k: usize, shown: usize, allowed: &AllowedSet) -> AllowedTop {
-        let all = TopK::from_logits(logits, shown);
-        let (ids, top_logits) = top_n(&allowed.mask(logits), k)
-            .into_iter()
-            .filter(|&(_, logit)| logit > f32::NEG_INFINITY)
-            .unzip();
-        AllowedTop { allowed: TopK { ids, logits: top_logits, logsumexp: all.logsumexp }, all }
-    }
 }
 
 /// Turns text into token ids and back. Tokenizer-backed for transformers, word lists for tables.

@@ -14,7 +14,6 @@ use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo, Value};
 use crate::quant::GgmlType;
 use crate::tensor_names as names;
-use crate::tokenizer::SpecialTokens;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -905,4 +904,67 @@ fn read_rope(c: &Config, rope_freqs: Option<&[u8]>) -> Rope {
         })
         .collect();
     Rope { style: c.rope, inv_freq }
+}
+
+/// The special token ids a GGUF file names (`tokenizer.ggml.*_token_id`) and whether prompts
+/// start with BOS / end with EOS. A `tokenizer.json` leaves these empty: there the model file's
+/// metadata decides (`model::Config`, which reads them through [`SpecialTokens::from_gguf`] too).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// End of turn (chat models), which ends generation like EOS.
+    pub eot: Option<u32>,
+    pub pad: Option<u32>,
+    pub unk: Option<u32>,
+    /// Prompts start with `bos` (never true without one).
+    pub add_bos: bool,
+    /// Encoded texts end with `eos` (never true without one).
+    pub add_eos: bool,
+}
+
+impl SpecialTokens {
+    /// The ids and flags of `g`'s metadata; ids at or past `n_vocab` are ignored.
+    ///
+    /// Without `tokenizer.ggml.add_bos_token` the default is the architecture's (as the model
+    /// has always decided: Llama adds BOS, Qwen2 and GPT-2 do not), or for a file with no known
+    /// architecture llama.cpp's default for the tokenizer type (SentencePiece adds it, BPE not).
+    pub fn from_gguf(g: &Gguf, n_vocab: usize) -> SpecialTokens {
+        let id = |name: &str| {
+            g.get(&format!("tokenizer.ggml.{name}_token_id"))
+                .and_then(Value::as_u64)
+                .filter(|&v| v < n_vocab as u64)
+                .map(|v| v as u32)
+        };
+        let flag = |name: &str| {
+            g.get(&format!("tokenizer.ggml.add_{name}_token")).and_then(Value::as_bool)
+        };
+        let arch = g.get("general.architecture").and_then(Value::as_str);
+        let add_bos_default = match arch.and_then(|a| Arch::from_gguf_name(a).ok()) {
+            Some(arch) => arch.adds_bos_by_default(),
+            None => g.get("tokenizer.ggml.model").and_then(Value::as_str) == Some("llama"),
+        };
+        let (bos, eos) = (id("bos"), id("eos"));
+        SpecialTokens {
+            bos,
+            eos,
+            eot: id("eot"),
+            pad: id("padding"),
+            unk: id("unknown"),
+            add_bos: flag("bos").unwrap_or(add_bos_default) && bos.is_some(),
+            add_eos: flag("eos").unwrap_or(false) && eos.is_some(),
+        }
+    }
+
+    /// The token a prompt starts with: BOS when there is one and it is wanted.
+    pub fn prompt_start(&self) -> Option<u32> {
+        self.bos.filter(|_| self.add_bos)
+    }
+
+    /// The tokens that end generation: EOS and EOT, each once.
+    pub fn end_tokens(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.eos.into_iter().chain(self.eot).collect();
+        ids.dedup();
+        ids
+    }
 }

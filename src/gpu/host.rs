@@ -1,8 +1,9 @@
 //! Run one kernel on host data: upload, dispatch, read back. For the per-kernel tests against
 //! the CPU reference and for debugging; native only (it blocks).
 
-use super::context::{gpu_err, GpuContext};
-use super::kernels::{readback, storage, upload, Kernels, Pass};
+use super::context::GpuContext;
+pub use super::kernels::read;
+use super::kernels::{storage, upload, Kernels, Pass};
 use super::ops::{
     self, floats, step_words, AttentionShape, Columns, Fused, GpuTensor, Heads, KvBuffers, Lookup,
     NormOp, Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
@@ -48,27 +49,6 @@ impl Unfused {
             f16_tiles: false,
         }
     }
-}
-
-/// Copy the first `n` floats of `buf` back to the host (after everything submitted before).
-pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
-    let rb = readback(ctx, n as u64 * 4);
-    let mut enc =
-        ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") });
-    if n > 0 {
-        enc.copy_buffer_to_buffer(buf, 0, &rb, 0, n as u64 * 4);
-    }
-    ctx.queue.submit([enc.finish()]);
-    let bytes = crate::lm::block_on(ctx.read_buffer(&rb))?;
-    // A kernel that failed to compile or a dispatch that failed validation left `buf` as it
-    // was: say so rather than return it.
-    if let Some(e) = ctx.take_uncaptured_error() {
-        return Err(gpu_err(format!("a GPU command failed: {e}")));
-    }
-    Ok(bytes[..n * 4]
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
 }
 
 /// `y[t][r] = W[r] . x[t] (+ bias[r])` for `x.len() / cols` tokens; W is `rows` x `cols` of `ty`

@@ -803,3 +803,26 @@ pub fn readback(ctx: &GpuContext, bytes: u64) -> wgpu::Buffer {
         wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
     )
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+/// Copy the first `n` floats of `buf` back to the host (after everything submitted before;
+/// blocks: the host helpers, tests and benchmarks).
+pub fn read(ctx: &GpuContext, buf: &wgpu::Buffer, n: usize) -> crate::Result<Vec<f32>> {
+    let rb = readback(ctx, n as u64 * 4);
+    let mut enc =
+        ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") });
+    if n > 0 {
+        enc.copy_buffer_to_buffer(buf, 0, &rb, 0, n as u64 * 4);
+    }
+    ctx.queue.submit([enc.finish()]);
+    let bytes = crate::lm::block_on(ctx.read_buffer(&rb))?;
+    // A kernel that failed to compile or a dispatch that failed validation left `buf` as it
+    // was: say so rather than return it.
+    if let Some(e) = ctx.take_uncaptured_error() {
+        return Err(super::context::gpu_err(format!("a GPU command failed: {e}")));
+    }
+    Ok(bytes[..n * 4]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}

@@ -994,7 +994,7 @@ pub fn read_bandwidth(kernels: &super::kernels::Kernels, bytes: u64, reps: usize
         }
         let start = std::time::Instant::now();
         pass.submit();
-        super::host::read(ctx, &out, 1)?;
+        super::kernels::read(ctx, &out, 1)?;
         Ok(start.elapsed().as_secs_f64())
     };
     run(1)?;

@@ -23,6 +23,7 @@
 
 pub mod check;
 pub mod context;
+mod encode;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod host;
 pub mod kernels;

@@ -2,62 +2,52 @@
 //! allocated once, and each `forward` recorded into one command buffer and one submission. The
 //! model description (`crate::model`: norm, MLP, q/k/v layout, the RoPE table) decides what to
 //! compute, as for the CPU path in `crate::cpu`, which is this path's oracle.
+//!
+//! Three rooms: this file is the model and its state as callers see them (options, the forward
+//! passes, the GPU's own rankings, profiles); `stream.rs` makes it (the plan of buffers, the
+//! constructors, the bytes as they arrive); `encode.rs` records a pass.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
 use super::kernels::{
-    by_family, readback, BindCache, Binder, DispatchTime, FamilyTime, Kernel, Kernels, Pass, Tile,
-    Timestamps, Timing, MATVEC_TOKENS, MAX_HEAD_DIM, MAX_TOP_K,
+    by_family, readback, BindCache, Binder, DispatchTime, FamilyTime, Kernels, Timing, MAX_TOP_K,
 };
-use super::ops::{
-    self, floats, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup,
-    Matvec, NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, TiledOpts, Tokens, TopkBuffers,
-};
-use super::stream::{Dest, Filler, Pending};
+use super::ops::{self, GpuTensor};
 use crate::constraint::AllowedSet;
 use crate::error::{Error, Result};
 use crate::lm::AllowedTop;
 use crate::lm::LanguageModel;
 pub use crate::lm::TopK;
-use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, RopeStyle, Tensor, Weights};
-
-/// Most tokens one pass over the layers handles (longer prompts run in several, in one
-/// submission): large, because each pass reads every weight once and the tiled products need
-/// hundreds of workgroups (tokens / 64 of them per 64 rows) to fill a large GPU.
-const MAX_BATCH: usize = 512;
-/// Most rows of logits computed at once (a prefill that returns every token's logits computes
-/// them in pieces of this many, so the logits buffer stays small for large vocabularies).
-const MAX_LOGIT_ROWS: usize = 64;
+use crate::model::{Model, Weights};
 
 /// Activations for up to `batch` tokens, reused by every pass.
-struct Scratch {
+pub(super) struct Scratch {
     /// The residual stream.
-    x: wgpu::Buffer,
+    pub(super) x: wgpu::Buffer,
     /// Normed activations (prefill; decode norms inside the products).
-    h: wgpu::Buffer,
-    qkv: wgpu::Buffer,
-    q: wgpu::Buffer,
+    pub(super) h: wgpu::Buffer,
+    pub(super) qkv: wgpu::Buffer,
+    pub(super) q: wgpu::Buffer,
     /// Attention's per-chunk partial results.
-    chunks: wgpu::Buffer,
-    attn: wgpu::Buffer,
+    pub(super) chunks: wgpu::Buffer,
+    pub(super) attn: wgpu::Buffer,
     /// The MLP's hidden activations.
-    up: wgpu::Buffer,
+    pub(super) up: wgpu::Buffer,
     /// gate|up side by side (prefill).
-    gate_up: wgpu::Buffer,
-    logits: wgpu::Buffer,
+    pub(super) gate_up: wgpu::Buffer,
+    pub(super) logits: wgpu::Buffer,
     /// Zeros of n_embd: the bias of a LayerNorm that has none.
-    zeros: wgpu::Buffer,
+    pub(super) zeros: wgpu::Buffer,
     /// The KV cache binding of products that write none.
-    no_kv: wgpu::Buffer,
+    pub(super) no_kv: wgpu::Buffer,
 }
 
 /// A norm's weights (and LayerNorm's bias) as float offsets in the vectors buffer.
 #[derive(Clone, Copy)]
 pub(super) struct NormAt {
-    weight: usize,
-    bias: Option<usize>,
+    pub(super) weight: usize,
+    pub(super) bias: Option<usize>,
 }
 
 /// What the GPU adds to a layer's description: which products are packed into one buffer (so
@@ -65,114 +55,17 @@ pub(super) struct NormAt {
 pub(super) struct LayerPlan {
     /// The q|k|v products as (tensor, first row within q|k|v): one when packed or fused in the
     /// file, more when q, k and v differ in type.
-    qkv: Vec<(Arc<GpuTensor>, usize)>,
+    pub(super) qkv: Vec<(Arc<GpuTensor>, usize)>,
     /// gate|up packed in one buffer, for a gated MLP whose two weights share a type.
-    gate_up: Option<Arc<GpuTensor>>,
-    attn_norm: NormAt,
-    ffn_norm: NormAt,
+    pub(super) gate_up: Option<Arc<GpuTensor>>,
+    pub(super) attn_norm: NormAt,
+    pub(super) ffn_norm: NormAt,
     /// Biases: q|k|v side by side, the output projection, the MLP's up (and gate), down.
-    qkv_bias: Option<usize>,
-    attn_output_bias: Option<usize>,
-    up_bias: Option<usize>,
-    gate_bias: Option<usize>,
-    down_bias: Option<usize>,
-}
-
-/// The weights' GPU buffers, each tensor given one once (a tied output projection shares its
-/// embedding's buffer), keyed by its place in the file; where each tensor's bytes go is recorded
-/// in `fill`, which writes them as the file's bytes come (all at once, or streamed).
-struct Uploads<'m> {
-    ctx: &'m GpuContext,
-    cache: HashMap<(usize, usize), Arc<GpuTensor>>,
-    fill: &'m mut Filler,
-}
-
-impl Uploads<'_> {
-    fn key(t: &Tensor) -> (usize, usize) {
-        (t.offset, t.size_bytes)
-    }
-
-    fn one(&mut self, t: &Tensor) -> Result<Arc<GpuTensor>> {
-        if let Some(g) = self.cache.get(&Uploads::key(t)) {
-            return Ok(g.clone());
-        }
-        let g = GpuTensor::alloc(self.ctx, &t.name, t.ty, t.rows, t.cols, t.size_bytes)?;
-        for p in &g.parts {
-            let len = p.rows * g.row_bytes;
-            let buf = self.fill.add_buffer(p.buffer.clone(), len);
-            let start = t.offset + p.row0 * g.row_bytes;
-            self.fill.place(&t.name, start, len, Dest::Buffer { buf, at: 0 });
-        }
-        let g = Arc::new(g);
-        self.cache.insert(Uploads::key(t), g.clone());
-        Ok(g)
-    }
-
-    /// Tensors whose rows one product covers (q|k|v, gate|up): each run of one type and row
-    /// length packed into one buffer (the tensors become views of it). Returns the products as
-    /// (tensor, first row): one when all share a type; more when, as in Q4_K_M files, they differ.
-    fn packed(&mut self, ts: &[&Tensor]) -> Result<Vec<(Arc<GpuTensor>, usize)>> {
-        let mut products = Vec::new();
-        let mut row0 = 0;
-        for run in ts.chunk_by(|a, b| a.ty == b.ty && a.cols == b.cols) {
-            let pieces: Vec<_> =
-                run.iter().map(|t| (t.name.as_str(), t.rows, t.size_bytes)).collect();
-            let packed = (run.len() > 1)
-                .then(|| GpuTensor::alloc_packed(self.ctx, run[0].ty, run[0].cols, &pieces))
-                .flatten();
-            match packed {
-                Some((whole, views)) => {
-                    let part = &whole.parts[0];
-                    let buf =
-                        self.fill.add_buffer(part.buffer.clone(), whole.rows * whole.row_bytes);
-                    for (t, view) in run.iter().zip(views) {
-                        let at = view.parts[0].byte0 as u64;
-                        self.fill.place(&t.name, t.offset, t.size_bytes, Dest::Buffer { buf, at });
-                        self.cache.insert(Uploads::key(t), Arc::new(view));
-                    }
-                    products.push((Arc::new(whole), row0));
-                }
-                None => {
-                    for (i, t) in run.iter().enumerate() {
-                        let at = row0 + run[..i].iter().map(|t| t.rows).sum::<usize>();
-                        products.push((self.one(t)?, at));
-                    }
-                }
-            }
-            row0 += run.iter().map(|t| t.rows).sum::<usize>();
-        }
-        Ok(products)
-    }
-}
-
-/// The small vectors of a model (norm weights and biases, projection biases) decoded to f32 in
-/// one buffer, so a fused product binds one buffer for all of them: their offsets (in floats),
-/// and which tensor fills each.
-#[derive(Default)]
-struct Vectors {
-    len: usize,
-    /// (tensor, offset in floats).
-    placed: Vec<(Tensor, usize)>,
-}
-
-impl Vectors {
-    fn add(&mut self, t: &Tensor) -> usize {
-        let at = self.len;
-        self.len += t.rows * t.cols;
-        self.placed.push((t.clone(), at));
-        at
-    }
-
-    /// `n` zeros (a missing bias among q, k and v); their offset.
-    fn zeros(&mut self, n: usize) -> usize {
-        let at = self.len;
-        self.len += n;
-        at
-    }
-
-    fn norm(&mut self, n: &NormWeights) -> NormAt {
-        NormAt { weight: self.add(&n.weight), bias: n.bias.as_ref().map(|b| self.add(b)) }
-    }
+    pub(super) qkv_bias: Option<usize>,
+    pub(super) attn_output_bias: Option<usize>,
+    pub(super) up_bias: Option<usize>,
+    pub(super) gate_bias: Option<usize>,
+    pub(super) down_bias: Option<usize>,
 }
 
 /// How to run a model on the GPU.
@@ -238,29 +131,29 @@ pub struct GpuStats {
 
 /// Buffers made on the first forward (sized by the final `max_seq`) and the per-step machinery.
 #[derive(Default)]
-struct Runtime {
+pub(super) struct Runtime {
     /// (cos, sin) of every rotated pair at every position, filled as positions are reached.
-    table: Option<wgpu::Buffer>,
-    table_rows: usize,
+    pub(super) table: Option<wgpu::Buffer>,
+    pub(super) table_rows: usize,
     /// `[pos, n, 0, 0, ids...]`: the only thing a decode step uploads.
-    step: Option<wgpu::Buffer>,
+    pub(super) step: Option<wgpu::Buffer>,
     /// Top-k scratch and output; a constrained step's second output (the unmasked ranking) and
     /// its allowed set, uploaded each such step.
-    cand: Option<wgpu::Buffer>,
-    pick: Option<wgpu::Buffer>,
-    pick_all: Option<wgpu::Buffer>,
-    mask: Option<wgpu::Buffer>,
+    pub(super) cand: Option<wgpu::Buffer>,
+    pub(super) pick: Option<wgpu::Buffer>,
+    pub(super) pick_all: Option<wgpu::Buffer>,
+    pub(super) mask: Option<wgpu::Buffer>,
     /// Read-back buffers, reused (taken out while a read is pending).
-    logits_rb: Option<wgpu::Buffer>,
-    pick_rb: Option<wgpu::Buffer>,
-    binder: Binder,
-    bytes: u64,
-    last: GpuStats,
+    pub(super) logits_rb: Option<wgpu::Buffer>,
+    pub(super) pick_rb: Option<wgpu::Buffer>,
+    pub(super) binder: Binder,
+    pub(super) bytes: u64,
+    pub(super) last: GpuStats,
 }
 
 /// What a forward returns.
 #[derive(Clone, Copy)]
-enum Output {
+pub(super) enum Output {
     Logits {
         all: bool,
     },
@@ -283,27 +176,27 @@ enum Output {
 /// A model ready to run on the GPU.
 pub struct GpuModel {
     pub model: Model,
-    ctx: Arc<GpuContext>,
+    pub(super) ctx: Arc<GpuContext>,
     /// Compiled pipelines: the model's own, or shared with the model it was made beside
     /// ([`GpuModel::with_shared_kernels`]).
-    kernels: Arc<Kernels>,
+    pub(super) kernels: Arc<Kernels>,
     /// The model's weights, uploaded (a tied output projection shares its embedding's buffer;
     /// q|k|v and gate|up are views of packed buffers where their types agree).
-    weights: Weights<Arc<GpuTensor>>,
-    plans: Vec<LayerPlan>,
-    vectors: wgpu::Buffer,
-    output_norm: NormAt,
+    pub(super) weights: Weights<Arc<GpuTensor>>,
+    pub(super) plans: Vec<LayerPlan>,
+    pub(super) vectors: wgpu::Buffer,
+    pub(super) output_norm: NormAt,
     /// Positions per attention chunk.
-    chunk: usize,
-    max_seq: usize,
-    batch: usize,
+    pub(super) chunk: usize,
+    pub(super) max_seq: usize,
+    pub(super) batch: usize,
     /// Rows of `scratch.logits`.
-    logit_rows: usize,
-    scratch: Scratch,
-    opts: GpuOptions,
+    pub(super) logit_rows: usize,
+    pub(super) scratch: Scratch,
+    pub(super) opts: GpuOptions,
     /// Bytes of weights and activations.
-    load_bytes: u64,
-    rt: Mutex<Runtime>,
+    pub(super) load_bytes: u64,
+    pub(super) rt: Mutex<Runtime>,
 }
 
 /// The KV cache of one sequence, on the GPU: per layer, `max_seq` rows of kv_dim values (f32, or
@@ -312,12 +205,12 @@ pub struct GpuModel {
 pub struct GpuState {
     pub pos: usize,
     /// Per layer: keys from element 0, values from `v_rows` rows on.
-    kv: Vec<wgpu::Buffer>,
-    v_rows: usize,
-    kv_dim: usize,
-    row_bytes: u64,
-    ctx: Arc<GpuContext>,
-    groups: Mutex<BindCache>,
+    pub(super) kv: Vec<wgpu::Buffer>,
+    pub(super) v_rows: usize,
+    pub(super) kv_dim: usize,
+    pub(super) row_bytes: u64,
+    pub(super) ctx: Arc<GpuContext>,
+    pub(super) groups: Mutex<BindCache>,
 }
 
 /// Rows before the values in a layer's KV buffer: `max_seq`, made even so the values start at
@@ -353,12 +246,12 @@ impl GpuState {
         }
     }
 
-    fn buffers(&self) -> Vec<&wgpu::Buffer> {
+    pub(super) fn buffers(&self) -> Vec<&wgpu::Buffer> {
         self.kv.iter().collect()
     }
 
     /// Element offset of the values in a layer's buffer.
-    fn v_base(&self) -> usize {
+    pub(super) fn v_base(&self) -> usize {
         self.v_rows * self.kv_dim
     }
 }
@@ -410,256 +303,6 @@ fn top_from_words(w: &[u32], k: usize) -> TopK {
 }
 
 impl GpuModel {
-    /// Open the GPU and upload `model` (native; blocks).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn new(model: Model) -> Result<GpuModel> {
-        crate::lm::block_on(async {
-            GpuModel::with_context(GpuContext::new_async().await?, model).await
-        })
-    }
-
-    /// Upload `model` to the device of `ctx` and compile its kernels, with the default options
-    /// ([`GpuOptions::auto`]: the f16 KV cache where the device supports it).
-    pub async fn with_context(ctx: Arc<GpuContext>, model: Model) -> Result<GpuModel> {
-        let opts = GpuOptions::auto(&ctx);
-        GpuModel::with_options(ctx, model, opts).await
-    }
-
-    /// Upload `model` to the device of `ctx` and compile its kernels. The model keeps only its
-    /// description: its bytes are released once they are on the GPU (freed, unless another
-    /// handle shares them).
-    pub async fn with_options(
-        ctx: Arc<GpuContext>,
-        model: Model,
-        opts: GpuOptions,
-    ) -> Result<GpuModel> {
-        // The same path as a streamed load (`GpuStream`), with the whole file as one piece.
-        let mut pending = GpuModel::plan(ctx, &model, opts, None)?;
-        pending.fill.feed(&model.storage)?;
-        pending.finish(model.release_bytes()).await
-    }
-
-    /// Upload `model` beside `other`, on its device, with its options and its compiled kernels
-    /// (those `model` needs beyond them are compiled): a second model that costs no recompiling
-    /// of what they share, such as [`GpuModel::check_against_cpu`]'s.
-    pub async fn with_shared_kernels(other: &GpuModel, model: Model) -> Result<GpuModel> {
-        let mut pending = GpuModel::plan(other.ctx.clone(), &model, other.opts, None)?;
-        pending.kernels = Some(other.kernels.clone());
-        pending.fill.feed(&model.storage)?;
-        pending.finish(model.release_bytes()).await
-    }
-
-    /// Make every buffer of the model described by `model` (none of its bytes are read), and
-    /// record where each tensor's bytes go: the weights (q|k|v and gate|up of one type packed
-    /// into one buffer each), the small vectors decoded to f32 into one buffer, and
-    /// `rope_freqs` (Llama 3's RoPE factors: for `Pending::finish` to give the model) when the
-    /// model does not have them yet. The file's bytes then go to `Pending::fill` in order.
-    pub(super) fn plan(
-        ctx: Arc<GpuContext>,
-        model: &Model,
-        opts: GpuOptions,
-        rope_freqs: Option<&Tensor>,
-    ) -> Result<Pending> {
-        ctx.check_lost()?;
-        if (opts.f16_kv || opts.f16_prefill) && !ctx.shader_f16 {
-            return Err(gpu_err(format!(
-                "{opts:?} needs shader-f16 (f16 in shaders), which this device lacks"
-            )));
-        }
-        let c = &model.config;
-        if c.head_dim > MAX_HEAD_DIM {
-            return Err(gpu_err(format!(
-                "head size {} exceeds the kernels' {MAX_HEAD_DIM}",
-                c.head_dim
-            )));
-        }
-        // Running out of memory while the buffers are made or written is reported by `finish`.
-        let oom = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let mut fill = Filler::new(ctx.clone());
-        // The plans: q|k|v and gate|up of one type packed into one buffer each (the tensors
-        // become views of it), and the small vectors' offsets. Then every other tensor.
-        let mut uploads = Uploads { ctx: &ctx, cache: HashMap::new(), fill: &mut fill };
-        let mut vectors = Vectors::default();
-        let mut plans = Vec::new();
-        for lw in &model.weights.layers {
-            let (qkv, qkv_bias) = match &lw.qkv {
-                Qkv::Fused(l) => {
-                    (vec![(uploads.one(&l.weight)?, 0)], l.bias.as_ref().map(|b| vectors.add(b)))
-                }
-                Qkv::Separate { q, k, v } => {
-                    let pieces = uploads.packed(&[&q.weight, &k.weight, &v.weight])?;
-                    // One bias vector for q|k|v: zeros where one of them has none.
-                    let bias = [q, k, v].iter().any(|l| l.bias.is_some()).then(|| {
-                        let at = vectors.len;
-                        for l in [q, k, v] {
-                            match &l.bias {
-                                Some(t) => vectors.add(t),
-                                None => vectors.zeros(l.weight.rows),
-                            };
-                        }
-                        at
-                    });
-                    (pieces, bias)
-                }
-            };
-            let gate_up = match &lw.ffn {
-                Ffn::GatedSilu { gate, up, .. } => {
-                    let pieces = uploads.packed(&[&gate.weight, &up.weight])?;
-                    (pieces.len() == 1).then(|| pieces[0].0.clone())
-                }
-                Ffn::Gelu { .. } => None,
-            };
-            let (gate_bias, up_bias, down_bias) = match &lw.ffn {
-                Ffn::GatedSilu { gate, up, down } => (
-                    gate.bias.as_ref().map(|b| vectors.add(b)),
-                    up.bias.as_ref().map(|b| vectors.add(b)),
-                    down.bias.as_ref().map(|b| vectors.add(b)),
-                ),
-                Ffn::Gelu { up, down } => (
-                    None,
-                    up.bias.as_ref().map(|b| vectors.add(b)),
-                    down.bias.as_ref().map(|b| vectors.add(b)),
-                ),
-            };
-            plans.push(LayerPlan {
-                qkv,
-                gate_up,
-                attn_norm: vectors.norm(&lw.attn_norm),
-                ffn_norm: vectors.norm(&lw.ffn_norm),
-                qkv_bias,
-                attn_output_bias: lw.attn_output.bias.as_ref().map(|b| vectors.add(b)),
-                up_bias,
-                gate_bias,
-                down_bias,
-            });
-        }
-        let weights = model.weights.try_map(|t: &Tensor| uploads.one(t))?;
-        let cache = uploads.cache;
-        let output_norm = vectors.norm(&model.weights.output_norm);
-        let vectors_buffer = super::kernels::storage(&ctx, "vectors", (vectors.len * 4) as u64);
-        let buf = fill.add_buffer(vectors_buffer.clone(), vectors.len * 4);
-        for (t, at) in &vectors.placed {
-            let n = t.rows * t.cols;
-            fill.place(&t.name, t.offset, t.size_bytes, Dest::Vector { buf, at: *at, n, ty: t.ty });
-        }
-        if let Some(t) = rope_freqs {
-            fill.place(&t.name, t.offset, t.size_bytes, Dest::RopeFreqs);
-        }
-        fill.seal();
-        Ok(Pending {
-            ctx,
-            opts,
-            weights,
-            plans,
-            vectors: vectors_buffer,
-            output_norm,
-            tensors: cache.into_values().collect(),
-            fill,
-            oom: Some(oom),
-            kernels: None,
-        })
-    }
-
-    /// The rest of [`GpuModel::with_options`] once the weights are written: activations,
-    /// kernels, and the model itself.
-    pub(super) async fn assemble(p: Pending, model: Model) -> Result<GpuModel> {
-        let Pending { ctx, opts, weights, plans, vectors, output_norm, tensors, kernels, .. } = p;
-        let c = model.config.clone();
-        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-
-        let limit = ctx.max_binding();
-        let shape =
-            AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
-        let widest = [c.n_embd, q_dim + 2 * kv_dim, 2 * c.n_ff]
-            .into_iter()
-            .chain([ops::attention_scratch_floats(1, shape)])
-            .max()
-            .unwrap_or(1);
-        let batch = ((limit / (widest as u64 * 4)) as usize).clamp(1, MAX_BATCH);
-        let logit_rows =
-            ((limit / (c.n_vocab.max(1) as u64 * 4)) as usize).clamp(1, MAX_LOGIT_ROWS.min(batch));
-        // Keys and values share one buffer per layer.
-        let max_seq = c.n_ctx.min((limit / (kv_dim as u64 * 8)) as usize).saturating_sub(1).max(1);
-        let scratch = Scratch {
-            x: floats(&ctx, "x", batch * c.n_embd),
-            h: floats(&ctx, "h", batch * c.n_embd),
-            qkv: floats(&ctx, "qkv", batch * (q_dim + 2 * kv_dim)),
-            q: floats(&ctx, "q", batch * q_dim),
-            // Only decode batches (a few tokens) split attention into chunks.
-            chunks: floats(
-                &ctx,
-                "attention chunks",
-                ops::attention_scratch_floats(batch.min(MATVEC_TOKENS as usize), shape),
-            ),
-            attn: floats(&ctx, "attn", batch * q_dim),
-            up: floats(&ctx, "up", batch * c.n_ff),
-            gate_up: floats(&ctx, "gate|up", batch * 2 * c.n_ff),
-            logits: floats(&ctx, "logits", logit_rows * c.n_vocab),
-            zeros: floats(&ctx, "zeros", c.n_embd.max(4)),
-            no_kv: floats(&ctx, "no kv", 4),
-        };
-        let kernels = kernels.unwrap_or_else(|| Arc::new(Kernels::new(ctx.clone())));
-        let h = opts.f16_kv;
-        let mut needed = vec![
-            Kernel::Rope(false),
-            Kernel::Rope(h),
-            Kernel::Attention(h, shape.head_dim as u32),
-            Kernel::AttentionMerge,
-            Kernel::AttentionPrefill(h, shape.head_dim as u32),
-            Kernel::Embedding(weights.token_embd.ty),
-        ];
-        needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
-        needed.push(match c.norm {
-            Norm::Rms => Kernel::RmsNorm,
-            Norm::Layer => Kernel::LayerNorm,
-        });
-        needed.push(match c.mlp {
-            Mlp::GatedSilu => Kernel::SiluMul,
-            Mlp::Gelu => Kernel::Gelu,
-        });
-        if let Some(p) = &weights.pos_embd {
-            needed.push(Kernel::Embedding(p.ty));
-        }
-        for t in &tensors {
-            needed.push(Kernel::Matvec(t.ty, h, 1));
-            needed.push(Kernel::Matvec(t.ty, h, MATVEC_TOKENS));
-            needed.extend(Tile::ALL.map(|tile| Kernel::MatmulTiled(t.ty, tile, opts.f16_prefill)));
-        }
-        needed.sort_by_key(|k| format!("{k:?}"));
-        needed.dedup();
-        kernels.prepare(&needed).await?;
-
-        let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
-        for t in &tensors {
-            for p in &t.parts {
-                if !buffers.contains(&&p.buffer) {
-                    buffers.push(&p.buffer);
-                }
-            }
-        }
-        let s = &scratch;
-        buffers.extend([&s.x, &s.h, &s.qkv, &s.q, &s.chunks, &s.attn, &s.up, &s.gate_up]);
-        buffers.extend([&s.logits, &s.zeros, &s.no_kv, &vectors]);
-        let load_bytes = buffers.iter().map(|b| b.size()).sum::<u64>();
-        Ok(GpuModel {
-            chunk: ops::attention_chunk(max_seq),
-            model,
-            ctx,
-            kernels,
-            weights,
-            plans,
-            vectors,
-            output_norm,
-            max_seq,
-            batch,
-            logit_rows,
-            scratch,
-            opts,
-            load_bytes,
-            rt: Mutex::new(Runtime::default()),
-        })
-    }
-
     /// What the GPU holds of each weight, read back: every tensor's bytes (in the file's
     /// encoding), by role, and the small vectors as the f32 bytes of the vectors buffer. For
     /// tests: however a model was loaded (uploaded whole, streamed in any pieces) the weights
@@ -940,360 +583,6 @@ impl GpuModel {
             None => None,
         };
         Ok((bytes[..len].to_vec(), times))
-    }
-
-    /// Record the forward of `tokens` and submit it; returns the read-back buffer (its copy is
-    /// submitted) and how many of its bytes hold the result.
-    fn submit(
-        &self,
-        state: &mut GpuState,
-        tokens: &[u32],
-        output: Output,
-        mask: Option<&[u32]>,
-        extra: usize,
-        timing: Timing,
-    ) -> (wgpu::Buffer, usize, Option<Timestamps>) {
-        let c = &self.model.config;
-        let ctx = &self.ctx;
-        let (n, vocab, pos0) = (tokens.len(), c.n_vocab, state.pos);
-        let mut guard = self.rt.lock().unwrap_or_else(|p| p.into_inner());
-        let rt = &mut *guard;
-        self.ensure_runtime(rt, pos0 + n + extra);
-        let step = rt.step.clone().expect("made");
-        let table = rt.table.clone().expect("made");
-        let (cand, pick) = (rt.cand.clone().expect("made"), rt.pick.clone().expect("made"));
-        let pick_all = rt.pick_all.clone().expect("made");
-        let mask_buf = rt.mask.clone().expect("made");
-        ctx.queue.write_buffer(&step, 0, &ops::step_words(pos0, tokens));
-        if let Some(words) = mask {
-            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-            ctx.queue.write_buffer(&mask_buf, 0, &bytes);
-        }
-
-        let row_bytes = (vocab * 4) as u64;
-        let (out_len, is_logits) = match output {
-            Output::Logits { all } => ((if all { n } else { 1 }) * vocab * 4, true),
-            Output::TopK { k } => ((2 + 2 * k) * 4, false),
-            Output::TopKAllowed { k, shown } => ((2 + 2 * k + 2 + 2 * shown) * 4, false),
-            Output::Greedy => (4, false),
-            Output::Chain { steps } => (4 * steps, false),
-        };
-        let slot = if is_logits { &mut rt.logits_rb } else { &mut rt.pick_rb };
-        let rb = match slot.take() {
-            Some(b) if b.size() >= out_len as u64 => b,
-            _ => {
-                let b = readback(ctx, out_len as u64);
-                rt.bytes += b.size();
-                b
-            }
-        };
-
-        let mut pass = Pass::new(&self.kernels);
-        if timing != Timing::Off {
-            pass.time(timing);
-        }
-        let s = &self.scratch;
-        let fused = Fused {
-            vectors: &self.vectors,
-            table: &table,
-            step: &step,
-            no_kv: &s.no_kv,
-            f16_kv: self.opts.f16_kv,
-            f16_tiles: self.opts.f16_prefill,
-        };
-        let picks = TopkBuffers { cand: &cand, out: &pick, step: &step, mask: &mask_buf };
-        let picks_all = TopkBuffers { cand: &cand, out: &pick_all, step: &step, mask: &mask_buf };
-        // The most positions any token of this forward sees (sizes attention's grid).
-        let max_seen = pos0 + n + extra;
-        let mut start = 0;
-        while start < n {
-            let len = self.batch.min(n - start);
-            let tokens = Tokens { step: &step, start, n: len };
-            self.encode_layers(&mut pass, state, &fused, tokens, max_seen);
-            match output {
-                Output::Logits { all: true } => {
-                    for r0 in (0..len).step_by(self.logit_rows) {
-                        let m = self.logit_rows.min(len - r0);
-                        self.encode_logits(&mut pass, &fused, r0, m);
-                        let at = (start + r0) as u64 * row_bytes;
-                        pass.copy(&s.logits, 0, &rb, at, m as u64 * row_bytes);
-                    }
-                }
-                _ if start + len == n => {
-                    self.encode_logits(&mut pass, &fused, len - 1, 1);
-                    match output {
-                        Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
-                        Output::TopK { k } => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, k, &picks, false);
-                            pass.copy(&pick, 0, &rb, 0, out_len as u64);
-                        }
-                        Output::TopKAllowed { k, shown } => {
-                            ops::topk_masked(&mut pass, &s.logits, 0, vocab, k, &picks);
-                            let first = ((2 + 2 * k) * 4) as u64;
-                            pass.copy(&pick, 0, &rb, 0, first);
-                            ops::topk(&mut pass, &s.logits, 0, vocab, shown, &picks_all, false);
-                            pass.copy(&pick_all, 0, &rb, first, out_len as u64 - first);
-                        }
-                        Output::Greedy => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, false);
-                            pass.copy(&pick, 8, &rb, 0, 4);
-                        }
-                        Output::Chain { steps } => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
-                            pass.copy(&pick, 8, &rb, 0, 4);
-                            // Each further step reads its token and position from the step buffer
-                            // the previous pick wrote.
-                            for i in 1..steps {
-                                let next = Tokens { step: &step, start: 0, n: 1 };
-                                self.encode_layers(&mut pass, state, &fused, next, max_seen);
-                                self.encode_logits(&mut pass, &fused, 0, 1);
-                                ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
-                                pass.copy(&pick, 8, &rb, 4 * i as u64, 4);
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-            start += len;
-        }
-        let state_bufs = state.buffers();
-        let mut groups = state.groups.lock().unwrap_or_else(|p| p.into_inner());
-        let stats = pass.submit_with(&mut rt.binder, Some((&state_bufs, &mut groups)));
-        rt.last = GpuStats {
-            dispatches_last: stats.dispatches,
-            submissions_last: stats.submissions,
-            readback_bytes_last: out_len as u64,
-            ..GpuStats::default()
-        };
-        (rb, out_len, stats.timestamps)
-    }
-
-    /// Make the buffers sized by `max_seq` if not yet made, and fill the RoPE table up to `rows`
-    /// positions.
-    fn ensure_runtime(&self, rt: &mut Runtime, rows: usize) {
-        let ctx = &self.ctx;
-        let rope = &self.model.rope;
-        let half = rope.pairs();
-        if rt.step.is_none() {
-            let mk = |rt: &mut Runtime, label: &str, bytes: u64| {
-                let b = super::kernels::storage(ctx, label, bytes);
-                rt.bytes += b.size();
-                b
-            };
-            rt.table = Some(mk(rt, "rope table", (self.max_seq * half.max(1) * 8) as u64));
-            rt.step = Some(mk(rt, "step", ((ops::STEP_IDS + self.max_seq) * 4) as u64));
-            rt.cand = Some(mk(
-                rt,
-                "top-k candidates",
-                (ops::topk_scratch_words(self.model.config.n_vocab) * 4) as u64,
-            ));
-            rt.pick = Some(mk(rt, "top-k", ((2 + 2 * MAX_TOP_K) * 4) as u64));
-            rt.pick_all = Some(mk(rt, "top-k of all", ((2 + 2 * MAX_TOP_K) * 4) as u64));
-            let mask_words = ops::mask_words(self.model.config.n_vocab);
-            rt.mask = Some(mk(rt, "allowed tokens", (mask_words * 4) as u64));
-        }
-        if rows > rt.table_rows && half > 0 {
-            // In blocks of 256 positions, so decoding uploads a block every 256 tokens.
-            let to = rows.next_multiple_of(256).min(self.max_seq);
-            let mut cos_sin = vec![0f32; (to - rt.table_rows) * half * 2];
-            rope.fill_cos_sin(rt.table_rows, &mut cos_sin);
-            let bytes: Vec<u8> = cos_sin.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let table = rt.table.as_ref().expect("made");
-            ctx.queue.write_buffer(table, (rt.table_rows * half * 8) as u64, &bytes);
-            rt.table_rows = to;
-        }
-    }
-
-    /// Logits of `n` tokens from row `row0` of the residual stream (`scratch.x`) into
-    /// `scratch.logits`: the final norm fused into the product (the tiled one for many tokens;
-    /// a LayerNorm there is a kernel of its own first).
-    fn encode_logits<'a>(&'a self, pass: &mut Pass<'a>, fused: &Fused<'a>, row0: usize, n: usize) {
-        let c = &self.model.config;
-        let s = &self.scratch;
-        let out = Out { buf: &s.logits, stride: c.n_vocab, col0: 0 };
-        let rows = Rows { buf: &s.x, row0, n };
-        if ops::fits_matvec(n) {
-            let m = Matvec {
-                norm: Some(self.norm_in(self.output_norm)),
-                bias: None,
-                epilogue: Epilogue::Store,
-            };
-            ops::matvec(pass, &self.weights.output, rows, out, m, fused);
-        } else if c.norm == Norm::Rms {
-            let rms_norm = Some((self.output_norm.weight, c.norm_eps));
-            let opts = TiledOpts { rms_norm, ..TiledOpts::default() };
-            ops::matmul_tiled_with(pass, &self.weights.output, None, rows, out, fused, opts);
-        } else {
-            self.norm(pass, &self.weights.output_norm, row0 + n);
-            let rows = Rows { buf: &s.h, row0, n };
-            ops::matmul(pass, &self.weights.output, None, rows, out, fused);
-        }
-    }
-
-    fn norm_in(&self, at: NormAt) -> NormIn {
-        let c = &self.model.config;
-        NormIn { kind: c.norm, eps: c.norm_eps, weight: at.weight, bias: at.bias }
-    }
-
-    /// The norm kernel: the first `n` rows of `scratch.x` into `scratch.h`.
-    fn norm<'a>(&'a self, pass: &mut Pass<'a>, w: &'a NormWeights<Arc<GpuTensor>>, n: usize) {
-        let c = &self.model.config;
-        let s = &self.scratch;
-        // A LayerNorm without a bias adds zeros.
-        let bias = Some(w.bias.as_ref().map_or(&s.zeros, |b| b.buffer()));
-        let op = NormOp { kind: c.norm, eps: c.norm_eps, weight: w.weight.buffer(), bias };
-        ops::norm(pass, op, &s.x, c.n_embd, n, &s.h);
-    }
-
-    /// Record the layers for `tokens`, leaving the final residual stream in `scratch.x`.
-    ///
-    /// Decode (a few tokens) runs each layer as six dispatches: norm + q|k|v + bias + RoPE + KV
-    /// write; attention over chunks of the sequence and their merge; output projection + residual;
-    /// norm + gate|up + SiLU·up (or up + GELU); down projection + residual. Prefill runs the
-    /// norms, RoPE and activations as kernels of their own around tiled products (the residual
-    /// adds in the products' epilogue) and attention in one pass (see ARCHITECTURE.md).
-    fn encode_layers<'a>(
-        &'a self,
-        pass: &mut Pass<'a>,
-        state: &'a GpuState,
-        fused: &Fused<'a>,
-        tokens: Tokens<'a>,
-        max_seen: usize,
-    ) {
-        let len = tokens.n;
-        let c = &self.model.config;
-        let w = &self.weights;
-        let s = &self.scratch;
-        let (e, ff) = (c.n_embd, c.n_ff);
-        let shape =
-            AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
-        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-        let qkv_w = q_dim + 2 * kv_dim;
-        let h16 = self.opts.f16_kv;
-        let mode = match c.rope {
-            RopeStyle::Interleaved => RopeMode::Interleaved,
-            RopeStyle::HalfSplit => RopeMode::HalfSplit,
-            RopeStyle::None => RopeMode::Copy,
-        };
-        let few = ops::fits_matvec(len);
-        let rows = |buf| Rows { buf, row0: 0, n: len };
-        let out = |buf, stride, col0| Out { buf, stride, col0 };
-        let bias = |b: Option<usize>, row0: usize| b.map(|o| o + row0);
-        // The input of the products after a norm: for a prefill batch of a model with RMSNorm,
-        // the residual stream itself (the products fold the norm in); otherwise the norm kernel's
-        // output.
-        let fold_norm = !few && c.norm == Norm::Rms;
-        let normed = |pass: &mut Pass<'a>, nw: &'a NormWeights<Arc<GpuTensor>>, at: NormAt| {
-            if fold_norm {
-                (&s.x, Some((at.weight, c.norm_eps)))
-            } else {
-                self.norm(pass, nw, len);
-                (&s.h, None)
-            }
-        };
-        let product = |pass: &mut Pass<'a>, t: &'a GpuTensor, b, x, rms_norm: Option<_>, y| {
-            if rms_norm.is_some() {
-                let opts = TiledOpts { rms_norm, ..TiledOpts::default() };
-                ops::matmul_tiled_with(pass, t, b, rows(x), y, fused, opts);
-            } else {
-                ops::matmul(pass, t, b, rows(x), y, fused);
-            }
-        };
-        // A product whose output is added to the residual stream (in the product's epilogue).
-        let residual = |pass: &mut Pass<'a>, t: &'a GpuTensor, x, b: Option<usize>| {
-            ops::matmul_add(pass, t, bias(b, 0), rows(x), out(&s.x, e, 0), fused);
-        };
-
-        ops::embedding(pass, &w.token_embd, tokens, Lookup::Ids, &s.x);
-        if let Some(pe) = &w.pos_embd {
-            ops::embedding(pass, pe, tokens, Lookup::Positions, &s.x);
-        }
-        for ((l, lw), plan) in w.layers.iter().enumerate().zip(&self.plans) {
-            let kv = KvBuffers { kv: &state.kv[l], v_base: state.v_base(), f16: h16 };
-            // Attention block.
-            if few && plan.qkv.iter().all(|(t, _)| t.parts.len() == 1) {
-                for (t, row0) in &plan.qkv {
-                    let qkv = QkvOut {
-                        row0: *row0,
-                        q_dim,
-                        kv_dim,
-                        head_dim: c.head_dim,
-                        rope_dims: c.rope_dims,
-                        mode,
-                        kv: kv.kv,
-                        v_base: kv.v_base,
-                        start: tokens.start,
-                    };
-                    let m = Matvec {
-                        norm: Some(self.norm_in(plan.attn_norm)),
-                        bias: bias(plan.qkv_bias, *row0),
-                        epilogue: Epilogue::Qkv(qkv),
-                    };
-                    ops::matvec(pass, t, rows(&s.x), out(&s.q, q_dim, 0), m, fused);
-                }
-            } else {
-                let (x, rms) = normed(pass, &lw.attn_norm, plan.attn_norm);
-                for (t, row0) in &plan.qkv {
-                    let o = out(&s.qkv, qkv_w, *row0);
-                    product(pass, t, bias(plan.qkv_bias, *row0), x, rms, o);
-                }
-                let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
-                    let x = Columns { buf: &s.qkv, stride: qkv_w, col0 };
-                    let heads = Heads { n: n_head, dim: c.head_dim, rotated: c.rope_dims };
-                    ops::rope(pass, mode, x, fused.table, tokens, heads, y);
-                };
-                let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
-                rope(pass, mode, 0, c.n_head, q_out);
-                let k_out = RopeOut { buf: kv.kv, row0: 0, at_pos: true, f16: h16 };
-                rope(pass, mode, q_dim, c.n_head_kv, k_out);
-                let v_out = RopeOut { buf: kv.kv, row0: state.v_rows, at_pos: true, f16: h16 };
-                rope(pass, RopeMode::Copy, q_dim + kv_dim, c.n_head_kv, v_out);
-            }
-            ops::attention(pass, &s.q, kv, tokens, shape, self.chunk, max_seen, &s.chunks, &s.attn);
-            residual(pass, &lw.attn_output.weight, &s.attn, plan.attn_output_bias);
-
-            // Feed-forward block.
-            let norm = Some(self.norm_in(plan.ffn_norm));
-            match (&lw.ffn, &plan.gate_up) {
-                (Ffn::GatedSilu { down, .. }, Some(gate_up))
-                    if few && plan.gate_bias.is_none() && plan.up_bias.is_none() =>
-                {
-                    let m = Matvec { norm, bias: None, epilogue: Epilogue::Gated { up_row: ff } };
-                    ops::matvec(pass, gate_up, rows(&s.x), out(&s.up, ff, 0), m, fused);
-                    residual(pass, &down.weight, &s.up, plan.down_bias);
-                }
-                (Ffn::Gelu { up, down }, _) if few => {
-                    let m = Matvec { norm, bias: bias(plan.up_bias, 0), epilogue: Epilogue::Gelu };
-                    ops::matvec(pass, &up.weight, rows(&s.x), out(&s.up, ff, 0), m, fused);
-                    residual(pass, &down.weight, &s.up, plan.down_bias);
-                }
-                (Ffn::GatedSilu { gate, up, down }, packed) => {
-                    let (x, rms) = normed(pass, &lw.ffn_norm, plan.ffn_norm);
-                    match packed {
-                        Some(gu) if plan.gate_bias.is_none() && plan.up_bias.is_none() => {
-                            product(pass, gu, None, x, rms, out(&s.gate_up, 2 * ff, 0));
-                        }
-                        _ => {
-                            let (g, u) = (&gate.weight, &up.weight);
-                            let o = out(&s.gate_up, 2 * ff, 0);
-                            product(pass, g, bias(plan.gate_bias, 0), x, rms, o);
-                            let o = out(&s.gate_up, 2 * ff, ff);
-                            product(pass, u, bias(plan.up_bias, 0), x, rms, o);
-                        }
-                    }
-                    ops::silu_mul(pass, &s.gate_up, &s.up, len, ff);
-                    residual(pass, &down.weight, &s.up, plan.down_bias);
-                }
-                (Ffn::Gelu { up, down }, _) => {
-                    let (x, rms) = normed(pass, &lw.ffn_norm, plan.ffn_norm);
-                    let o = out(&s.up, ff, 0);
-                    product(pass, &up.weight, bias(plan.up_bias, 0), x, rms, o);
-                    ops::gelu(pass, &s.up, len * ff);
-                    residual(pass, &down.weight, &s.up, plan.down_bias);
-                }
-            }
-        }
     }
 }
 

@@ -8,17 +8,19 @@
 //! at their offsets in one buffer), the small vectors (norms, biases) decoded to f32 once each is
 //! whole, Llama 3's RoPE factors to the host. [`GpuStream::finish`] checks that every tensor
 //! arrived and compiles the kernels. [`GpuModel::with_options`] is this path with the whole file
-//! as one piece, so a streamed model is the same model.
+//! as one piece, so a streamed model is the same model: every constructor of [`GpuModel`] is
+//! here, with the plan ([`GpuModel::plan`]) and the activations and kernels it ends with.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
-use super::model::{GpuModel, GpuOptions, LayerPlan, NormAt};
-use super::ops::GpuTensor;
+use super::kernels::{Kernel, Kernels, Tile, MATVEC_TOKENS, MAX_HEAD_DIM};
+use super::model::{GpuModel, GpuOptions, LayerPlan, NormAt, Runtime, Scratch};
+use super::ops::{self, floats, AttentionShape, GpuTensor};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Header};
-use crate::model::{Model, Weights};
+use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, Tensor, Weights};
 use crate::quant::{dequantize_row, GgmlType};
 
 /// The most bytes a GGUF header may take before the loader gives up on it. Real headers are a
@@ -416,5 +418,362 @@ impl GpuStream {
                 pending.finish(*model).await
             }
         }
+    }
+}
+
+/// Most tokens one pass over the layers handles (longer prompts run in several, in one
+/// submission): large, because each pass reads every weight once and the tiled products need
+/// hundreds of workgroups (tokens / 64 of them per 64 rows) to fill a large GPU.
+const MAX_BATCH: usize = 512;
+/// Most rows of logits computed at once (a prefill that returns every token's logits computes
+/// them in pieces of this many, so the logits buffer stays small for large vocabularies).
+const MAX_LOGIT_ROWS: usize = 64;
+
+/// The weights' GPU buffers, each tensor given one once (a tied output projection shares its
+/// embedding's buffer), keyed by its place in the file; where each tensor's bytes go is recorded
+/// in `fill`, which writes them as the file's bytes come (all at once, or streamed).
+struct Uploads<'m> {
+    ctx: &'m GpuContext,
+    cache: HashMap<(usize, usize), Arc<GpuTensor>>,
+    fill: &'m mut Filler,
+}
+
+impl Uploads<'_> {
+    fn key(t: &Tensor) -> (usize, usize) {
+        (t.offset, t.size_bytes)
+    }
+
+    fn one(&mut self, t: &Tensor) -> Result<Arc<GpuTensor>> {
+        if let Some(g) = self.cache.get(&Uploads::key(t)) {
+            return Ok(g.clone());
+        }
+        let g = GpuTensor::alloc(self.ctx, &t.name, t.ty, t.rows, t.cols, t.size_bytes)?;
+        for p in &g.parts {
+            let len = p.rows * g.row_bytes;
+            let buf = self.fill.add_buffer(p.buffer.clone(), len);
+            let start = t.offset + p.row0 * g.row_bytes;
+            self.fill.place(&t.name, start, len, Dest::Buffer { buf, at: 0 });
+        }
+        let g = Arc::new(g);
+        self.cache.insert(Uploads::key(t), g.clone());
+        Ok(g)
+    }
+
+    /// Tensors whose rows one product covers (q|k|v, gate|up): each run of one type and row
+    /// length packed into one buffer (the tensors become views of it). Returns the products as
+    /// (tensor, first row): one when all share a type; more when, as in Q4_K_M files, they differ.
+    fn packed(&mut self, ts: &[&Tensor]) -> Result<Vec<(Arc<GpuTensor>, usize)>> {
+        let mut products = Vec::new();
+        let mut row0 = 0;
+        for run in ts.chunk_by(|a, b| a.ty == b.ty && a.cols == b.cols) {
+            let pieces: Vec<_> =
+                run.iter().map(|t| (t.name.as_str(), t.rows, t.size_bytes)).collect();
+            let packed = (run.len() > 1)
+                .then(|| GpuTensor::alloc_packed(self.ctx, run[0].ty, run[0].cols, &pieces))
+                .flatten();
+            match packed {
+                Some((whole, views)) => {
+                    let part = &whole.parts[0];
+                    let buf =
+                        self.fill.add_buffer(part.buffer.clone(), whole.rows * whole.row_bytes);
+                    for (t, view) in run.iter().zip(views) {
+                        let at = view.parts[0].byte0 as u64;
+                        self.fill.place(&t.name, t.offset, t.size_bytes, Dest::Buffer { buf, at });
+                        self.cache.insert(Uploads::key(t), Arc::new(view));
+                    }
+                    products.push((Arc::new(whole), row0));
+                }
+                None => {
+                    for (i, t) in run.iter().enumerate() {
+                        let at = row0 + run[..i].iter().map(|t| t.rows).sum::<usize>();
+                        products.push((self.one(t)?, at));
+                    }
+                }
+            }
+            row0 += run.iter().map(|t| t.rows).sum::<usize>();
+        }
+        Ok(products)
+    }
+}
+
+/// The small vectors of a model (norm weights and biases, projection biases) decoded to f32 in
+/// one buffer, so a fused product binds one buffer for all of them: their offsets (in floats),
+/// and which tensor fills each.
+#[derive(Default)]
+struct Vectors {
+    len: usize,
+    /// (tensor, offset in floats).
+    placed: Vec<(Tensor, usize)>,
+}
+
+impl Vectors {
+    fn add(&mut self, t: &Tensor) -> usize {
+        let at = self.len;
+        self.len += t.rows * t.cols;
+        self.placed.push((t.clone(), at));
+        at
+    }
+
+    /// `n` zeros (a missing bias among q, k and v); their offset.
+    fn zeros(&mut self, n: usize) -> usize {
+        let at = self.len;
+        self.len += n;
+        at
+    }
+
+    fn norm(&mut self, n: &NormWeights) -> NormAt {
+        NormAt { weight: self.add(&n.weight), bias: n.bias.as_ref().map(|b| self.add(b)) }
+    }
+}
+
+impl GpuModel {
+    /// Open the GPU and upload `model` (native; blocks).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new(model: Model) -> Result<GpuModel> {
+        crate::lm::block_on(async {
+            GpuModel::with_context(GpuContext::new_async().await?, model).await
+        })
+    }
+
+    /// Upload `model` to the device of `ctx` and compile its kernels, with the default options
+    /// ([`GpuOptions::auto`]: the f16 KV cache where the device supports it).
+    pub async fn with_context(ctx: Arc<GpuContext>, model: Model) -> Result<GpuModel> {
+        let opts = GpuOptions::auto(&ctx);
+        GpuModel::with_options(ctx, model, opts).await
+    }
+
+    /// Upload `model` to the device of `ctx` and compile its kernels. The model keeps only its
+    /// description: its bytes are released once they are on the GPU (freed, unless another
+    /// handle shares them).
+    pub async fn with_options(
+        ctx: Arc<GpuContext>,
+        model: Model,
+        opts: GpuOptions,
+    ) -> Result<GpuModel> {
+        // The same path as a streamed load (`GpuStream`), with the whole file as one piece.
+        let mut pending = GpuModel::plan(ctx, &model, opts, None)?;
+        pending.fill.feed(&model.storage)?;
+        pending.finish(model.release_bytes()).await
+    }
+
+    /// Upload `model` beside `other`, on its device, with its options and its compiled kernels
+    /// (those `model` needs beyond them are compiled): a second model that costs no recompiling
+    /// of what they share, such as [`GpuModel::check_against_cpu`]'s.
+    pub async fn with_shared_kernels(other: &GpuModel, model: Model) -> Result<GpuModel> {
+        let mut pending = GpuModel::plan(other.ctx.clone(), &model, other.opts, None)?;
+        pending.kernels = Some(other.kernels.clone());
+        pending.fill.feed(&model.storage)?;
+        pending.finish(model.release_bytes()).await
+    }
+
+    /// Make every buffer of the model described by `model` (none of its bytes are read), and
+    /// record where each tensor's bytes go: the weights (q|k|v and gate|up of one type packed
+    /// into one buffer each), the small vectors decoded to f32 into one buffer, and
+    /// `rope_freqs` (Llama 3's RoPE factors: for `Pending::finish` to give the model) when the
+    /// model does not have them yet. The file's bytes then go to `Pending::fill` in order.
+    pub(super) fn plan(
+        ctx: Arc<GpuContext>,
+        model: &Model,
+        opts: GpuOptions,
+        rope_freqs: Option<&Tensor>,
+    ) -> Result<Pending> {
+        ctx.check_lost()?;
+        if (opts.f16_kv || opts.f16_prefill) && !ctx.shader_f16 {
+            return Err(gpu_err(format!(
+                "{opts:?} needs shader-f16 (f16 in shaders), which this device lacks"
+            )));
+        }
+        let c = &model.config;
+        if c.head_dim > MAX_HEAD_DIM {
+            return Err(gpu_err(format!(
+                "head size {} exceeds the kernels' {MAX_HEAD_DIM}",
+                c.head_dim
+            )));
+        }
+        // Running out of memory while the buffers are made or written is reported by `finish`.
+        let oom = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let mut fill = Filler::new(ctx.clone());
+        // The plans: q|k|v and gate|up of one type packed into one buffer each (the tensors
+        // become views of it), and the small vectors' offsets. Then every other tensor.
+        let mut uploads = Uploads { ctx: &ctx, cache: HashMap::new(), fill: &mut fill };
+        let mut vectors = Vectors::default();
+        let mut plans = Vec::new();
+        for lw in &model.weights.layers {
+            let (qkv, qkv_bias) = match &lw.qkv {
+                Qkv::Fused(l) => {
+                    (vec![(uploads.one(&l.weight)?, 0)], l.bias.as_ref().map(|b| vectors.add(b)))
+                }
+                Qkv::Separate { q, k, v } => {
+                    let pieces = uploads.packed(&[&q.weight, &k.weight, &v.weight])?;
+                    // One bias vector for q|k|v: zeros where one of them has none.
+                    let bias = [q, k, v].iter().any(|l| l.bias.is_some()).then(|| {
+                        let at = vectors.len;
+                        for l in [q, k, v] {
+                            match &l.bias {
+                                Some(t) => vectors.add(t),
+                                None => vectors.zeros(l.weight.rows),
+                            };
+                        }
+                        at
+                    });
+                    (pieces, bias)
+                }
+            };
+            let gate_up = match &lw.ffn {
+                Ffn::GatedSilu { gate, up, .. } => {
+                    let pieces = uploads.packed(&[&gate.weight, &up.weight])?;
+                    (pieces.len() == 1).then(|| pieces[0].0.clone())
+                }
+                Ffn::Gelu { .. } => None,
+            };
+            let (gate_bias, up_bias, down_bias) = match &lw.ffn {
+                Ffn::GatedSilu { gate, up, down } => (
+                    gate.bias.as_ref().map(|b| vectors.add(b)),
+                    up.bias.as_ref().map(|b| vectors.add(b)),
+                    down.bias.as_ref().map(|b| vectors.add(b)),
+                ),
+                Ffn::Gelu { up, down } => (
+                    None,
+                    up.bias.as_ref().map(|b| vectors.add(b)),
+                    down.bias.as_ref().map(|b| vectors.add(b)),
+                ),
+            };
+            plans.push(LayerPlan {
+                qkv,
+                gate_up,
+                attn_norm: vectors.norm(&lw.attn_norm),
+                ffn_norm: vectors.norm(&lw.ffn_norm),
+                qkv_bias,
+                attn_output_bias: lw.attn_output.bias.as_ref().map(|b| vectors.add(b)),
+                up_bias,
+                gate_bias,
+                down_bias,
+            });
+        }
+        let weights = model.weights.try_map(|t: &Tensor| uploads.one(t))?;
+        let cache = uploads.cache;
+        let output_norm = vectors.norm(&model.weights.output_norm);
+        let vectors_buffer = super::kernels::storage(&ctx, "vectors", (vectors.len * 4) as u64);
+        let buf = fill.add_buffer(vectors_buffer.clone(), vectors.len * 4);
+        for (t, at) in &vectors.placed {
+            let n = t.rows * t.cols;
+            fill.place(&t.name, t.offset, t.size_bytes, Dest::Vector { buf, at: *at, n, ty: t.ty });
+        }
+        if let Some(t) = rope_freqs {
+            fill.place(&t.name, t.offset, t.size_bytes, Dest::RopeFreqs);
+        }
+        fill.seal();
+        Ok(Pending {
+            ctx,
+            opts,
+            weights,
+            plans,
+            vectors: vectors_buffer,
+            output_norm,
+            tensors: cache.into_values().collect(),
+            fill,
+            oom: Some(oom),
+            kernels: None,
+        })
+    }
+
+    /// The rest of [`GpuModel::with_options`] once the weights are written: activations,
+    /// kernels, and the model itself.
+    pub(super) async fn assemble(p: Pending, model: Model) -> Result<GpuModel> {
+        let Pending { ctx, opts, weights, plans, vectors, output_norm, tensors, kernels, .. } = p;
+        let c = model.config.clone();
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+
+        let limit = ctx.max_binding();
+        let shape =
+            AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
+        let widest = [c.n_embd, q_dim + 2 * kv_dim, 2 * c.n_ff]
+            .into_iter()
+            .chain([ops::attention_scratch_floats(1, shape)])
+            .max()
+            .unwrap_or(1);
+        let batch = ((limit / (widest as u64 * 4)) as usize).clamp(1, MAX_BATCH);
+        let logit_rows =
+            ((limit / (c.n_vocab.max(1) as u64 * 4)) as usize).clamp(1, MAX_LOGIT_ROWS.min(batch));
+        // Keys and values share one buffer per layer.
+        let max_seq = c.n_ctx.min((limit / (kv_dim as u64 * 8)) as usize).saturating_sub(1).max(1);
+        let scratch = Scratch {
+            x: floats(&ctx, "x", batch * c.n_embd),
+            h: floats(&ctx, "h", batch * c.n_embd),
+            qkv: floats(&ctx, "qkv", batch * (q_dim + 2 * kv_dim)),
+            q: floats(&ctx, "q", batch * q_dim),
+            // Only decode batches (a few tokens) split attention into chunks.
+            chunks: floats(
+                &ctx,
+                "attention chunks",
+                ops::attention_scratch_floats(batch.min(MATVEC_TOKENS as usize), shape),
+            ),
+            attn: floats(&ctx, "attn", batch * q_dim),
+            up: floats(&ctx, "up", batch * c.n_ff),
+            gate_up: floats(&ctx, "gate|up", batch * 2 * c.n_ff),
+            logits: floats(&ctx, "logits", logit_rows * c.n_vocab),
+            zeros: floats(&ctx, "zeros", c.n_embd.max(4)),
+            no_kv: floats(&ctx, "no kv", 4),
+        };
+        let kernels = kernels.unwrap_or_else(|| Arc::new(Kernels::new(ctx.clone())));
+        let h = opts.f16_kv;
+        let mut needed = vec![
+            Kernel::Rope(false),
+            Kernel::Rope(h),
+            Kernel::Attention(h, shape.head_dim as u32),
+            Kernel::AttentionMerge,
+            Kernel::AttentionPrefill(h, shape.head_dim as u32),
+            Kernel::Embedding(weights.token_embd.ty),
+        ];
+        needed.extend([Kernel::TopkPartial, Kernel::TopkMerge]);
+        needed.push(match c.norm {
+            Norm::Rms => Kernel::RmsNorm,
+            Norm::Layer => Kernel::LayerNorm,
+        });
+        needed.push(match c.mlp {
+            Mlp::GatedSilu => Kernel::SiluMul,
+            Mlp::Gelu => Kernel::Gelu,
+        });
+        if let Some(p) = &weights.pos_embd {
+            needed.push(Kernel::Embedding(p.ty));
+        }
+        for t in &tensors {
+            needed.push(Kernel::Matvec(t.ty, h, 1));
+            needed.push(Kernel::Matvec(t.ty, h, MATVEC_TOKENS));
+            needed.extend(Tile::ALL.map(|tile| Kernel::MatmulTiled(t.ty, tile, opts.f16_prefill)));
+        }
+        needed.sort_by_key(|k| format!("{k:?}"));
+        needed.dedup();
+        kernels.prepare(&needed).await?;
+
+        let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
+        for t in &tensors {
+            for p in &t.parts {
+                if !buffers.contains(&&p.buffer) {
+                    buffers.push(&p.buffer);
+                }
+            }
+        }
+        let s = &scratch;
+        buffers.extend([&s.x, &s.h, &s.qkv, &s.q, &s.chunks, &s.attn, &s.up, &s.gate_up]);
+        buffers.extend([&s.logits, &s.zeros, &s.no_kv, &vectors]);
+        let load_bytes = buffers.iter().map(|b| b.size()).sum::<u64>();
+        Ok(GpuModel {
+            chunk: ops::attention_chunk(max_seq),
+            model,
+            ctx,
+            kernels,
+            weights,
+            plans,
+            vectors,
+            output_norm,
+            max_seq,
+            batch,
+            logit_rows,
+            scratch,
+            opts,
+            load_bytes,
+            rt: Mutex::new(Runtime::default()),
+        })
     }
 }

@@ -6,8 +6,8 @@
 //! tokens a JSON schema, regex or grammar allows), `generate` (the loop, beam search, scoring),
 //! `table` (the lesson models), `tokenizer`, `chat` (chat templates, multi-turn KV reuse),
 //! `untrusted` (where the programs a file carries run).
-//! `backend` and `timing` hold what the front ends share: the command line (`main.rs`, `cli/`)
-//! and the browser API (`web/`).
+//! `load` (one loader: `Loaded`, `AnyModel`), `backend` and `timing` hold what the front ends
+//! share: the command line (`main.rs`, `cli/`) and the browser API (`web/`).
 
 pub mod backend;
 pub mod chat;
@@ -20,6 +20,7 @@ pub mod generate;
 pub mod gguf;
 pub mod gpu;
 pub mod lm;
+pub mod load;
 pub mod model;
 pub mod quant;
 pub mod sampling;

@@ -7,11 +7,11 @@ mod cli;
 
 use clap::{Parser, Subcommand};
 
-use cli::chat::ChatArgs;
-use cli::generate::GenerateArgs;
+use cli::chat::{chat_with, ChatArgs};
+use cli::generate::{generate_with, GenerateArgs};
 use cli::info::run_info;
-use cli::load::{load_chat_template, read_text, run_generate, run_score, with_model};
-use cli::score::ScoreArgs;
+use cli::load::{load, read_text};
+use cli::score::{score_with, ScoreArgs};
 use cli::{bench, synth};
 
 #[derive(Parser)]
@@ -71,11 +71,14 @@ fn main() -> ExitCode {
     quiet_device_select();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate(args) => with_model(&args.model, |m, v, _| run_generate(m, v, &args)),
-        Command::Chat(args) => {
-            with_model(&args.model, |m, v, header| m.chat(v, &args, load_chat_template(header, v)?))
+        Command::Generate(args) => {
+            load(&args.model).and_then(|m| generate_with(&*m.model, &*m.vocab, &args))
         }
-        Command::Score(args) => with_model(&args.model, |m, v, _| run_score(m, v, &args)),
+        Command::Chat(args) => load(&args.model)
+            .and_then(|m| chat_with(&*m.model, &*m.vocab, &args, m.template()?.clone())),
+        Command::Score(args) => {
+            load(&args.model).and_then(|m| score_with(&*m.model, &*m.vocab, &args))
+        }
         Command::Info { model } => run_info(model.as_deref()),
         Command::Synth { config, ty, out, seed, vocab_from, chat_template, split } => chat_template
             .map(|path| read_text(&path, "chat template"))

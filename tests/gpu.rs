@@ -26,7 +26,9 @@ use half::{bf16, f16};
 use nexttoken::cpu::{dot, softmax_in_place, CpuModel, Precision};
 use nexttoken::generate::{beam_search, score, BeamOptions};
 use nexttoken::gguf::Gguf;
-use nexttoken::gpu::host::{self, Elementwise};
+#[path = "gpu/host.rs"]
+mod host;
+use host::Elementwise;
 use nexttoken::gpu::kernels::Kernels;
 use nexttoken::gpu::ops::RopeMode;
 use nexttoken::gpu::{is_device_lost, GpuContext, GpuModel, GpuOptions, GpuStream, NO_ADAPTER};
@@ -360,7 +362,7 @@ fn matmul_tiled_every_tile_type_and_layout() {
 }
 
 fn matmul_tiled_cases(k: &Kernels, f16: bool, tol: f32) {
-    use nexttoken::gpu::host::TiledCase;
+    use crate::host::TiledCase;
     use nexttoken::gpu::ops::Tile;
     let round = |v: f32| if f16 { half::f16::from_f32(v).to_f32() } else { v };
     let mut rng = Rng(12);

@@ -293,16 +293,12 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         let model = Model::open(&o.model)?;
         model_bytes = model.tensors.iter().map(|t| t.size_bytes).sum();
         params = model.parameter_count();
-        let tokenizer = match &spec {
-            Some(_) => Some(bench_tokenizer(o, &model)?),
+        // With --constraint: the spec and the tokenizer its allowed sets are made for.
+        let constraint = match &spec {
+            Some(spec) => Some((spec, bench_tokenizer(o, &model)?)),
             None => None,
         };
-        let with_constraint = |r: &mut Value, m: &dyn ConstrainedBench| -> Result<()> {
-            if let (Some(spec), Some(tokenizer)) = (&spec, &tokenizer) {
-                r["constraint"] = m.constrained(tokenizer, spec, o)?;
-            }
-            Ok(())
-        };
+        let constraint = constraint.as_ref().map(|(spec, tokenizer)| (*spec, tokenizer));
         let mut r = if backend == "gpu" {
             let gm = GpuModel::new(model)?.with_max_seq(max_ctx);
             let load_s = t.elapsed().as_secs_f64();
@@ -310,7 +306,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             let mut r = measure(&gm, o)?;
             r["load_s"] = json!(load_s);
             r["device"] = json!(desc);
-            with_constraint(&mut r, &gm)?;
+            if let Some((spec, tokenizer)) = constraint {
+                r["constraint"] = constrained(&gm, tokenizer, spec, o)?;
+            }
             // Counters of the last forward, which `measure` left at a one-token decode step.
             let st = gm.stats();
             r["dispatches_per_step"] = json!(st.dispatches_last);
@@ -344,7 +342,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             let load_s = t.elapsed().as_secs_f64();
             per_token = cm.weight_bytes_per_token();
             let mut r = measure(&cm, o)?;
-            with_constraint(&mut r, &cm)?;
+            if let Some((spec, tokenizer)) = constraint {
+                r["constraint"] = constrained(&cm, tokenizer, spec, o)?;
+            }
             r["load_s"] = json!(load_s);
             r["threads"] = json!(cm.threads());
             r["isa"] = json!(if o.exact { "exact (scalar reference)" } else { cm.isa().name() });
@@ -524,25 +524,4 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         println!("peak RSS       {:.1} MiB (VmHWM, before the memcpy test)", mib(rss as f64));
     }
     Ok(())
-}
-
-/// [`constrained`] for either backend behind one reference.
-trait ConstrainedBench {
-    fn constrained(
-        &self,
-        vocab: &dyn Vocab,
-        spec: &ConstraintSpec,
-        o: &BenchOptions,
-    ) -> Result<Value>;
-}
-
-impl<M: LanguageModel> ConstrainedBench for M {
-    fn constrained(
-        &self,
-        vocab: &dyn Vocab,
-        spec: &ConstraintSpec,
-        o: &BenchOptions,
-    ) -> Result<Value> {
-        constrained(self, vocab, spec, o)
-    }
 }

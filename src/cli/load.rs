@@ -1,24 +1,19 @@
 //! Loading what the command line names: the model (a GGUF file, a lesson's JSON table, or the
-//! embedded default) on the backend `--backend` picks, its tokenizer and chat template; and
-//! `DynModel`, the one "any model" type the subcommands run on.
+//! embedded default) on the backend `--backend` picks, with its tokenizer and chat template: the
+//! library's [`Loaded`], which every subcommand runs on.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use nexttoken::backend::{self, BackendChoice, BackendRequest};
-use nexttoken::chat::ChatTemplate;
-use nexttoken::cpu::{kernels::Isa, CpuModel, Precision};
+use nexttoken::backend::BackendRequest;
+use nexttoken::cpu::{kernels::Isa, Precision};
 use nexttoken::gguf::Gguf;
-use nexttoken::gpu::GpuModel;
+use nexttoken::load::{on_native_backend, CpuSettings, GgufVocab, Loaded};
 use nexttoken::model::{Model, Storage};
 use nexttoken::table::TableModel;
 use nexttoken::tokenizer::HfTokenizer;
-use nexttoken::{Error, LanguageModel, Result, Vocab};
-
-use super::chat::{chat_with, ChatArgs};
-use super::generate::{generate_with, GenerateArgs};
-use super::score::{score_with, ScoreArgs};
+use nexttoken::{Error, Result};
 
 #[derive(Args)]
 pub(crate) struct ModelArgs {
@@ -54,12 +49,9 @@ pub(crate) struct ModelArgs {
     pub(crate) isa: Option<String>,
 }
 
-/// Load the model named by `args` on the chosen backend and hand it to `f`, with its tokenizer
-/// and its GGUF header (the metadata: `None` for a table model).
-pub(crate) fn with_model(
-    args: &ModelArgs,
-    f: impl FnOnce(&dyn DynModel, &dyn Vocab, Option<&Gguf>) -> Result<()>,
-) -> Result<()> {
+/// The model `args` names on the backend `--backend` picks, with its tokenizer and chat
+/// template.
+pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
     if args.context == 0 {
         return Err(Error::Input("--context 0: the context must hold at least one token".into()));
     }
@@ -67,66 +59,25 @@ pub(crate) fn with_model(
         None => default_model()?,
         Some(path) if path.extension().is_some_and(|e| e == "json") => {
             let table = TableModel::from_json(&read_text(path, "table model")?)?;
-            return f(&table, &table, None);
+            return Ok(Loaded::table(table));
         }
         Some(path) => Model::open(path)?,
     };
     // The metadata the tokenizer and the chat template read (`Model` keeps only what the forward
     // pass needs), from the bytes the model already holds.
     let header = Gguf::parse(&model.storage)?;
-    let tokenizer = load_tokenizer(args, &header)?;
-    tokenizer.check_fits(model.config.n_vocab)?;
-    let header = Some(&header);
+    let text = GgufVocab::with_tokenizer(&header, load_tokenizer(args, &header)?)
+        .fitting(model.config.n_vocab)?;
     let request = args.backend.parse::<BackendRequest>()?;
-    let choice = backend::choose_native(request)?;
-    let cpu_model = |model: Model| -> Result<CpuModel> {
-        let cpu = if args.exact {
-            CpuModel::new(model)
-        } else {
-            let threads = cpu_threads(args.threads)?;
-            let fast = CpuModel::new(model).with_precision(Precision::Fast).with_threads(threads);
-            match &args.isa {
-                None => fast,
-                Some(name) => fast.with_isa(Isa::by_name(name)?),
-            }
-        };
-        Ok(cpu.with_max_seq(args.context))
+    let cpu = CpuSettings {
+        precision: if args.exact { Precision::Exact } else { Precision::Fast },
+        threads: if args.exact { 1 } else { cpu_threads(args.threads)? },
+        isa: args.isa.as_deref().map(Isa::by_name).transpose()?,
     };
-    let context = match choice {
-        BackendChoice::Gpu { context, reason } if request == BackendRequest::Gpu => {
-            eprintln!("backend: {reason}");
-            let gpu = nexttoken::lm::block_on(GpuModel::with_context(context, model))?;
-            return f(&gpu.with_max_seq(args.context), &tokenizer, header);
-        }
-        BackendChoice::Gpu { context, .. } => context,
-        BackendChoice::Cpu { reason } => {
-            eprintln!("backend: {reason}");
-            return f(&cpu_model(model)?, &tokenizer, header);
-        }
-    };
-    // auto on a real GPU: the GPU checked against the CPU oracle, then both timed on this model.
-    let cpu = cpu_model(model.share())?;
-    let gpu =
-        nexttoken::lm::block_on(GpuModel::with_context(context, model))?.with_max_seq(args.context);
-    let verdict = nexttoken::lm::block_on(backend::verdict(&gpu, || {
-        Ok((backend::cpu_decode_ms(&cpu)?, false))
-    }));
-    match verdict {
-        Ok(v) if v.gpu => {
-            eprintln!("backend: gpu, {} ({})", gpu.context().describe(), v.reason);
-            f(&gpu, &tokenizer, header)
-        }
-        Ok(v) => {
-            eprintln!("backend: cpu ({})", v.reason);
-            drop(gpu);
-            f(&cpu, &tokenizer, header)
-        }
-        Err(e) => {
-            eprintln!("backend: cpu ({e})");
-            drop(gpu);
-            f(&cpu, &tokenizer, header)
-        }
-    }
+    let (model, backend) =
+        nexttoken::lm::block_on(on_native_backend(model, request, cpu, args.context))?;
+    eprintln!("backend: {backend}");
+    Ok(Loaded::transformer(model, text, backend))
 }
 
 /// The most `--threads`: more than any CPU has cores (the largest have a few hundred hardware
@@ -186,15 +137,6 @@ fn load_tokenizer(args: &ModelArgs, header: &Gguf) -> Result<HfTokenizer> {
     })
 }
 
-/// The chat template in the GGUF header `header` (`None`: a table model, which has none), with
-/// `vocab` for the token strings the file lacks.
-pub(crate) fn load_chat_template(header: Option<&Gguf>, vocab: &dyn Vocab) -> Result<ChatTemplate> {
-    match header {
-        Some(header) => ChatTemplate::from_gguf_with_vocab(header, Some(vocab)),
-        None => Err(Error::Template("table models have no chat template; use generate".into())),
-    }
-}
-
 /// The project's own model (see www/models/README.md), compiled in so the CLI works with no
 /// files and no network.
 const DEFAULT_GGUF: &[u8] = include_bytes!("../../www/models/default.gguf");
@@ -203,38 +145,6 @@ const DEFAULT_TOKENIZER: &[u8] = include_bytes!("../../www/models/default-tokeni
 pub(crate) fn default_model() -> Result<Model> {
     eprintln!("model: embedded default (www/models/default.gguf, KJV Bible, 2M parameters)");
     Model::from_storage(Storage::Static(DEFAULT_GGUF))
-}
-
-/// Object-safe view of a `LanguageModel` so the CLI can hold either kind behind one reference;
-/// each command is generic and is instantiated per concrete model in `DynModel` impls.
-pub(crate) trait DynModel {
-    fn generate(&self, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()>;
-    fn score(&self, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()>;
-    fn chat(&self, vocab: &dyn Vocab, args: &ChatArgs, template: ChatTemplate) -> Result<()>;
-}
-
-impl<M: LanguageModel> DynModel for M {
-    fn generate(&self, vocab: &dyn Vocab, args: &GenerateArgs) -> Result<()> {
-        generate_with(self, vocab, args)
-    }
-    fn score(&self, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
-        score_with(self, vocab, args)
-    }
-    fn chat(&self, vocab: &dyn Vocab, args: &ChatArgs, template: ChatTemplate) -> Result<()> {
-        chat_with(self, vocab, args, template)
-    }
-}
-
-pub(crate) fn run_generate(
-    model: &dyn DynModel,
-    vocab: &dyn Vocab,
-    args: &GenerateArgs,
-) -> Result<()> {
-    model.generate(vocab, args)
-}
-
-pub(crate) fn run_score(model: &dyn DynModel, vocab: &dyn Vocab, args: &ScoreArgs) -> Result<()> {
-    model.score(vocab, args)
 }
 
 /// The text of a JSON file the user named (a table model, a conversation): a regular file of at

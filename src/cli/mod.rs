@@ -1,5 +1,5 @@
 //! The command line, one module per subcommand (`main.rs` is the argument glue): `load` turns
-//! `--model`, `--tokenizer` and `--backend` into a model any subcommand runs (`DynModel`);
+//! `--model`, `--tokenizer` and `--backend` into the library's `Loaded`, which any subcommand runs;
 //! `generate` also holds the sampling and structured-output options `chat` and `bench` share.
 
 pub mod bench;

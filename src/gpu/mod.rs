@@ -12,7 +12,6 @@
 //!   straight into the GPU buffers, never holding the file; the ordinary upload is the same path;
 //! - `check`: the GPU at hand against the CPU oracle on a tiny model shaped like the loaded one
 //!   (a miscompiling driver is caught at load, before it answers);
-//! - `host`: run one kernel on host data (tests and debugging; native only).
 //!
 //! Weights stay in their GGUF encoding on the GPU and are decoded in the shader, so a Q4_K model
 //! takes the same memory there as on disk.
@@ -24,8 +23,6 @@
 pub mod check;
 pub mod context;
 mod encode;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod host;
 pub mod kernels;
 pub mod model;
 pub mod ops;

@@ -9,17 +9,17 @@ use std::cell::RefCell;
 
 use super::js::{self, ChatOptions, GenOptions, InfoOut, LoadOptions};
 use super::js_err;
-use super::session::{start_after, Backend, Session, Slot};
+use super::session::{backend_name, Session, Slot, Stepper};
 use crate::backend::{self, software_adapter, BackendRequest};
 use crate::chat::{fit_prompt, ChatTemplate, Overflow};
-use crate::cpu::{kernels::Isa, CpuModel, Precision};
+use crate::cpu::Precision;
 use crate::generate::{continuation_ids, prompt_ids, Score};
 use crate::gguf::Gguf;
 use crate::gpu::{GpuContext, GpuModel, GpuOptions, GpuStream};
+use crate::load::{AnyModel, CpuSettings, GgufVocab, Loaded};
 use crate::model::Model;
 use crate::table::TableModel;
-use crate::tokenizer::HfTokenizer;
-use crate::{Error, LanguageModel, Vocab};
+use crate::{Error, LanguageModel};
 
 /// Model bytes collected in wasm memory as they download.
 #[wasm_bindgen]
@@ -182,9 +182,8 @@ pub struct GgufStream {
     stream: GpuStream,
     detail: String,
     tokenizer_json: Option<Vec<u8>>,
-    /// Made once the header has arrived.
-    tokenizer: Option<Rc<HfTokenizer>>,
-    template: std::result::Result<ChatTemplate, String>,
+    /// The tokenizer and chat template, made once the header has arrived.
+    text: Option<GgufVocab>,
     max_seq: usize,
     staging: Vec<u8>,
     /// Why a piece was refused: the stream takes nothing more.
@@ -219,8 +218,7 @@ impl GgufStream {
             stream,
             detail,
             tokenizer_json: tokenizer.filter(|b| !b.is_empty()),
-            tokenizer: None,
-            template: Err("the header has not arrived".into()),
+            text: None,
             max_seq: opts.max_seq.unwrap_or(2048).max(1),
             staging: Vec::new(),
             failed: None,
@@ -249,18 +247,17 @@ impl GgufStream {
 
     /// The engine, once the whole file has arrived (an error if it ended early).
     pub async fn finish(self) -> Result<Engine, JsError> {
-        let GgufStream { stream, detail, tokenizer, template, max_seq, failed, .. } = self;
+        let GgufStream { stream, detail, text, max_seq, failed, .. } = self;
         if let Some(why) = failed {
             return Err(JsError::new(&format!("this load already failed: {why}")));
         }
         let gpu = stream.finish().await.map_err(js_err)?.with_max_seq(max_seq);
         // Made with the header, which arrived (the stream would have said otherwise).
-        let Some(tokenizer) = tokenizer else {
+        let Some(text) = text else {
             return Err(JsError::new("the model's header never arrived"));
         };
-        let mut info = gguf_info(&gpu.model, "webgpu", detail, &template);
-        info.load_path = "streamed";
-        Ok(Engine::new(Loaded::Gpu(Rc::new(gpu), tokenizer), info, template))
+        let loaded = Loaded::transformer(AnyModel::Gpu(gpu), text, detail);
+        Ok(Engine::new(loaded, "streamed"))
     }
 }
 
@@ -274,27 +271,15 @@ impl GgufStream {
             chunk.subarray(at as u32, (at + n) as u32).copy_to(&mut self.staging);
             at += n;
             if let Some(header) = self.stream.push(&self.staging)? {
-                let tokenizer = match &self.tokenizer_json {
-                    Some(json) => HfTokenizer::from_bytes(json),
-                    None => HfTokenizer::from_gguf(&header),
-                }?;
-                if let Some(model) = self.stream.model() {
-                    tokenizer.check_fits(model.config.n_vocab)?;
-                }
-                self.template = ChatTemplate::from_gguf_with_vocab(&header, Some(&tokenizer))
-                    .map_err(|e| e.to_string());
-                self.tokenizer = Some(Rc::new(tokenizer));
+                let model = self.stream.model().ok_or_else(|| {
+                    Error::Input("the stream gave a header without the model".into())
+                })?;
+                let json = self.tokenizer_json.as_deref();
+                self.text = Some(GgufVocab::read(&header, json)?.fitting(model.config.n_vocab)?);
             }
         }
         Ok(())
     }
-}
-
-/// One model, on the backend it was loaded for.
-enum Loaded {
-    Table(Rc<TableModel>),
-    Cpu(Rc<CpuModel>, Rc<HfTokenizer>),
-    Gpu(Rc<GpuModel>, Rc<HfTokenizer>),
 }
 
 /// A loaded model.
@@ -302,22 +287,45 @@ enum Loaded {
 pub struct Engine {
     loaded: Loaded,
     info: InfoOut,
-    /// The GGUF's chat template, or why there is none.
-    template: std::result::Result<ChatTemplate, String>,
     /// The latest session's stepper: the next session takes over its KV cache and keeps the
     /// prefix the two prompts share (a chat's earlier turns, a branch's common start).
     latest: RefCell<Option<Slot>>,
 }
 
-fn gguf_info(
-    model: &Model,
-    backend: &'static str,
-    detail: String,
-    template: &std::result::Result<ChatTemplate, String>,
-) -> InfoOut {
+/// What `info()` says of a loaded model: its kind, backend and shapes. `load_path`: how its
+/// bytes arrived ("wasm": through wasm memory; "streamed": straight into GPU buffers).
+fn describe(loaded: &Loaded, load_path: &'static str) -> InfoOut {
+    let backend = backend_name(&loaded.model);
+    let chat_template = loaded.template.as_ref().ok().map(|t| t.source().to_string());
+    let detail = loaded.backend.clone();
+    let model = match &*loaded.model {
+        AnyModel::Table(table) => {
+            return InfoOut {
+                kind: "table",
+                backend,
+                backend_detail: detail,
+                name: table.name().to_string(),
+                description: table.description().to_string(),
+                arch: "bigram table".into(),
+                n_vocab: table.vocab_size(),
+                n_ctx: table.context_length(),
+                n_layer: 0,
+                n_embd: 0,
+                parameters: table.vocab_size() * table.vocab_size(),
+                bytes: 0,
+                weight_bytes_per_token: 0,
+                words: table.words().to_vec(),
+                chat_template,
+                weights_in_wasm_bytes: 0,
+                load_path: "",
+            };
+        }
+        AnyModel::Cpu(m) => &m.model,
+        AnyModel::Gpu(m) => &m.model,
+    };
     let c = &model.config;
     InfoOut {
-        chat_template: template.as_ref().ok().map(|t| t.source().to_string()),
+        chat_template,
         kind: "gguf",
         backend,
         backend_detail: detail,
@@ -333,16 +341,7 @@ fn gguf_info(
         weight_bytes_per_token: model.weight_bytes_per_token(),
         words: Vec::new(),
         weights_in_wasm_bytes: model.held_bytes(),
-        load_path: "wasm",
-    }
-}
-
-/// What the CPU path computes with, for the backend description.
-fn cpu_kernels(precision: Precision, threads: usize) -> String {
-    let threads = if threads == 1 { "1 thread".to_string() } else { format!("{threads} threads") };
-    match precision {
-        Precision::Exact => format!("exact reference kernels, {threads}"),
-        Precision::Fast => format!("{} int8 kernels, {threads}", Isa::detect().name()),
+        load_path,
     }
 }
 
@@ -354,12 +353,11 @@ async fn webgpu() -> Result<std::sync::Arc<GpuContext>, String> {
     GpuContext::new_async().await.map_err(|e| e.to_string())
 }
 
-/// The promise `Engine::score` returns, for one backend.
-/// The promise `Engine::score` returns, for one backend: the chain rule on `text`, or with
-/// `after`, on `text` as the continuation of the prefix `after` (only its tokens are scored).
-fn score_promise<M: Backend>(
-    model: Rc<M>,
-    vocab: Rc<dyn Vocab>,
+/// The promise `Engine::score` returns: the chain rule on `text`, or with `after`, on `text` as
+/// the continuation of the prefix `after` (only its tokens are scored).
+fn score_promise(
+    model: Rc<AnyModel>,
+    vocab: Rc<dyn crate::Vocab>,
     text: String,
     after: Option<String>,
 ) -> js_sys::Promise {
@@ -373,7 +371,8 @@ fn score_promise<M: Backend>(
             // Token i + 1 is scored by token_logprobs[i]: keep those of the continuation, with
             // the last token of the context before them (unscored), as `score_out` expects.
             let mine = Score::from_logprobs(score.token_logprobs[context - 1..].to_vec());
-            Ok::<_, crate::Error>(js::score_out(&*vocab, &ids[context - 1..], &mine, M::NAME))
+            let backend = backend_name(&model);
+            Ok::<_, crate::Error>(js::score_out(&*vocab, &ids[context - 1..], &mine, backend))
         };
         let out = scored.await.map_err(js_err)?;
         Ok(js::to_js(&out)?)
@@ -381,37 +380,28 @@ fn score_promise<M: Backend>(
 }
 
 impl Engine {
-    fn new(
-        loaded: Loaded,
-        info: InfoOut,
-        template: std::result::Result<ChatTemplate, String>,
-    ) -> Engine {
-        Engine { loaded, info, template, latest: RefCell::new(None) }
+    fn new(loaded: Loaded, load_path: &'static str) -> Engine {
+        let info = describe(&loaded, load_path);
+        Engine { loaded, info, latest: RefCell::new(None) }
     }
 
     fn template(&self) -> Result<&ChatTemplate, JsError> {
-        self.template.as_ref().map_err(|why| js_err(Error::Template(why.clone())))
+        self.loaded.template().map_err(js_err)
     }
 
-    fn context_length(&self) -> usize {
-        match &self.loaded {
-            Loaded::Table(m) => m.context_length(),
-            Loaded::Cpu(m, _) => m.context_length(),
-            Loaded::Gpu(m, _) => m.context_length(),
-        }
+    /// The model on WebGPU, `None` on the other backends.
+    fn gpu(&self) -> Option<&GpuModel> {
+        self.loaded.model.gpu()
     }
 
     /// A session over `ids` that takes over the latest session's KV cache (that session ends).
     fn start_ids(&self, ids: &[u32], opts: &GenOptions, stops: &[u32]) -> Result<Session, JsError> {
-        let vocab = self.vocab();
+        let vocab = self.loaded.vocab.clone();
         // Taken even if this start fails: the old session's state may be cut back already.
         let previous = self.latest.borrow_mut().take().and_then(|slot| slot.borrow_mut().take());
-        let gen = match &self.loaded {
-            Loaded::Table(m) => start_after(m, vocab.clone(), ids, opts, previous, stops),
-            Loaded::Cpu(m, _) => start_after(m, vocab.clone(), ids, opts, previous, stops),
-            Loaded::Gpu(m, _) => start_after(m, vocab.clone(), ids, opts, previous, stops),
-        }
-        .map_err(js_err)?;
+        let model = &self.loaded.model;
+        let gen = Stepper::start_after(model, vocab.clone(), ids, opts, previous, stops)
+            .map_err(js_err)?;
         let session = Session::new(gen, vocab, ids.to_vec());
         *self.latest.borrow_mut() = Some(session.slot());
         Ok(session)
@@ -424,27 +414,9 @@ impl Engine {
     #[wasm_bindgen(js_name = loadTable)]
     pub fn load_table(json: &str) -> Result<Engine, JsError> {
         let table = TableModel::from_json(json).map_err(js_err)?;
-        let info = InfoOut {
-            kind: "table",
-            backend: "table",
-            backend_detail: "a lookup table: no matrix math".into(),
-            name: table.name().to_string(),
-            description: table.description().to_string(),
-            arch: "bigram table".into(),
-            n_vocab: table.vocab_size(),
-            n_ctx: table.context_length(),
-            n_layer: 0,
-            n_embd: 0,
-            parameters: table.vocab_size() * table.vocab_size(),
-            bytes: json.len(),
-            weight_bytes_per_token: 0,
-            words: table.words().to_vec(),
-            chat_template: None,
-            weights_in_wasm_bytes: 0,
-            load_path: "",
-        };
-        let template = Err("table models have no chat template".to_string());
-        Ok(Engine::new(Loaded::Table(Rc::new(table)), info, template))
+        let mut engine = Engine::new(Loaded::table(table), "");
+        engine.info.bytes = json.len();
+        Ok(engine)
     }
 
     /// A GGUF model (its bytes, collected in `sink`, which this consumes) and its
@@ -467,45 +439,36 @@ impl Engine {
         };
         // The header once: for the tokenizer, the chat template and the model.
         let header = Gguf::parse(&sink.buf).map_err(js_err)?;
-        let tokenizer = match tokenizer.filter(|b| !b.is_empty()) {
-            Some(json) => HfTokenizer::from_bytes(&json),
-            None => HfTokenizer::from_gguf(&header),
-        };
-        let tokenizer = Rc::new(tokenizer.map_err(js_err)?);
-        let template = ChatTemplate::from_gguf_with_vocab(&header, Some(&*tokenizer))
-            .map_err(|e| e.to_string());
+        let json = tokenizer.filter(|b| !b.is_empty());
+        let text = GgufVocab::read(&header, json.as_deref()).map_err(js_err)?;
         let model = Model::from_bytes_parsed(sink.buf, header).map_err(js_err)?;
-        tokenizer.check_fits(model.config.n_vocab).map_err(js_err)?;
+        let text = text.fitting(model.config.n_vocab).map_err(js_err)?;
         let max_seq = opts.max_seq.unwrap_or(2048).max(1);
-        let precision = if opts.exact { Precision::Exact } else { Precision::Fast };
-        let threads = opts.threads.unwrap_or(usize::MAX).clamp(1, crate::cpu::browser_threads());
-        let cpu_engine = |model: Model, reason: String| {
-            let cpu = CpuModel::new(model)
-                .with_precision(precision)
-                .with_threads(threads)
-                .with_max_seq(max_seq);
-            let info = gguf_info(&cpu.model, "cpu", reason, &template);
-            Engine::new(Loaded::Cpu(Rc::new(cpu), tokenizer.clone()), info, template.clone())
+        let cpu = CpuSettings {
+            precision: if opts.exact { Precision::Exact } else { Precision::Fast },
+            threads: opts.threads.unwrap_or(usize::MAX).clamp(1, crate::cpu::browser_threads()),
+            isa: None,
         };
-        let cpu_why =
-            |why: &str| format!("{why} (WebAssembly, {})", cpu_kernels(precision, threads));
+        let on_cpu = |model: Model, why: &str, text: GgufVocab| {
+            let reason = format!("{why} (WebAssembly, {})", cpu.describe());
+            let loaded =
+                Loaded::transformer(AnyModel::Cpu(cpu.model(model, max_seq)), text, reason);
+            Engine::new(loaded, "wasm")
+        };
         let Some(ctx) = choice.gpu else {
-            return Ok(cpu_engine(model, cpu_why(&choice.cpu_why)));
+            return Ok(on_cpu(model, &choice.cpu_why, text));
         };
         let name = adapter_name(&ctx);
         let fallback = choice.fallback.then(|| model.share());
         match GpuModel::with_context(ctx, model).await {
             Ok(gpu) => {
-                let gpu = gpu.with_max_seq(max_seq);
-                let info = gguf_info(&gpu.model, "webgpu", name, &template);
-                let loaded = Loaded::Gpu(Rc::new(gpu), tokenizer.clone());
-                Ok(Engine::new(loaded, info, template))
+                let gpu = AnyModel::Gpu(gpu.with_max_seq(max_seq));
+                Ok(Engine::new(Loaded::transformer(gpu, text, name), "wasm"))
             }
             Err(e) => match fallback {
-                Some(model) => Ok(cpu_engine(
-                    model,
-                    cpu_why(&format!("WebGPU failed ({e}); running on the CPU")),
-                )),
+                Some(model) => {
+                    Ok(on_cpu(model, &format!("WebGPU failed ({e}); running on the CPU"), text))
+                }
                 None => Err(js_err(e)),
             },
         }
@@ -521,8 +484,8 @@ impl Engine {
     /// `undefined` off the CPU path.
     #[wasm_bindgen(js_name = decodeWalk)]
     pub fn decode_walk(&self) -> Option<String> {
-        match &self.loaded {
-            Loaded::Cpu(m, _) => Some(
+        match &*self.loaded.model {
+            AnyModel::Cpu(m) => Some(
                 match m.decode_in_streams() {
                     None => "timing",
                     Some(true) => "streams",
@@ -540,11 +503,12 @@ impl Engine {
     /// the browser does not expose `timestamp-query`.
     #[wasm_bindgen(js_name = gpuProfile)]
     pub fn gpu_profile(&self, context: usize) -> js_sys::Promise {
-        let Loaded::Gpu(m, _) = &self.loaded else {
+        if self.gpu().is_none() {
             return js_sys::Promise::resolve(&JsValue::NULL);
-        };
-        let m = m.clone();
+        }
+        let model = self.loaded.model.clone();
         wasm_bindgen_futures::future_to_promise(async move {
+            let m = model.gpu().ok_or_else(|| JsError::new("not on WebGPU"))?;
             let context = context.clamp(1, m.context_length().saturating_sub(1).max(1));
             let vocab = m.vocab_size();
             if vocab <= 3 {
@@ -570,18 +534,19 @@ impl Engine {
     /// cpuMsPerToken, cpuEstimated, check}`: `gpu` false means the CPU path is faster here.
     #[wasm_bindgen(js_name = autoVerdict)]
     pub fn auto_verdict(&self, exact: bool, threads: usize) -> js_sys::Promise {
-        let Loaded::Gpu(m, _) = &self.loaded else {
+        if self.gpu().is_none() {
             return js_sys::Promise::reject(&JsError::new("autoVerdict: not on WebGPU").into());
-        };
-        let m = m.clone();
+        }
+        let model = self.loaded.model.clone();
         let precision = if exact { Precision::Exact } else { Precision::Fast };
         let threads = threads.clamp(1, crate::cpu::browser_threads());
         wasm_bindgen_futures::future_to_promise(async move {
+            let m = model.gpu().ok_or_else(|| JsError::new("not on WebGPU"))?;
             let cpu_ms = || {
                 let rate = backend::cpu_decode_rate(&m.model, precision, threads)?;
                 Ok((m.model.weight_bytes_per_token() as f64 / rate * 1e3, true))
             };
-            let verdict = backend::verdict(&m, cpu_ms).await.map_err(js_err)?;
+            let verdict = backend::verdict(m, cpu_ms).await.map_err(js_err)?;
             Ok(js::to_js(&verdict)?)
         })
     }
@@ -590,7 +555,7 @@ impl Engine {
     /// with "GPU device lost"): for tests of the fallback to the CPU path. Nothing off WebGPU.
     #[wasm_bindgen(js_name = simulateGpuLoss)]
     pub fn simulate_gpu_loss(&self) {
-        if let Loaded::Gpu(m, _) = &self.loaded {
+        if let Some(m) = self.gpu() {
             m.context().simulate_device_loss();
         }
     }
@@ -601,40 +566,30 @@ impl Engine {
     /// `backend: "gpu"`).
     #[wasm_bindgen(js_name = checkGpu)]
     pub fn check_gpu(&self) -> js_sys::Promise {
-        let Loaded::Gpu(m, _) = &self.loaded else {
+        if self.gpu().is_none() {
             return js_sys::Promise::reject(&JsError::new("checkGpu: not on WebGPU").into());
-        };
-        let m = m.clone();
+        }
+        let model = self.loaded.model.clone();
         wasm_bindgen_futures::future_to_promise(async move {
+            let m = model.gpu().ok_or_else(|| JsError::new("not on WebGPU"))?;
             let checked = m.check_against_cpu().await.map_err(js_err)?;
             Ok(js::to_js(&checked)?)
         })
     }
 
-    fn vocab(&self) -> Rc<dyn Vocab> {
-        match &self.loaded {
-            Loaded::Table(t) => t.clone(),
-            Loaded::Cpu(_, tok) | Loaded::Gpu(_, tok) => tok.clone(),
-        }
-    }
-
     fn bos(&self) -> Option<u32> {
-        match &self.loaded {
-            Loaded::Table(t) => t.bos_token(),
-            Loaded::Cpu(m, _) => m.bos_token(),
-            Loaded::Gpu(m, _) => m.bos_token(),
-        }
+        self.loaded.model.bos_token()
     }
 
     /// Token ids of `text` (no BOS).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, JsError> {
-        self.vocab().encode(text).map_err(js_err)
+        self.loaded.vocab.encode(text).map_err(js_err)
     }
 
     /// Display form of one token.
     #[wasm_bindgen(js_name = tokenText)]
     pub fn token_text(&self, id: u32) -> String {
-        self.vocab().token_text(id)
+        self.loaded.vocab.token_text(id)
     }
 
     /// Start generating a continuation of `prompt`. Options (all optional): `maxTokens`,
@@ -649,7 +604,7 @@ impl Engine {
     /// generation ends.
     pub fn start(&self, prompt: &str, options: JsValue) -> Result<Session, JsError> {
         let opts = GenOptions::parse(options)?;
-        let ids = prompt_ids(self.bos(), &*self.vocab(), prompt).map_err(js_err)?;
+        let ids = prompt_ids(self.bos(), &*self.loaded.vocab, prompt).map_err(js_err)?;
         self.start_ids(&ids, &opts, &[])
     }
 
@@ -673,11 +628,11 @@ impl Engine {
         let template = self.template()?;
         let mut messages = js::messages(messages)?;
         let opts = GenOptions::parse(options.clone())?;
-        let context = self.context_length();
+        let context = self.loaded.model.context_length();
         let drop_oldest = ChatOptions::parse(options)?.drop_oldest;
         let overflow =
             Overflow::for_reply(drop_oldest, opts.generate_options().max_tokens, context);
-        let vocab = self.vocab();
+        let vocab = self.loaded.vocab.clone();
         let (ids, _) = fit_prompt(template, &*vocab, self.bos(), &mut messages, context, overflow)
             .map_err(js_err)?;
         Ok(self.start_ids(&ids, &opts, template.stop_tokens())?.with_messages(messages))
@@ -702,12 +657,6 @@ impl Engine {
     /// continuation: P(text | after), only the continuation's tokens (candidates compared after
     /// one prefix). Returns a Promise (the WebGPU forward pass is asynchronous).
     pub fn score(&self, text: &str, after: Option<String>) -> js_sys::Promise {
-        let vocab = self.vocab();
-        let text = text.to_string();
-        match &self.loaded {
-            Loaded::Table(m) => score_promise(m.clone(), vocab, text, after),
-            Loaded::Cpu(m, _) => score_promise(m.clone(), vocab, text, after),
-            Loaded::Gpu(m, _) => score_promise(m.clone(), vocab, text, after),
-        }
+        score_promise(self.loaded.model.clone(), self.loaded.vocab.clone(), text.into(), after)
     }
 }

@@ -12,85 +12,38 @@ use wasm_bindgen::prelude::*;
 use super::js::{self, GenOptions};
 use super::{clock, js_err};
 use crate::chat::{reuse_prefix, Message};
-use crate::cpu::CpuModel;
 use crate::generate::{self, BeamNode, BeamSearch, Generation, GenerationSummary, TokenEvent};
-use crate::gpu::GpuModel;
-use crate::table::TableModel;
+use crate::load::{AnyModel, AnyState};
 use crate::{Error, LanguageModel, Result, Vocab};
 
-/// A model the browser runs: its name in results, and its session variant.
-pub(super) trait Backend: LanguageModel + Sized + 'static {
-    /// Reported with every result: "table", "cpu" or "webgpu".
-    const NAME: &'static str;
-
-    /// The session enum's variant for this backend, and back.
-    fn wrap(stepper: Stepper<Self>) -> Gen;
-    fn unwrap(gen: Gen) -> Option<Stepper<Self>>;
+/// The name results give for the backend that computed them: "table", "cpu" or "webgpu".
+pub(super) fn backend_name(model: &AnyModel) -> &'static str {
+    match model {
+        AnyModel::Table(_) => "table",
+        AnyModel::Cpu(_) => "cpu",
+        AnyModel::Gpu(_) => "webgpu",
+    }
 }
 
-/// `Backend::wrap` and `unwrap` for one `Gen` variant.
-macro_rules! variant {
-    ($variant:ident) => {
-        fn wrap(stepper: Stepper<Self>) -> Gen {
-            Gen::$variant(stepper)
-        }
-        fn unwrap(gen: Gen) -> Option<Stepper<Self>> {
-            match gen {
-                Gen::$variant(stepper) => Some(stepper),
-                _ => None,
-            }
-        }
-    };
-}
-
-impl Backend for TableModel {
-    const NAME: &'static str = "table";
-    variant!(Table);
-}
-
-impl Backend for CpuModel {
-    const NAME: &'static str = "cpu";
-    variant!(Cpu);
-}
-
-impl Backend for GpuModel {
-    const NAME: &'static str = "webgpu";
-    variant!(Gpu);
-}
-
-type Owned<M> = Generation<'static, M, Rc<M>, Rc<dyn Vocab>>;
+type Owned = Generation<'static, AnyModel, Rc<AnyModel>, Rc<dyn Vocab>>;
 
 /// A model state (KV cache) and the ids whose keys and values it holds.
-pub(super) type Cache<M> = (<M as LanguageModel>::State, Vec<u32>);
-
-/// Start a session on `model`, reusing what `previous` (the engine's last session, if it ran on
-/// this backend and is not computing a token) holds in its KV cache.
-pub(super) fn start_after<M: Backend>(
-    model: &Rc<M>,
-    vocab: Rc<dyn Vocab>,
-    ids: &[u32],
-    opts: &GenOptions,
-    previous: Option<Gen>,
-    extra_stops: &[u32],
-) -> Result<Gen> {
-    let cache = previous.and_then(M::unwrap).and_then(Stepper::into_cache);
-    Stepper::start(model, vocab, ids, opts, cache, extra_stops).map(M::wrap)
-}
+pub(super) type Cache = (AnyState, Vec<u32>);
 
 /// What a session steps.
-pub(super) enum Stepper<M: Backend> {
+pub(super) enum Stepper {
     /// Sampling, one forward pass per token.
-    Sample(Box<Owned<M>>),
+    Sample(Box<Owned>),
     /// A beam search, run whole on the first step, then its best beam replayed token by token.
-    Beam(BeamRun<M>),
+    Beam(BeamRun),
 }
 
-pub(super) struct BeamRun<M: Backend> {
-    model: Rc<M>,
+pub(super) struct BeamRun {
+    model: Rc<AnyModel>,
     vocab: Rc<dyn Vocab>,
     prompt: Vec<u32>,
     /// Until the search has run.
-    search: Option<BeamSearch<M::State>>,
+    search: Option<BeamSearch<AnyState>>,
     events: VecDeque<TokenEvent>,
     summary: Option<GenerationSummary>,
     aborted: bool,
@@ -99,17 +52,33 @@ pub(super) struct BeamRun<M: Backend> {
     best: Option<usize>,
 }
 
-impl<M: Backend> Stepper<M> {
+impl Stepper {
+    /// A session over `ids`, reusing what `previous` (the engine's last session, if it is not
+    /// computing a token) holds in its KV cache: a sampling run keeps the longest prefix the two
+    /// share and prefills only the rest (`reuse_prefix`: the logits are those of a fresh state).
+    /// `extra_stops`: more end tokens (a chat template's end-of-turn markers).
+    pub fn start_after(
+        model: &Rc<AnyModel>,
+        vocab: Rc<dyn Vocab>,
+        ids: &[u32],
+        opts: &GenOptions,
+        previous: Option<Stepper>,
+        extra_stops: &[u32],
+    ) -> Result<Self> {
+        let cache = previous.and_then(Stepper::into_cache);
+        Stepper::start(model, vocab, ids, opts, cache, extra_stops)
+    }
+
     /// A session over `ids`. `cache`: a state left by an earlier session with the ids it holds;
     /// a sampling run keeps the longest prefix they share with `ids` and prefills only the rest
     /// (`reuse_prefix`: the logits are those of a fresh state). `extra_stops`: more end tokens
     /// (a chat template's end-of-turn markers).
-    pub fn start(
-        model: &Rc<M>,
+    fn start(
+        model: &Rc<AnyModel>,
         vocab: Rc<dyn Vocab>,
         ids: &[u32],
         opts: &GenOptions,
-        cache: Option<Cache<M>>,
+        cache: Option<Cache>,
         extra_stops: &[u32],
     ) -> Result<Self> {
         Ok(match opts.beam_options() {
@@ -152,7 +121,7 @@ impl<M: Backend> Stepper<M> {
         })
     }
 
-    fn model(&self) -> &M {
+    fn model(&self) -> &AnyModel {
         match self {
             Stepper::Sample(generation) => generation.model(),
             Stepper::Beam(run) => &run.model,
@@ -161,7 +130,7 @@ impl<M: Backend> Stepper<M> {
 
     /// What a sampling run leaves for the next session: its state and the ids it holds. (A
     /// beam search keeps no single state.)
-    fn into_cache(self) -> Option<Cache<M>> {
+    fn into_cache(self) -> Option<Cache> {
         match self {
             Stepper::Sample(generation) => {
                 let held = generation.held_ids().to_vec();
@@ -218,7 +187,7 @@ impl<M: Backend> Stepper<M> {
     }
 }
 
-impl<M: Backend> BeamRun<M> {
+impl BeamRun {
     async fn search_all(&mut self) -> Result<()> {
         let started = clock();
         let search = self.search.as_mut().expect("called while the search has not run");
@@ -235,75 +204,35 @@ impl<M: Backend> BeamRun<M> {
     }
 }
 
-/// A session over whichever model the engine holds.
-pub(super) enum Gen {
-    Table(Stepper<TableModel>),
-    Cpu(Stepper<CpuModel>),
-    Gpu(Stepper<GpuModel>),
-}
-
-/// `$body` with `$s` bound to the stepper, and `$M` to its model type, whatever the backend.
-macro_rules! each {
-    ($gen:expr, $s:ident, $M:ident => $body:expr) => {
-        match $gen {
-            Gen::Table($s) => {
-                type $M = TableModel;
-                $body
-            }
-            Gen::Cpu($s) => {
-                type $M = CpuModel;
-                $body
-            }
-            Gen::Gpu($s) => {
-                type $M = GpuModel;
-                $body
-            }
-        }
-    };
-}
-
-impl Gen {
-    async fn next(&mut self) -> Result<Option<TokenEvent>> {
-        each!(self, s, _M => s.next().await)
-    }
-
+impl Stepper {
     fn next_now(&mut self) -> Result<Option<TokenEvent>> {
-        each!(self, s, M => {
-            if !s.model().answers_at_once() {
-                return Err(Error::Input(format!(
-                    "a {} generation steps asynchronously: use next()",
-                    M::NAME
-                )));
-            }
-            crate::lm::block_on(s.next())
-        })
-    }
-
-    fn abort(&mut self) {
-        each!(self, s, _M => s.abort())
-    }
-
-    fn summary(&self) -> Option<(GenerationSummary, &'static str)> {
-        each!(self, s, M => s.summary().map(|summary| (summary, M::NAME)))
+        let model = self.model();
+        if !model.answers_at_once() {
+            return Err(Error::Input(format!(
+                "a {} generation steps asynchronously: use next()",
+                backend_name(model)
+            )));
+        }
+        crate::lm::block_on(self.next())
     }
 
     /// A constrained sampling run's time on its constraint.
     fn constraint_time(&self) -> Option<js::ConstraintTimeOut> {
-        each!(self, s, _M => match s {
+        match self {
             Stepper::Sample(g) if g.is_constrained() => {
                 let (steps_ms, steps) = g.constraint_time();
                 Some(js::ConstraintTimeOut { build_ms: g.constraint_build_ms(), steps_ms, steps })
             }
             _ => None,
-        })
+        }
     }
 
     /// A beam search's tree once it has run (the nodes and the best beam's last node).
     fn beam_tree(&self) -> Option<(&[BeamNode], Option<usize>)> {
-        each!(self, s, _M => match s {
+        match self {
             Stepper::Beam(run) if !run.tree.is_empty() => Some((&run.tree[..], run.best)),
             _ => None,
-        })
+        }
     }
 }
 
@@ -321,10 +250,10 @@ pub struct Session {
 
 /// Where a session's stepper lives; the engine holds a second handle to its latest session's,
 /// so the next session can take over the KV cache.
-pub(super) type Slot = Rc<RefCell<Option<Gen>>>;
+pub(super) type Slot = Rc<RefCell<Option<Stepper>>>;
 
 impl Session {
-    pub(super) fn new(gen: Gen, vocab: Rc<dyn Vocab>, prompt_ids: Vec<u32>) -> Session {
+    pub(super) fn new(gen: Stepper, vocab: Rc<dyn Vocab>, prompt_ids: Vec<u32>) -> Session {
         Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_ids, messages: None }
     }
 
@@ -341,7 +270,7 @@ impl Session {
 const BUSY: &str = "this generation is computing a token (await each next() before the next), \
      failed, or was replaced by a newer generation on the same model";
 
-async fn step(cell: Rc<RefCell<Option<Gen>>>) -> Result<Option<TokenEvent>> {
+async fn step(cell: Rc<RefCell<Option<Stepper>>>) -> Result<Option<TokenEvent>> {
     let taken = cell.borrow_mut().take();
     let Some(mut gen) = taken else {
         return Err(Error::Input(BUSY.into()));
@@ -407,7 +336,7 @@ impl Session {
     #[wasm_bindgen(getter, js_name = beamTree)]
     pub fn beam_tree(&self) -> std::result::Result<JsValue, JsError> {
         let slot = self.gen.borrow();
-        let Some((nodes, best)) = slot.as_ref().and_then(Gen::beam_tree) else {
+        let Some((nodes, best)) = slot.as_ref().and_then(Stepper::beam_tree) else {
             return Ok(JsValue::UNDEFINED);
         };
         js::to_js(&js::beam_tree_out(&*self.vocab, nodes, best))
@@ -431,9 +360,11 @@ impl Session {
         let slot = self.gen.borrow();
         let gen = slot.as_ref().ok_or_else(|| JsError::new(BUSY))?;
         match gen.summary() {
-            Some((summary, backend)) => {
-                js::to_js(&js::summary_out(summary, backend, gen.constraint_time()))
-            }
+            Some(summary) => js::to_js(&js::summary_out(
+                summary,
+                backend_name(gen.model()),
+                gen.constraint_time(),
+            )),
             None => Ok(JsValue::NULL),
         }
     }

@@ -1,16 +1,19 @@
-//! Run one kernel on host data: upload, dispatch, read back. For the per-kernel tests against
-//! the CPU reference and for debugging; native only (it blocks).
+//! Run one kernel on host data: upload, dispatch, read back. For the per-kernel tests of
+//! tests/gpu.rs against the CPU reference; native only (it blocks). It uses only the library's
+//! public kernel API (`gpu::kernels`, `gpu::ops`), as any other program could.
 
-use super::context::GpuContext;
-pub use super::kernels::read;
-use super::kernels::{storage, upload, Kernels, Pass};
-use super::ops::{
+#![allow(dead_code)]
+
+use nexttoken::gpu::context::GpuContext;
+pub use nexttoken::gpu::kernels::read;
+use nexttoken::gpu::kernels::{storage, upload, Kernels, Pass};
+use nexttoken::gpu::ops::{
     self, floats, step_words, AttentionShape, Columns, Fused, GpuTensor, Heads, KvBuffers, Lookup,
     NormOp, Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
-use crate::error::Result;
-use crate::model::{cos_sin_table, Norm};
-use crate::quant::GgmlType;
+use nexttoken::model::{cos_sin_table, Norm};
+use nexttoken::quant::GgmlType;
+use nexttoken::Result;
 
 fn f32_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()

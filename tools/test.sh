@@ -33,6 +33,14 @@ cargo clippy --all-targets -- -D warnings
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
   cargo clippy --lib --target wasm32-unknown-unknown -- -D warnings
 
+# The JavaScript (www/, tests/browser/) formatted and linted by Biome (biome.jsonc says which rules
+# and why); `tests/browser/node_modules/.bin/biome check --write` fixes what it can. The npm packages
+# (Biome, Playwright, binaryen, TypeScript) go to tests/browser/node_modules, which build.sh also uses.
+if [ ! -x tests/browser/node_modules/.bin/biome ]; then
+  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+fi
+tests/browser/node_modules/.bin/biome ci www tests/browser
+
 # No test touches the network: models are committed under tests/fixtures and www/models, or read
 # from ../shared (skipped loudly when absent, unless NEXTTOKEN_REQUIRE_SHARED=1 as in CI).
 cargo build --all-targets

@@ -8,7 +8,16 @@
 
 import { NextToken, CATALOG, RunningLogP, resolveSpec } from "./nexttoken.js";
 import { listCached, deleteCached, isCached, formatBytes } from "./model-cache.js";
-import { el, probColor, withRunningSums, alternativesList, samplerPanel as samplerView, beamTreeNodes, greedyLine, scoreNodes } from "./views.js";
+import {
+  el,
+  probColor,
+  withRunningSums,
+  alternativesList,
+  samplerPanel as samplerView,
+  beamTreeNodes,
+  greedyLine,
+  scoreNodes,
+} from "./views.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -87,7 +96,11 @@ function onPickerChange(setPrompt) {
   const id = $("model-select").value;
   $("custom-row").hidden = id !== "custom";
   const entry = CATALOG.find((m) => m.id === id);
-  $("model-note").textContent = entry?.note || (id === "custom" ? "Any GGUF (llama, qwen2, gpt2) by URL or as a Hugging Face reference (hf:owner/repo/file.gguf or owner/repo:file.gguf; split files by their first part): its own tokenizer and chat template are used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS." : "");
+  $("model-note").textContent =
+    entry?.note ||
+    (id === "custom"
+      ? "Any GGUF (llama, qwen2, gpt2) by URL or as a Hugging Face reference (hf:owner/repo/file.gguf or owner/repo:file.gguf; split files by their first part): its own tokenizer and chat template are used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS."
+      : "");
   if (setPrompt && entry) $("prompt").value = entry.prompt ?? (entry.kind === "table" ? "the" : "Once upon a time");
 }
 
@@ -136,7 +149,7 @@ async function loadModel(spec) {
         stats.download =
           parts > 1
             ? `${formatBytes(doneBytes + loaded)} (part ${part} of ${parts})${fromCache ? " (cache)" : ""}`
-            : `${formatBytes(loaded)}${total ? " / " + formatBytes(total) : ""}${fromCache ? " (cache)" : ""}`;
+            : `${formatBytes(loaded)}${total ? ` / ${formatBytes(total)}` : ""}${fromCache ? " (cache)" : ""}`;
         renderStats();
       },
       onWarning: (message) => showError(message, false, "warning"),
@@ -150,7 +163,10 @@ async function loadModel(spec) {
       "backend choice": info.backendReason ?? "",
       architecture: info.kind === "table" ? "bigram table" : `${info.arch}, ${info.nLayer} layers, ${info.nEmbd} wide`,
       parameters: info.parameters.toLocaleString(),
-      "model size": info.kind === "table" ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)` : formatBytes(info.bytes),
+      "model size":
+        info.kind === "table"
+          ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)`
+          : formatBytes(info.bytes),
       download: info.kind === "table" ? "" : info.timings?.fromCache ? "from cache" : stats.download || "",
       weights: info.kind === "table" ? "" : weightsLabel(info),
       "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms${info.timings?.backendMs ? `, backend check ${info.timings.backendMs.toFixed(0)} ms` : ""})`,
@@ -161,7 +177,9 @@ async function loadModel(spec) {
     $("generate").disabled = $("score-btn").disabled = false;
     // A model with a chat template opens in chat mode; the conversation starts afresh.
     $("mode-chat").disabled = !info.chatTemplate;
-    $("mode-chat").parentElement.title = info.chatTemplate ? "" : "this model has no chat template (tokenizer.chat_template)";
+    $("mode-chat").parentElement.title = info.chatTemplate
+      ? ""
+      : "this model has no chat template (tokenizer.chat_template)";
     conversation = [];
     tokens = [];
     branches = [];
@@ -193,13 +211,14 @@ function backendLabel(info) {
   // for (show the kernels only), or why WebGPU was not used, with the kernels in brackets at the end.
   const detail = info.backendDetail || "";
   const chosen = /^CPU backend chosen \((?:WebAssembly, )?(.*)\)$/.exec(detail);
-  return `CPU (WebAssembly SIMD)${detail ? " — " + (chosen ? chosen[1] : detail) : ""}`;
+  return `CPU (WebAssembly SIMD)${detail ? ` — ${chosen ? chosen[1] : detail}` : ""}`;
 }
 
 /** Where the weights are: on WebGPU they never stay in wasm memory (streamed: never enter it). */
 function weightsLabel(info) {
   const wasm = `wasm memory ${formatBytes(info.wasmMemoryBytes ?? 0)}`;
-  if (info.loadPath === "streamed") return `on the GPU, streamed from the download (${formatBytes(info.weightsInWasmBytes)} in wasm memory; ${wasm})`;
+  if (info.loadPath === "streamed")
+    return `on the GPU, streamed from the download (${formatBytes(info.weightsInWasmBytes)} in wasm memory; ${wasm})`;
   if (info.backend === "webgpu") return `on the GPU, uploaded from wasm memory and released (${wasm})`;
   return `in wasm memory, ${formatBytes(info.weightsInWasmBytes)} (${wasm})`;
 }
@@ -296,7 +315,10 @@ function constraint() {
   const text = $("constraint-text").value;
   if (!kind) return undefined;
   if (kind === "json_object") return { type: "json_object" };
-  if (!text.trim()) throw new Error(`Structured output: enter the ${kind === "json_schema" ? "JSON Schema" : kind === "regex" ? "regular expression" : "grammar"}`);
+  if (!text.trim())
+    throw new Error(
+      `Structured output: enter the ${kind === "json_schema" ? "JSON Schema" : kind === "regex" ? "regular expression" : "grammar"}`,
+    );
   if (kind === "regex") return { type: "regex", pattern: text };
   if (kind === "grammar") return { type: "grammar", lark: text };
   let schema;
@@ -367,7 +389,9 @@ async function runGenerate() {
     summaryStats(nt.lastSummary);
     // The generation is the root of a new branch tree.
     const done = nt.lastSummary;
-    branches = done ? [{ parent: null, at: 0, prompt, promptIds: done.promptIds, tokens, label: "the generation" }] : [];
+    branches = done
+      ? [{ parent: null, at: 0, prompt, promptIds: done.promptIds, tokens, label: "the generation" }]
+      : [];
     shownBranch = 0;
     renderBranches();
     if (done?.beamTree) await showBeamTree(prompt, done.beamTree, done.text);
@@ -495,7 +519,14 @@ async function branchFrom(i, alt) {
   if (document.body.dataset.state !== "ready") return;
   const base = branches[shownBranch];
   const ids = [...base.promptIds, ...base.tokens.slice(0, i).map((t) => t.id)];
-  const branch = { parent: shownBranch, at: i, prompt: base.prompt, promptIds: base.promptIds, tokens: base.tokens.slice(0, i), label: `${JSON.stringify(alt.piece ?? alt.token)} at token ${i + 1}` };
+  const branch = {
+    parent: shownBranch,
+    at: i,
+    prompt: base.prompt,
+    promptIds: base.promptIds,
+    tokens: base.tokens.slice(0, i),
+    label: `${JSON.stringify(alt.piece ?? alt.token)} at token ${i + 1}`,
+  };
   branches.push(branch);
   shownBranch = branches.length - 1;
   showBranch(shownBranch);
@@ -540,13 +571,16 @@ function showBranch(k) {
   tokens = b.tokens = withRunningSums(b.tokens);
   $("output-prompt").textContent = b.prompt;
   $("output-tokens").replaceChildren(...tokens.map((t, j) => tokenSpanAt(t, j)));
-  for (const [j, span] of [...$("output-tokens").children].entries()) if (j < b.at && b.parent !== null) span.classList.add("shared");
+  for (const [j, span] of [...$("output-tokens").children].entries())
+    if (j < b.at && b.parent !== null) span.classList.add("shared");
   renderBranches();
 }
 
 function branchSummary(b) {
   const last = b.tokens.at(-1);
-  return last ? `log P ${last.logprobSum.toFixed(3)}, perplexity ${last.perplexity.toFixed(3)}, ${b.tokens.length} tokens` : "no tokens";
+  return last
+    ? `log P ${last.logprobSum.toFixed(3)}, perplexity ${last.perplexity.toFixed(3)}, ${b.tokens.length} tokens`
+    : "no tokens";
 }
 
 function renderBranches() {
@@ -555,7 +589,11 @@ function renderBranches() {
   if (box.hidden) return;
   const list = el("ul", { className: "branch-tree" });
   const items = branches.map((b, k) => {
-    const show = el("button", { type: "button", className: "show", textContent: k === 0 ? "the generation" : `branch ${k}: ${b.label}` });
+    const show = el("button", {
+      type: "button",
+      className: "show",
+      textContent: k === 0 ? "the generation" : `branch ${k}: ${b.label}`,
+    });
     show.setAttribute("aria-pressed", String(k === shownBranch));
     show.addEventListener("click", () => showBranch(k));
     const pick = el("input", { type: "checkbox", className: "compare-pick", checked: compared.includes(k) });
@@ -564,7 +602,14 @@ function renderBranches() {
       compared = pick.checked ? [...compared, k].slice(-2) : compared.filter((x) => x !== k);
       renderBranches();
     });
-    return el("li", { className: k === shownBranch ? "current" : "" }, pick, show, el("span", { className: "note", textContent: ` ${branchSummary(b)}` }), el("ul"));
+    return el(
+      "li",
+      { className: k === shownBranch ? "current" : "" },
+      pick,
+      show,
+      el("span", { className: "note", textContent: ` ${branchSummary(b)}` }),
+      el("ul"),
+    );
   });
   // A tree: each branch under the one it left.
   branches.forEach((b, k) => (b.parent === null ? list : items[b.parent].lastElementChild).append(items[k]));
@@ -573,7 +618,15 @@ function renderBranches() {
     for (const k of compared) {
       const b = branches[k];
       const text = b.prompt + b.tokens.map((t) => t.text).join("");
-      compare.append(el("div", {}, el("h3", { textContent: k === 0 ? "the generation" : `branch ${k}` }), el("p", { className: "output", textContent: text }), el("p", { className: "note", textContent: branchSummary(b) })));
+      compare.append(
+        el(
+          "div",
+          {},
+          el("h3", { textContent: k === 0 ? "the generation" : `branch ${k}` }),
+          el("p", { className: "output", textContent: text }),
+          el("p", { className: "note", textContent: branchSummary(b) }),
+        ),
+      );
     }
   }
   box.replaceChildren(el("h3", { textContent: "Branches (tick two to compare)" }), list, compare);
@@ -589,7 +642,9 @@ let compared = [];
 async function runScore() {
   hideError();
   const prompt = $("prompt").value;
-  const candidates = $("candidates").value.split("\n").filter((line) => line.trim());
+  const candidates = $("candidates")
+    .value.split("\n")
+    .filter((line) => line.trim());
   const box = $("score-out");
   try {
     box.replaceChildren(...(await scoreNodes(nt, prompt, candidates)));
@@ -642,7 +697,8 @@ function renderConversation() {
   const list = $("conversation");
   list.replaceChildren();
   const system = $("system").value.trim();
-  if (system) list.append(el("li", { className: "system" }, el("span", { className: "role", textContent: "system" }), system));
+  if (system)
+    list.append(el("li", { className: "system" }, el("span", { className: "role", textContent: "system" }), system));
   for (const m of conversation) {
     const li = el("li", { className: m.role }, el("span", { className: "role", textContent: m.role }));
     if (m.role === "assistant" && m.first !== undefined) {
@@ -778,14 +834,23 @@ async function refreshCacheList() {
       await deleteCached(item.url);
       refreshCacheList();
     });
-    const size = item.complete ? formatBytes(item.bytes) : `partial: ${formatBytes(item.bytes)}${item.size ? ` of ${formatBytes(item.size)}` : ""}, resumes on the next load`;
-    const li = el("li", {}, el("span", { className: "name", textContent: item.name, title: item.url }), el("span", { className: "size", textContent: size }), del);
+    const size = item.complete
+      ? formatBytes(item.bytes)
+      : `partial: ${formatBytes(item.bytes)}${item.size ? ` of ${formatBytes(item.size)}` : ""}, resumes on the next load`;
+    const li = el(
+      "li",
+      {},
+      el("span", { className: "name", textContent: item.name, title: item.url }),
+      el("span", { className: "size", textContent: size }),
+      del,
+    );
     list.append(li);
   }
   if (navigator.storage?.estimate) {
     const { usage, quota } = await navigator.storage.estimate();
     const persisted = navigator.storage.persisted ? await navigator.storage.persisted() : false;
-    $("storage-info").textContent = `Storage used ${formatBytes(usage || 0)} of ${formatBytes(quota || 0)} available${persisted ? " (persistent)" : ""}.`;
+    $("storage-info").textContent =
+      `Storage used ${formatBytes(usage || 0)} of ${formatBytes(quota || 0)} available${persisted ? " (persistent)" : ""}.`;
   }
 }
 
@@ -793,12 +858,14 @@ async function refreshCacheList() {
 
 $("generate").addEventListener("click", runGenerate);
 $("constraint-kind").addEventListener("change", onConstraintKind);
-for (const b of document.querySelectorAll(".constraint-example")) b.addEventListener("click", () => useConstraintExample(b.dataset.example));
+for (const b of document.querySelectorAll(".constraint-example"))
+  b.addEventListener("click", () => useConstraintExample(b.dataset.example));
 $("send").addEventListener("click", sendMessage);
 $("regenerate").addEventListener("click", regenerate);
 $("edit-last").addEventListener("click", editLast);
 $("clear-chat").addEventListener("click", clearChat);
-for (const radio of document.querySelectorAll('input[name="mode"]')) radio.addEventListener("change", () => setMode(radio.value));
+for (const radio of document.querySelectorAll('input[name="mode"]'))
+  radio.addEventListener("change", () => setMode(radio.value));
 $("message").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !$("send").disabled) sendMessage();
 });
@@ -825,9 +892,25 @@ for (const box of [$("output-tokens"), $("conversation")]) {
 
 if ("serviceWorker" in navigator && !params.has("nosw")) {
   // Beside this script, wherever the site lives (a sub-path): its scope is the app's folder.
-  navigator.serviceWorker.register(new URL("sw.js", import.meta.url)).catch((e) => console.warn("service worker not registered:", e));
+  navigator.serviceWorker
+    .register(new URL("sw.js", import.meta.url))
+    .catch((e) => console.warn("service worker not registered:", e));
 }
 setState("idle");
 initPicker();
 refreshCacheList();
-window.nexttokenApp = { nt, get tokens() { return tokens; }, get stats() { return stats; }, get conversation() { return conversation; }, get branches() { return branches; } };
+window.nexttokenApp = {
+  nt,
+  get tokens() {
+    return tokens;
+  },
+  get stats() {
+    return stats;
+  },
+  get conversation() {
+    return conversation;
+  },
+  get branches() {
+    return branches;
+  },
+};

@@ -40,7 +40,8 @@ function promptOf(engine, n, bos) {
   const long = TEXT.repeat(Math.ceil((n * 8) / TEXT.length) + 2);
   const count = (s) => engine.encode(s).length + bos;
   // Binary search on the character length for the largest prefix with count <= n.
-  let lo = 1, hi = long.length;
+  let lo = 1,
+    hi = long.length;
   while (lo < hi) {
     const mid = Math.ceil((lo + hi) / 2);
     if (count(long.slice(0, mid)) <= n) lo = mid;
@@ -66,7 +67,9 @@ async function run(engine, prompt, maxTokens) {
 async function main() {
   const t0 = performance.now();
   const threadsWanted = Number(q.get("threads") || 1);
-  const { ByteSink, Engine, version, threads, memcpyBandwidth, wasmMemoryBytes } = await loadWasm({ threads: threadsWanted });
+  const { ByteSink, Engine, version, threads, memcpyBandwidth, wasmMemoryBytes } = await loadWasm({
+    threads: threadsWanted,
+  });
   const tInit = performance.now();
   const [modelBytes, tokBytes] = await Promise.all([fetchBytes(modelUrl), fetchBytes(tokUrl)]);
   const tFetch = performance.now();
@@ -176,17 +179,17 @@ if (inWorker) {
   const start = ({ data }) => {
     if (data?.type !== "start") return;
     self.removeEventListener("message", start);
-    main().catch((e) => self.postMessage({ error: String((e && e.stack) || e) }));
+    main().catch((e) => self.postMessage({ error: String(e?.stack || e) }));
   };
   self.addEventListener("message", start);
 } else {
   const show = (id, text) => (document.getElementById(id).textContent = text);
   const fail = (e) => {
     window.benchError = e;
-    show("status", "error: " + e.split("\n")[0]);
+    show("status", `error: ${e.split("\n")[0]}`);
     show("result", e);
   };
-  const worker = new Worker(new URL("bench.js" + location.search, import.meta.url), { type: "module" });
+  const worker = new Worker(new URL(`bench.js${location.search}`, import.meta.url), { type: "module" });
   hostPool(worker);
   worker.postMessage({ type: "start" });
   worker.onmessage = ({ data }) => {

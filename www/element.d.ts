@@ -13,7 +13,11 @@ export class NextTokenElement extends HTMLElement {
 
 /** nt-done's detail: the summary of a generation, or the score view's scores. */
 export type NextTokenDone =
-  | (Summary & { probability: number; view: "generate" | "explore" | "beam"; branch?: { at: number; token: Alternative } })
+  | (Summary & {
+      probability: number;
+      view: "generate" | "explore" | "beam";
+      branch?: { at: number; token: Alternative };
+    })
   | { view: "score"; prompt: string; scores: { text: string; logprob: number; perplexity: number; avgNll: number }[] };
 
 declare global {

@@ -126,7 +126,15 @@ export interface Candidates {
 
 /** A beam search's tree: every extension it considered, with the total log P of the hypothesis. */
 export interface BeamTree {
-  nodes: { parent: number | null; step: number; id: number; piece: string; logprob: number; kept: boolean; finished: boolean }[];
+  nodes: {
+    parent: number | null;
+    step: number;
+    id: number;
+    piece: string;
+    logprob: number;
+    kept: boolean;
+    finished: boolean;
+  }[];
   /** The best beam's last node. */
   best: number | null;
 }
@@ -204,7 +212,10 @@ export interface CompletionParams {
   stream_options?: { include_usage?: boolean };
   n?: 1;
   /** Structured output as OpenAI takes it; or the extensions `regex` and `grammar` (one of the three). */
-  response_format?: { type: "text" } | { type: "json_object" } | { type: "json_schema"; json_schema: { name?: string; schema: object; strict?: boolean } };
+  response_format?:
+    | { type: "text" }
+    | { type: "json_object" }
+    | { type: "json_schema"; json_schema: { name?: string; schema: object; strict?: boolean } };
   /** Extension: the whole output matches this regular expression (Rust regex syntax). */
   regex?: string;
   /** Extension: the output is a sentence of this Lark grammar (llguidance's dialect). */
@@ -241,12 +252,22 @@ interface Meta {
 }
 export interface ChatCompletion extends Meta {
   object: "chat.completion";
-  choices: { index: 0; message: { role: "assistant"; content: string; refusal: null }; logprobs: { content: TokenLogprob[]; refusal: null } | null; finish_reason: FinishReason }[];
+  choices: {
+    index: 0;
+    message: { role: "assistant"; content: string; refusal: null };
+    logprobs: { content: TokenLogprob[]; refusal: null } | null;
+    finish_reason: FinishReason;
+  }[];
   usage: Usage;
 }
 export interface ChatCompletionChunk extends Meta {
   object: "chat.completion.chunk";
-  choices: { index: 0; delta: { role?: "assistant"; content?: string }; logprobs: { content: TokenLogprob[]; refusal: null } | null; finish_reason: FinishReason | null }[];
+  choices: {
+    index: 0;
+    delta: { role?: "assistant"; content?: string };
+    logprobs: { content: TokenLogprob[]; refusal: null } | null;
+    finish_reason: FinishReason | null;
+  }[];
   usage?: Usage;
 }
 export interface LegacyLogprobs {
@@ -265,12 +286,18 @@ export interface RequestOptions {
 }
 export interface Chat {
   completions: {
-    create(params: ChatCompletionParams & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+    create(
+      params: ChatCompletionParams & { stream: true },
+      options?: RequestOptions,
+    ): Promise<AsyncIterable<ChatCompletionChunk>>;
     create(params: ChatCompletionParams & { stream?: false }, options?: RequestOptions): Promise<ChatCompletion>;
   };
 }
 export interface Completions {
-  create(params: LegacyCompletionParams & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<Completion>>;
+  create(
+    params: LegacyCompletionParams & { stream: true },
+    options?: RequestOptions,
+  ): Promise<AsyncIterable<Completion>>;
   create(params: LegacyCompletionParams & { stream?: false }, options?: RequestOptions): Promise<Completion>;
 }
 
@@ -299,7 +326,11 @@ export class NextToken {
    * joined exactly (`text` starts with its own space, as generated text does). */
   score(text: string, options?: { after?: string }): Promise<Score>;
   /** What the sampler keeps from a step's candidates with these settings, with the probabilities it draws with. */
-  samplerView(candidates: Candidates, options: GenerateOptions, history?: ArrayLike<number>): Promise<{ id: number; prob: number }[]>;
+  samplerView(
+    candidates: Candidates,
+    options: GenerateOptions,
+    history?: ArrayLike<number>,
+  ): Promise<{ id: number; prob: number }[]>;
   abort(): void;
   terminate(): void;
 }
@@ -326,7 +357,10 @@ export function requestPersistentStorage(): Promise<boolean | null>;
 
 // One shared instance.
 export function load(model: ModelRef, options?: LoadOptions): Promise<ModelInfo>;
-export function generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
+export function generate(
+  prompt: string | { ids: ArrayLike<number> },
+  options?: GenerateOptions,
+): AsyncIterableIterator<Token>;
 export function reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
 export function score(text: string, options?: { after?: string }): Promise<Score>;
 export function abort(): void;

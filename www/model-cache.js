@@ -56,7 +56,7 @@ function consume(onChunk, bytes) {
   }
 }
 
-const mb = (n) => (n / 1e6).toFixed(n < 1e7 ? 2 : 1) + " MB";
+const mb = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 2 : 1)} MB`;
 export const formatBytes = mb;
 
 function nameOf(url) {
@@ -93,7 +93,10 @@ export function checkModelUrl(url) {
     throw new DownloadError(`${JSON.stringify(url)} is not a URL`, { retryable: false });
   }
   if (u.protocol !== "http:" && u.protocol !== "https:") {
-    throw new DownloadError(`unsupported URL ${JSON.stringify(String(url).slice(0, 80))}: models are fetched over http(s) only (not ${u.protocol})`, { retryable: false });
+    throw new DownloadError(
+      `unsupported URL ${JSON.stringify(String(url).slice(0, 80))}: models are fetched over http(s) only (not ${u.protocol})`,
+      { retryable: false },
+    );
   }
   return u.href;
 }
@@ -125,13 +128,21 @@ async function readManifest(cache, url) {
 }
 
 function writeManifest(cache, url, m) {
-  return cache.put(url, new Response(JSON.stringify(m), { headers: { "content-type": "application/json", "x-nexttoken-manifest": String(FORMAT) } }));
+  return cache.put(
+    url,
+    new Response(JSON.stringify(m), {
+      headers: { "content-type": "application/json", "x-nexttoken-manifest": String(FORMAT) },
+    }),
+  );
 }
 
 /** Remove `url`'s manifest and every chunk it may have. */
 async function removeEntry(cache, url, manifest) {
   const n = manifest?.chunks?.length ?? 0;
-  await Promise.all([cache.delete(url), ...Array.from({ length: n + 1 }, (_, i) => cache.delete(chunkKey(url, i)))]).catch(() => {});
+  await Promise.all([
+    cache.delete(url),
+    ...Array.from({ length: n + 1 }, (_, i) => cache.delete(chunkKey(url, i))),
+  ]).catch(() => {});
 }
 
 const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
@@ -148,7 +159,8 @@ async function chunkSha256(bytes) {
  * counts only from Hugging Face's hosts.
  */
 function publishedSha256(response) {
-  const sha = (name) => /^"?([0-9a-f]{64})"?$/i.exec((response.headers.get(name) || "").trim())?.[1].toLowerCase() ?? null;
+  const sha = (name) =>
+    /^"?([0-9a-f]{64})"?$/i.exec((response.headers.get(name) || "").trim())?.[1].toLowerCase() ?? null;
   let host = "";
   try {
     host = new URL(response.url).hostname;
@@ -176,7 +188,19 @@ function isQuotaError(e) {
  * kept for that retry). Options: `sha256` (hex) to check, `signal` (AbortSignal), `cache` (false:
  * no caching), `chunkBytes` and `stallMs` (tests make them small).
  */
-export async function fetchModelFile(url, { onStart, onChunk, onProgress = () => {}, sha256, signal, cache: useCache = true, chunkBytes = CHUNK_BYTES, stallMs = STALL_MS } = {}) {
+export async function fetchModelFile(
+  url,
+  {
+    onStart,
+    onChunk,
+    onProgress = () => {},
+    sha256,
+    signal,
+    cache: useCache = true,
+    chunkBytes = CHUNK_BYTES,
+    stallMs = STALL_MS,
+  } = {},
+) {
   const absolute = checkModelUrl(url);
   const name = nameOf(absolute);
   const cache = useCache ? await openCache() : null;
@@ -185,7 +209,20 @@ export async function fetchModelFile(url, { onStart, onChunk, onProgress = () =>
   if (manifest?.complete && (!expected || !manifest.sha256 || manifest.sha256 === expected)) {
     return readStored({ cache, url: absolute, name, manifest, onStart, onChunk, onProgress, signal });
   }
-  return download({ cache, url: absolute, name, partial: manifest && !manifest.complete ? manifest : null, stale: manifest?.complete ? manifest : null, expected, onStart, onChunk, onProgress, signal, chunkBytes, stallMs });
+  return download({
+    cache,
+    url: absolute,
+    name,
+    partial: manifest && !manifest.complete ? manifest : null,
+    stale: manifest?.complete ? manifest : null,
+    expected,
+    onStart,
+    onChunk,
+    onProgress,
+    signal,
+    chunkBytes,
+    stallMs,
+  });
 }
 
 /** A complete entry, chunk by chunk, each checked against its recorded sha256. */
@@ -200,7 +237,9 @@ async function readStored({ cache, url, name, manifest, onStart, onChunk, onProg
       if (!res) throw new Error(`chunk ${i + 1} of ${manifest.chunks.length} is missing`);
       const bytes = new Uint8Array(await res.arrayBuffer());
       if (bytes.length !== manifest.chunks[i].bytes || (await chunkSha256(bytes)) !== manifest.chunks[i].sha256) {
-        throw new Error(`chunk ${i + 1} of ${manifest.chunks.length} (bytes ${loaded}-${loaded + bytes.length}) does not match the sha256 recorded when it was stored`);
+        throw new Error(
+          `chunk ${i + 1} of ${manifest.chunks.length} (bytes ${loaded}-${loaded + bytes.length}) does not match the sha256 recorded when it was stored`,
+        );
       }
       consume(onChunk, bytes);
       loaded += bytes.length;
@@ -212,7 +251,9 @@ async function readStored({ cache, url, name, manifest, onStart, onChunk, onProg
     if (e instanceof ConsumerError) throw e.cause;
     // The caller has received part of it: it must start over. The entry goes, so a retry downloads.
     await removeEntry(cache, url, manifest);
-    throw new DownloadError(`the cached copy of ${name} is damaged (${e.message}); it was removed — retry to download it again`);
+    throw new DownloadError(
+      `the cached copy of ${name} is damaged (${e.message}); it was removed — retry to download it again`,
+    );
   }
   return { bytes: loaded, total, fromCache: true, resumed: 0, cacheWarning: null, sha256: manifest.sha256 || null };
 }
@@ -233,13 +274,17 @@ async function request(url, name, signal, headers = {}) {
       response = await fetch(url, { signal, cache: "no-store", headers });
     } catch (e) {
       if (signal?.aborted) throw e;
-      if (tries === 2) throw new DownloadError(`cannot download ${name}: ${e.message || e} (offline, blocked, or the server refused the connection)`);
+      if (tries === 2)
+        throw new DownloadError(
+          `cannot download ${name}: ${e.message || e} (offline, blocked, or the server refused the connection)`,
+        );
       await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
     }
   }
   if (!response.ok) {
     const error = new DownloadError(
-      `cannot download ${name}: the server answered ${response.status} ${response.statusText || ""}`.trim() + (response.status === 404 ? " (no such file — check the URL)" : ""),
+      `cannot download ${name}: the server answered ${response.status} ${response.statusText || ""}`.trim() +
+        (response.status === 404 ? " (no such file — check the URL)" : ""),
       { retryable: response.status >= 500 || response.status === 429, status: response.status },
     );
     error.contentRange = response.headers.get("content-range");
@@ -253,7 +298,20 @@ async function request(url, name, signal, headers = {}) {
  * Download `url` (the rest of it, after `partial`'s chunks, when the server can resume),
  * storing chunks as they complete.
  */
-async function download({ cache, url, name, partial, stale, expected, onStart, onChunk, onProgress, signal, chunkBytes, stallMs }) {
+async function download({
+  cache,
+  url,
+  name,
+  partial,
+  stale,
+  expected,
+  onStart,
+  onChunk,
+  onProgress,
+  signal,
+  chunkBytes,
+  stallMs,
+}) {
   if (stale) await removeEntry(cache, url, stale); // a complete entry whose hash is not the one wanted
   let stored = partial;
   let response = null;
@@ -333,7 +391,8 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
       for (let i = 0; i < stored.chunks.length; i++) {
         const res = await cache.match(chunkKey(url, i));
         const bytes = res ? new Uint8Array(await res.arrayBuffer()) : null;
-        if (!bytes || bytes.length !== stored.chunks[i].bytes || (await chunkSha256(bytes)) !== stored.chunks[i].sha256) throw new Error(`stored chunk ${i + 1} is damaged`);
+        if (!bytes || bytes.length !== stored.chunks[i].bytes || (await chunkSha256(bytes)) !== stored.chunks[i].sha256)
+          throw new Error(`stored chunk ${i + 1} is damaged`);
         hasher?.update(bytes);
         consume(onChunk, bytes);
         loaded += bytes.length;
@@ -343,7 +402,9 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
       await response.body.cancel().catch(() => {});
       if (e instanceof ConsumerError) throw e.cause;
       await removeEntry(cache, url, stored);
-      throw new DownloadError(`the partial download of ${name} kept from an earlier attempt is damaged (${e.message}); it was removed — retry to download it again`);
+      throw new DownloadError(
+        `the partial download of ${name} kept from an earlier attempt is damaged (${e.message}); it was removed — retry to download it again`,
+      );
     }
   }
 
@@ -353,7 +414,10 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
     try {
       const i = manifest.chunks.length;
       const sha = await chunkSha256(bytes);
-      await cache.put(chunkKey(url, i), new Response(bytes, { headers: { "content-type": "application/octet-stream" } }));
+      await cache.put(
+        chunkKey(url, i),
+        new Response(bytes, { headers: { "content-type": "application/octet-stream" } }),
+      );
       manifest.chunks.push({ bytes: bytes.length, sha256: sha });
       manifest.storedBytes += bytes.length;
       await writeManifest(cache, url, manifest);
@@ -398,11 +462,15 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
     if (fill) await store(pending.slice(0, fill));
     if (signal?.aborted) throw e;
     if (e instanceof ConsumerError) throw e.cause;
-    throw new DownloadError(`the download of ${name} was interrupted after ${mb(loaded)}${total ? ` of ${mb(total)}` : ""} (${e.message || e}) — retry to continue it`);
+    throw new DownloadError(
+      `the download of ${name} was interrupted after ${mb(loaded)}${total ? ` of ${mb(total)}` : ""} (${e.message || e}) — retry to continue it`,
+    );
   }
   if (total && loaded !== total) {
     if (fill) await store(pending.slice(0, fill));
-    throw new DownloadError(`the download of ${name} was cut short: ${mb(loaded)} of ${mb(total)} arrived — retry to continue it`);
+    throw new DownloadError(
+      `the download of ${name} was cut short: ${mb(loaded)} of ${mb(total)} arrived — retry to continue it`,
+    );
   }
   if (fill) await store(pending.slice(0, fill));
   let digest = null;
@@ -411,7 +479,9 @@ async function download({ cache, url, name, partial, stale, expected, onStart, o
     if (digest !== wantSha) {
       if (cache) await removeEntry(cache, url, manifest);
       const whose = expected ? "the catalog expects" : "the server published";
-      throw new DownloadError(`${name} is corrupt: its sha256 is ${digest}, ${whose} ${wantSha}; the download was removed — retry`);
+      throw new DownloadError(
+        `${name} is corrupt: its sha256 is ${digest}, ${whose} ${wantSha}; the download was removed — retry`,
+      );
     }
   }
   if (caching) {
@@ -469,7 +539,14 @@ export async function listCached() {
     if (req.url.startsWith("https://nexttoken-chunks.invalid/")) continue;
     const m = await readManifest(cache, req.url);
     if (!m) continue;
-    out.push({ url: req.url, name: nameOf(req.url), bytes: m.complete ? m.size : m.storedBytes, size: m.size, stored: m.stored || "", complete: !!m.complete });
+    out.push({
+      url: req.url,
+      name: nameOf(req.url),
+      bytes: m.complete ? m.size : m.storedBytes,
+      size: m.size,
+      stored: m.stored || "",
+      complete: !!m.complete,
+    });
   }
   return out.sort((a, b) => b.bytes - a.bytes);
 }
@@ -504,18 +581,21 @@ export async function dropOldCaches() {
 // SHA-256, incremental (WebCrypto has no streaming digest, and the file is never whole in JS).
 
 const K = new Uint32Array([
-  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
-  0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
-  0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-  0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
-  0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-  0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+  0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+  0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+  0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+  0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+  0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+  0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+  0xc67178f2,
 ]);
 
 export class Sha256 {
   constructor() {
-    this.h = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+    this.h = new Uint32Array([
+      0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
+    ]);
     this.block = new Uint8Array(64);
     this.fill = 0;
     this.length = 0;
@@ -542,9 +622,11 @@ export class Sha256 {
   }
   compress(b, o) {
     const w = this.w;
-    for (let t = 0; t < 16; t++) w[t] = (b[o + 4 * t] << 24) | (b[o + 4 * t + 1] << 16) | (b[o + 4 * t + 2] << 8) | b[o + 4 * t + 3];
+    for (let t = 0; t < 16; t++)
+      w[t] = (b[o + 4 * t] << 24) | (b[o + 4 * t + 1] << 16) | (b[o + 4 * t + 2] << 8) | b[o + 4 * t + 3];
     for (let t = 16; t < 64; t++) {
-      const x = w[t - 15], y = w[t - 2];
+      const x = w[t - 15],
+        y = w[t - 2];
       const s0 = ((x >>> 7) | (x << 25)) ^ ((x >>> 18) | (x << 14)) ^ (x >>> 3);
       const s1 = ((y >>> 17) | (y << 15)) ^ ((y >>> 19) | (y << 13)) ^ (y >>> 10);
       w[t] = (w[t - 16] + s0 + w[t - 7] + s1) | 0;
@@ -557,14 +639,28 @@ export class Sha256 {
       const S0 = ((a >>> 2) | (a << 30)) ^ ((a >>> 13) | (a << 19)) ^ ((a >>> 22) | (a << 10));
       const maj = (a & bb) ^ (a & c) ^ (bb & c);
       const t2 = (S0 + maj) | 0;
-      h = g; g = f; f = e; e = (d + t1) | 0; d = c; c = bb; bb = a; a = (t1 + t2) | 0;
+      h = g;
+      g = f;
+      f = e;
+      e = (d + t1) | 0;
+      d = c;
+      c = bb;
+      bb = a;
+      a = (t1 + t2) | 0;
     }
     const H = this.h;
-    H[0] += a; H[1] += bb; H[2] += c; H[3] += d; H[4] += e; H[5] += f; H[6] += g; H[7] += h;
+    H[0] += a;
+    H[1] += bb;
+    H[2] += c;
+    H[3] += d;
+    H[4] += e;
+    H[5] += f;
+    H[6] += g;
+    H[7] += h;
   }
   hex() {
     const bits = this.length * 8;
-    const pad = new Uint8Array(((this.fill < 56 ? 56 : 120) - this.fill) + 8);
+    const pad = new Uint8Array((this.fill < 56 ? 56 : 120) - this.fill + 8);
     pad[0] = 0x80;
     const dv = new DataView(pad.buffer);
     dv.setUint32(pad.length - 8, Math.floor(bits / 2 ** 32));

@@ -24,7 +24,16 @@
 // models) are found beside this script, which may come from another origin (a CDN with CORS).
 
 import { NextToken, resolveSpec } from "./nexttoken.js";
-import { el, probColor, withRunningSums, alternativesList, samplerPanel, beamTreeNodes, greedyLine, scoreNodes } from "./views.js";
+import {
+  el,
+  probColor,
+  withRunningSums,
+  alternativesList,
+  samplerPanel,
+  beamTreeNodes,
+  greedyLine,
+  scoreNodes,
+} from "./views.js";
 
 const STYLE = `
 [hidden] { display: none !important; }
@@ -118,10 +127,14 @@ function sharedModel(model, tokenizer, backend) {
   return m;
 }
 
-
 const VIEWS = ["generate", "explore", "beam", "score"];
 const RUN_LABEL = { generate: "Generate", explore: "Generate", beam: "Run beam search", score: "Score" };
-const RUN_ARIA = { generate: "generate a continuation of the prompt", explore: "generate a continuation of the prompt, then explore its tokens", beam: "run beam search from the prompt", score: "score the texts" };
+const RUN_ARIA = {
+  generate: "generate a continuation of the prompt",
+  explore: "generate a continuation of the prompt, then explore its tokens",
+  beam: "run beam search from the prompt",
+  score: "score the texts",
+};
 
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
@@ -201,7 +214,10 @@ class NextTokenElement extends HTMLElement {
     this.$(".run").textContent = RUN_LABEL[view];
     this.$(".run").setAttribute("aria-label", RUN_ARIA[view]);
     this.$(".out").hidden = view === "score";
-    this.$(".gen").setAttribute("aria-label", view === "explore" ? "generated tokens: press Enter on one to see its alternatives" : "generated tokens");
+    this.$(".gen").setAttribute(
+      "aria-label",
+      view === "explore" ? "generated tokens: press Enter on one to see its alternatives" : "generated tokens",
+    );
     this.shadowRoot.host.dataset.view = view;
     this.$(".out").classList.toggle("explore", view === "explore");
   }
@@ -265,7 +281,8 @@ class NextTokenElement extends HTMLElement {
     // scrolls a lazy element into view must not land on a button the load just disabled).
     this.$(".status").textContent = "loading the model…";
     const onProgress = ({ file, loaded, total }) => {
-      this.$(".status").textContent = `loading ${file}: ${(loaded / 1e6).toFixed(1)}${total ? " / " + (total / 1e6).toFixed(1) : ""} MB`;
+      this.$(".status").textContent =
+        `loading ${file}: ${(loaded / 1e6).toFixed(1)}${total ? ` / ${(total / 1e6).toFixed(1)}` : ""} MB`;
     };
     let m;
     try {
@@ -280,7 +297,8 @@ class NextTokenElement extends HTMLElement {
       .then(
         (info) => {
           this.info = info;
-          this.$(".status").textContent = `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}`;
+          this.$(".status").textContent =
+            `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}`;
           this.emit("nt-load", info);
           return info;
         },
@@ -368,7 +386,10 @@ class NextTokenElement extends HTMLElement {
       span.dataset.i = i;
       span.tabIndex = 0;
       span.setAttribute("role", "button");
-      span.setAttribute("aria-label", `token ${JSON.stringify(t.text || t.token)}, probability ${t.prob.toFixed(2)}: show the alternatives`);
+      span.setAttribute(
+        "aria-label",
+        `token ${JSON.stringify(t.text || t.token)}, probability ${t.prob.toFixed(2)}: show the alternatives`,
+      );
       span.style.backgroundColor = probColor(t.prob);
     }
     return span;
@@ -402,7 +423,8 @@ class NextTokenElement extends HTMLElement {
         detail.hidden = false;
         detail.append(await greedyLine(m.nt, prompt, opts));
       }
-      if (view === "explore") this.$(".status").textContent = "Click a token (or Tab to it and press Enter) to see the alternatives.";
+      if (view === "explore")
+        this.$(".status").textContent = "Click a token (or Tab to it and press Enter) to see the alternatives.";
       const detail = { ...summary, probability, view };
       this.emit("nt-done", detail);
       this.dispatchEvent(new CustomEvent("nexttoken-done", { detail }));
@@ -432,9 +454,17 @@ class NextTokenElement extends HTMLElement {
     const t = this.tokens[i];
     if (!t) return;
     for (const s of this.$(".gen").querySelectorAll(".tok")) s.classList.toggle("selected", Number(s.dataset.i) === i);
-    const before = (this.prompt + this.tokens.slice(0, i).map((x) => x.text).join("")).trim();
+    const before = (
+      this.prompt +
+      this.tokens
+        .slice(0, i)
+        .map((x) => x.text)
+        .join("")
+    ).trim();
     const detail = this.$(".detail");
-    const heading = el("h3", { textContent: `Step ${i + 1}: after “${before}”, the model chose “${t.text || t.token}” (P = ${t.prob.toFixed(2)})` });
+    const heading = el("h3", {
+      textContent: `Step ${i + 1}: after “${before}”, the model chose “${t.text || t.token}” (P = ${t.prob.toFixed(2)})`,
+    });
     const list = alternativesList(t, this.promptIds && !this.generating ? (alt) => this.branch(i, alt) : null);
     detail.replaceChildren(heading, list);
     if (t.candidates) {
@@ -466,7 +496,9 @@ class NextTokenElement extends HTMLElement {
         this.tokens = withRunningSums(this.tokens);
         const s = m.nt.lastSummary;
         const probability = this.showProduct();
-        if (s) this.$(".status").textContent = `Branch at token ${i + 1}: ${s.reusedTokens} positions reused from the KV cache, ${s.promptTokens - s.reusedTokens} computed, then ${s.generatedTokens} new tokens.`;
+        if (s)
+          this.$(".status").textContent =
+            `Branch at token ${i + 1}: ${s.reusedTokens} positions reused from the KV cache, ${s.promptTokens - s.reusedTokens} computed, then ${s.generatedTokens} new tokens.`;
         this.emit("nt-done", { ...s, probability, view: "explore", branch: { at: i, token: alt } });
       } catch (e) {
         this.fail(e.message);
@@ -488,7 +520,12 @@ class NextTokenElement extends HTMLElement {
       const nodes = await scoreNodes(m.nt, prompt, candidates);
       detail.replaceChildren(...nodes);
       detail.hidden = false;
-      const scores = [...detail.querySelectorAll(".scored")].map((d) => ({ text: d.querySelector("h3").textContent, logprob: Number(d.dataset.logprob), perplexity: Number(d.dataset.perplexity), avgNll: Number(d.dataset.avgNll) }));
+      const scores = [...detail.querySelectorAll(".scored")].map((d) => ({
+        text: d.querySelector("h3").textContent,
+        logprob: Number(d.dataset.logprob),
+        perplexity: Number(d.dataset.perplexity),
+        avgNll: Number(d.dataset.avgNll),
+      }));
       this.emit("nt-done", { view: "score", prompt, scores });
     } catch (e) {
       this.fail(e.message);

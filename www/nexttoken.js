@@ -110,9 +110,12 @@ export function resolveModelUrl(ref) {
     [, owner, repo, file] = short;
     revision = "main";
   }
-  if (!REPO_PART.test(owner) || !REPO_PART.test(repo)) throw bad("owner and repository names are letters, digits, '.', '_' and '-'");
-  if (!/\.gguf$/i.test(file)) throw bad(`name the .gguf file in the repository (e.g. ${owner}/${repo}:model-Q8_0.gguf)`);
-  if (file.split("/").some((p) => p === "" || p === "." || p === "..")) throw bad("the file path has an empty, '.' or '..' part");
+  if (!REPO_PART.test(owner) || !REPO_PART.test(repo))
+    throw bad("owner and repository names are letters, digits, '.', '_' and '-'");
+  if (!/\.gguf$/i.test(file))
+    throw bad(`name the .gguf file in the repository (e.g. ${owner}/${repo}:model-Q8_0.gguf)`);
+  if (file.split("/").some((p) => p === "" || p === "." || p === ".."))
+    throw bad("the file path has an empty, '.' or '..' part");
   const path = file.split("/").map(encodeURIComponent).join("/");
   return `${HUB}/${owner}/${repo}/resolve/${encodeURIComponent(revision)}/${path}`;
 }
@@ -130,7 +133,12 @@ const absolute = (url, base) => (url ? new URL(url, base).href : url);
 export function resolveSpec(model, tokenizer) {
   if (typeof model === "string") {
     const entry = CATALOG.find((m) => m.id === model);
-    if (entry) return { ...entry, url: absolute(resolveModelUrl(entry.url), import.meta.url), tokenizer: absolute(entry.tokenizer, import.meta.url) };
+    if (entry)
+      return {
+        ...entry,
+        url: absolute(resolveModelUrl(entry.url), import.meta.url),
+        tokenizer: absolute(entry.tokenizer, import.meta.url),
+      };
     const url = absolute(resolveModelUrl(model), pageBase());
     const isTable = /\.json(\?|#|$)/i.test(url);
     const spec = { id: model, name: model.split("/").pop(), kind: isTable ? "table" : "gguf", url };
@@ -139,7 +147,12 @@ export function resolveSpec(model, tokenizer) {
     return spec;
   }
   const url = absolute(resolveModelUrl(model.url), pageBase());
-  return { kind: /\.json(\?|#|$)/i.test(url) ? "table" : "gguf", ...model, url, tokenizer: absolute(model.tokenizer, pageBase()) };
+  return {
+    kind: /\.json(\?|#|$)/i.test(url) ? "table" : "gguf",
+    ...model,
+    url,
+    tokenizer: absolute(model.tokenizer, pageBase()),
+  };
 }
 
 let persistAsked = false;
@@ -185,7 +198,11 @@ class WorkerLink {
     }
     this.stopPool = hostPool(this.worker);
     this.worker.onmessage = (e) => this.pending.get(e.data.id)?.(e.data);
-    this.worker.onerror = (e) => fail(e.message || `could not start ${url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`);
+    this.worker.onerror = (e) =>
+      fail(
+        e.message ||
+          `could not start ${url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`,
+      );
   }
 }
 
@@ -258,7 +275,20 @@ export class NextToken {
    * model to the CPU path and the text goes on (`onBackendChange(info)`). `allowSoftwareGpu`
    * (tests): "auto" treats a software adapter as a real GPU.
    */
-  load(model, { onProgress, onWarning, backend = "auto", maxSeq = 2048, exact = false, threads, tokenizer, signal, allowSoftwareGpu = false } = {}) {
+  load(
+    model,
+    {
+      onProgress,
+      onWarning,
+      backend = "auto",
+      maxSeq = 2048,
+      exact = false,
+      threads,
+      tokenizer,
+      signal,
+      allowSoftwareGpu = false,
+    } = {},
+  ) {
     const spec = resolveSpec(model, tokenizer);
     if (spec.kind === "gguf") requestPersistentStorage();
     const id = this.link.nextId++;
@@ -304,7 +334,8 @@ export class NextToken {
    * id, piece, logprob, kept, finished}], best}`).
    */
   generate(prompt, options = {}) {
-    if (typeof prompt === "object" && prompt !== null && "ids" in prompt) return this.#stream({ type: "generate", ids: Array.from(prompt.ids), options });
+    if (typeof prompt === "object" && prompt !== null && "ids" in prompt)
+      return this.#stream({ type: "generate", ids: Array.from(prompt.ids), options });
     return this.#stream({ type: "generate", prompt, options });
   }
 
@@ -327,7 +358,13 @@ export class NextToken {
    * `history`: the token ids before that step. Computed by the library's sampler, not re-done in JS.
    */
   samplerView(candidates, options, history = []) {
-    return this.#request({ type: "sampler-view", ids: Array.from(candidates.ids), logits: Array.from(candidates.logits), options, history: Array.from(history) });
+    return this.#request({
+      type: "sampler-view",
+      ids: Array.from(candidates.ids),
+      logits: Array.from(candidates.logits),
+      options,
+      history: Array.from(history),
+    });
   }
 
   /** The prompt text the chat template makes of `messages`: what the model reads. */
@@ -363,7 +400,14 @@ export class NextToken {
         this.pending.delete(id);
         if (this.current === id) this.current = null;
         finished = true;
-        if (msg.type === "done" && msg.summary) this.lastSummary = { ...msg.summary, messages: msg.messages, promptIds: msg.promptIds, beamTree: msg.beamTree, wallMs: performance.now() - t0 };
+        if (msg.type === "done" && msg.summary)
+          this.lastSummary = {
+            ...msg.summary,
+            messages: msg.messages,
+            promptIds: msg.promptIds,
+            beamTree: msg.beamTree,
+            wallMs: performance.now() - t0,
+          };
         else if (msg.type === "error") failure = new Error(msg.message);
       }
       wake?.();

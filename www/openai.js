@@ -12,7 +12,14 @@
 // (`error.param`). Aborting with `{ signal }` (second argument, as OpenAI's client takes it, or a
 // `signal` field) stops generation within a token and rejects with an AbortError.
 
-const FINISH = { Eos: "stop", StopString: "stop", MaxTokens: "length", ContextFull: "length", ConstraintComplete: "stop", Incomplete: "length" };
+const FINISH = {
+  Eos: "stop",
+  StopString: "stop",
+  MaxTokens: "length",
+  ContextFull: "length",
+  ConstraintComplete: "stop",
+  Incomplete: "length",
+};
 const MAX_STOP = 4;
 const MAX_TOP_LOGPROBS = 20;
 
@@ -45,7 +52,8 @@ function field(params, name, check) {
   return v;
 }
 const numberIn = (lo, hi) => (v) => (isNumber(v) && v >= lo && v <= hi ? null : `must be a number from ${lo} to ${hi}`);
-const integerIn = (lo, hi) => (v) => (Number.isInteger(v) && v >= lo && v <= hi ? null : `must be an integer from ${lo} to ${hi}`);
+const integerIn = (lo, hi) => (v) =>
+  Number.isInteger(v) && v >= lo && v <= hi ? null : `must be an integer from ${lo} to ${hi}`;
 const boolean = (v) => (typeof v === "boolean" ? null : "must be true or false");
 
 /** The message content as text: a string, or OpenAI's array of `{type: "text", text}` parts. */
@@ -54,7 +62,8 @@ function contentText(content, where) {
   if (Array.isArray(content)) {
     return content
       .map((part, j) => {
-        if (part?.type !== "text" || typeof part.text !== "string") throw new BadRequestError(`${where}[${j}]`, "only text parts ({type: \"text\", text}) are supported");
+        if (part?.type !== "text" || typeof part.text !== "string")
+          throw new BadRequestError(`${where}[${j}]`, 'only text parts ({type: "text", text}) are supported');
         return part.text;
       })
       .join("");
@@ -64,10 +73,13 @@ function contentText(content, where) {
 }
 
 function checkMessages(messages) {
-  if (!Array.isArray(messages) || messages.length === 0) throw new BadRequestError("messages", "must be a non-empty array of {role, content}");
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new BadRequestError("messages", "must be a non-empty array of {role, content}");
   return messages.map((m, i) => {
-    if (typeof m !== "object" || m === null) throw new BadRequestError(`messages[${i}]`, "must be an object {role, content}");
-    if (typeof m.role !== "string" || !m.role) throw new BadRequestError(`messages[${i}].role`, "must be a string such as \"user\"");
+    if (typeof m !== "object" || m === null)
+      throw new BadRequestError(`messages[${i}]`, "must be an object {role, content}");
+    if (typeof m.role !== "string" || !m.role)
+      throw new BadRequestError(`messages[${i}].role`, 'must be a string such as "user"');
     // OpenAI's "developer" role is its newer name for "system"; chat templates know "system".
     const role = m.role === "developer" ? "system" : m.role;
     return { role, content: contentText(m.content, `messages[${i}].content`) };
@@ -81,11 +93,14 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
   for (const name of ["frequency_penalty", "presence_penalty"]) {
     field(params, name, (v) => (v === 0 ? null : "is not supported (use repetition_penalty)"));
   }
-  const maxTokens = field(params, "max_completion_tokens", integerIn(1, 1e9)) ?? field(params, "max_tokens", integerIn(1, 1e9));
+  const maxTokens =
+    field(params, "max_completion_tokens", integerIn(1, 1e9)) ?? field(params, "max_tokens", integerIn(1, 1e9));
   let stop = field(params, "stop", (v) =>
-    typeof v === "string" || (Array.isArray(v) && v.length <= MAX_STOP && v.every((s) => typeof s === "string")) ? null : `must be a string or an array of at most ${MAX_STOP} strings`,
+    typeof v === "string" || (Array.isArray(v) && v.length <= MAX_STOP && v.every((s) => typeof s === "string"))
+      ? null
+      : `must be a string or an array of at most ${MAX_STOP} strings`,
   );
-  stop = (typeof stop === "string" ? [stop] : stop ?? []).filter((s) => s !== "");
+  stop = (typeof stop === "string" ? [stop] : (stop ?? [])).filter((s) => s !== "");
   let alternatives = 0;
   if (legacyLogprobs) {
     alternatives = field(params, "logprobs", integerIn(0, 5)) ?? 0;
@@ -101,9 +116,13 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     topP: field(params, "top_p", numberIn(0, 1)),
     topK: field(params, "top_k", integerIn(0, 1e9)),
     minP: field(params, "min_p", numberIn(0, 1)),
-    repeatPenalty: field(params, "repetition_penalty", (v) => (isNumber(v) && v > 0 && v <= 10 ? null : "must be a number above 0 and at most 10")),
+    repeatPenalty: field(params, "repetition_penalty", (v) =>
+      isNumber(v) && v > 0 && v <= 10 ? null : "must be a number above 0 and at most 10",
+    ),
     // Without a seed every request draws anew, as OpenAI's do.
-    seed: field(params, "seed", (v) => (Number.isSafeInteger(v) && v >= 0 ? null : "must be a non-negative integer")) ?? crypto.getRandomValues(new Uint32Array(1))[0],
+    seed:
+      field(params, "seed", (v) => (Number.isSafeInteger(v) && v >= 0 ? null : "must be a non-negative integer")) ??
+      crypto.getRandomValues(new Uint32Array(1))[0],
     stop,
     topLogprobs: alternatives,
     dropOldest: field(params, "drop_oldest", boolean) ?? false,
@@ -115,7 +134,13 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     alternatives,
     stream: field(params, "stream", boolean) ?? false,
     // The request field a constraint came from, for the engine's errors about it.
-    constraintParam: engine.constraint ? (engine.constraint.type === "regex" ? "regex" : engine.constraint.type === "grammar" ? "grammar" : "response_format") : null,
+    constraintParam: engine.constraint
+      ? engine.constraint.type === "regex"
+        ? "regex"
+        : engine.constraint.type === "grammar"
+          ? "grammar"
+          : "response_format"
+      : null,
     includeUsage: !!params.stream_options?.include_usage,
   };
 }
@@ -128,11 +153,21 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
  */
 function constraintOf(params) {
   const format = field(params, "response_format", (v) =>
-    typeof v === "object" && ["text", "json_object", "json_schema"].includes(v.type) ? null : 'must be {type: "text" | "json_object" | "json_schema"}',
+    typeof v === "object" && ["text", "json_object", "json_schema"].includes(v.type)
+      ? null
+      : 'must be {type: "text" | "json_object" | "json_schema"}',
   );
-  const regex = field(params, "regex", (v) => (typeof v === "string" && v !== "" ? null : "must be a non-empty string (a regular expression)"));
-  const grammar = field(params, "grammar", (v) => (typeof v === "string" && v !== "" ? null : "must be a non-empty string (a Lark grammar)"));
-  const given = [format && format.type !== "text" && "response_format", regex !== undefined && "regex", grammar !== undefined && "grammar"].filter(Boolean);
+  const regex = field(params, "regex", (v) =>
+    typeof v === "string" && v !== "" ? null : "must be a non-empty string (a regular expression)",
+  );
+  const grammar = field(params, "grammar", (v) =>
+    typeof v === "string" && v !== "" ? null : "must be a non-empty string (a Lark grammar)",
+  );
+  const given = [
+    format && format.type !== "text" && "response_format",
+    regex !== undefined && "regex",
+    grammar !== undefined && "grammar",
+  ].filter(Boolean);
   if (given.length > 1) throw new BadRequestError(given[1], `cannot be combined with ${given[0]}: give one constraint`);
   if (format?.type === "json_schema") {
     const schema = format.json_schema?.schema;
@@ -159,7 +194,9 @@ function chatLogprob(t, alternatives) {
     token: t.piece,
     logprob: t.logprob,
     bytes: bytes(t.piece),
-    top_logprobs: t.top.slice(0, alternatives).map((a) => ({ token: a.piece, logprob: a.logprob, bytes: bytes(a.piece) })),
+    top_logprobs: t.top
+      .slice(0, alternatives)
+      .map((a) => ({ token: a.piece, logprob: a.logprob, bytes: bytes(a.piece) })),
   };
 }
 
@@ -173,7 +210,8 @@ function usageOf(summary) {
   };
 }
 
-const randomId = (prefix) => `${prefix}-${Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("")}`;
+const randomId = (prefix) =>
+  `${prefix}-${Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("")}`;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -266,11 +304,22 @@ export function openAI(nt) {
       return {
         ...meta,
         object: "chat.completion.chunk",
-        choices: [{ index: 0, delta: { role: "assistant", content: t.text }, logprobs: opts.wantLogprobs ? { content: [chatLogprob(t, opts.alternatives)], refusal: null } : null, finish_reason: null }],
+        choices: [
+          {
+            index: 0,
+            delta: { role: "assistant", content: t.text },
+            logprobs: opts.wantLogprobs ? { content: [chatLogprob(t, opts.alternatives)], refusal: null } : null,
+            finish_reason: null,
+          },
+        ],
       };
     },
     *finalChunks(meta, summary, opts) {
-      yield { ...meta, object: "chat.completion.chunk", choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: FINISH[summary.stopReason] ?? "stop" }] };
+      yield {
+        ...meta,
+        object: "chat.completion.chunk",
+        choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: FINISH[summary.stopReason] ?? "stop" }],
+      };
       if (opts.includeUsage) yield { ...meta, object: "chat.completion.chunk", choices: [], usage: usageOf(summary) };
     },
     whole(meta, got, summary, opts) {
@@ -281,7 +330,9 @@ export function openAI(nt) {
           {
             index: 0,
             message: { role: "assistant", content: summary.text, refusal: null },
-            logprobs: opts.wantLogprobs ? { content: got.map((t) => chatLogprob(t, opts.alternatives)), refusal: null } : null,
+            logprobs: opts.wantLogprobs
+              ? { content: got.map((t) => chatLogprob(t, opts.alternatives)), refusal: null }
+              : null,
             finish_reason: FINISH[summary.stopReason] ?? "stop",
           },
         ],
@@ -306,17 +357,39 @@ export function openAI(nt) {
 
   const completionShape = {
     chunk(meta, t, opts) {
-      return { ...meta, object: "text_completion", choices: [{ index: 0, text: t.text, logprobs: opts.wantLogprobs ? legacyLogprobs([t], opts.alternatives) : null, finish_reason: null }] };
+      return {
+        ...meta,
+        object: "text_completion",
+        choices: [
+          {
+            index: 0,
+            text: t.text,
+            logprobs: opts.wantLogprobs ? legacyLogprobs([t], opts.alternatives) : null,
+            finish_reason: null,
+          },
+        ],
+      };
     },
     *finalChunks(meta, summary, opts) {
-      yield { ...meta, object: "text_completion", choices: [{ index: 0, text: "", logprobs: null, finish_reason: FINISH[summary.stopReason] ?? "stop" }] };
+      yield {
+        ...meta,
+        object: "text_completion",
+        choices: [{ index: 0, text: "", logprobs: null, finish_reason: FINISH[summary.stopReason] ?? "stop" }],
+      };
       if (opts.includeUsage) yield { ...meta, object: "text_completion", choices: [], usage: usageOf(summary) };
     },
     whole(meta, got, summary, opts) {
       return {
         ...meta,
         object: "text_completion",
-        choices: [{ index: 0, text: summary.text, logprobs: opts.wantLogprobs ? legacyLogprobs(got, opts.alternatives) : null, finish_reason: FINISH[summary.stopReason] ?? "stop" }],
+        choices: [
+          {
+            index: 0,
+            text: summary.text,
+            logprobs: opts.wantLogprobs ? legacyLogprobs(got, opts.alternatives) : null,
+            finish_reason: FINISH[summary.stopReason] ?? "stop",
+          },
+        ],
         usage: usageOf(summary),
       };
     },
@@ -328,7 +401,11 @@ export function openAI(nt) {
         /** OpenAI's chat.completions.create: `{messages, stream, max_tokens, temperature, ...}`. */
         async create(params, requestOptions) {
           const messages = checkMessages(params?.messages);
-          return create(params, requestOptions, { legacyLogprobs: false, start: (o) => nt.reply(messages, o), shape: chatShape });
+          return create(params, requestOptions, {
+            legacyLogprobs: false,
+            start: (o) => nt.reply(messages, o),
+            shape: chatShape,
+          });
         },
       },
     },
@@ -336,7 +413,11 @@ export function openAI(nt) {
       /** OpenAI's completions.create for a raw prompt: `{prompt, stream, max_tokens, ...}`. */
       async create(params, requestOptions) {
         if (typeof params?.prompt !== "string") throw new BadRequestError("prompt", "must be a string");
-        return create(params, requestOptions, { legacyLogprobs: true, start: (o) => nt.generate(params.prompt, o), shape: completionShape });
+        return create(params, requestOptions, {
+          legacyLogprobs: true,
+          start: (o) => nt.generate(params.prompt, o),
+          shape: completionShape,
+        });
       },
     },
   };

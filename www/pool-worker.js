@@ -8,7 +8,7 @@ self.onmessage = async ({ data: { mainJS, module, memory } }) => {
     pkg = await import(mainJS);
     await pkg.default({ module_or_path: module, memory });
   } catch (e) {
-    self.postMessage({ type: "pool-thread-failed", message: (e && e.message) || String(e) });
+    self.postMessage({ type: "pool-thread-failed", message: e?.message || String(e) });
     return;
   }
   self.postMessage({ type: "pool-thread-ready" });

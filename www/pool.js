@@ -27,7 +27,7 @@ export function hostPool(worker) {
       worker.postMessage({ type: "pool-started" });
     } catch (e) {
       stop();
-      worker.postMessage({ type: "pool-failed", message: (e && e.message) || String(e) });
+      worker.postMessage({ type: "pool-failed", message: e?.message || String(e) });
     }
   });
   worker.postMessage({ type: "pool-host" });

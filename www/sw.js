@@ -49,7 +49,11 @@ self.addEventListener("activate", (event) => {
   event.waitUntil(
     caches
       .keys()
-      .then((names) => Promise.all(names.filter((n) => n.startsWith("nexttoken-shell-") && n !== SHELL_CACHE).map((n) => caches.delete(n))))
+      .then((names) =>
+        Promise.all(
+          names.filter((n) => n.startsWith("nexttoken-shell-") && n !== SHELL_CACHE).map((n) => caches.delete(n)),
+        ),
+      )
       .then(() => self.clients.claim()),
   );
 });

@@ -36,7 +36,12 @@ export function alternativesList(t, onBranch) {
   for (const alt of t.top) {
     const bar = el("span", { className: "bar" });
     bar.style.width = `${(100 * alt.prob).toFixed(1)}%`;
-    const li = el("li", {}, el("code", { textContent: JSON.stringify(alt.token) }), el("span", { className: "p", textContent: alt.prob.toFixed(4) }));
+    const li = el(
+      "li",
+      {},
+      el("code", { textContent: JSON.stringify(alt.token) }),
+      el("span", { className: "p", textContent: alt.prob.toFixed(4) }),
+    );
     if (alt.id === t.id) li.classList.add("chosen");
     else if (removed.has(alt.id)) {
       li.classList.add("removed");
@@ -44,7 +49,10 @@ export function alternativesList(t, onBranch) {
     } else if (onBranch && alt.prob > 0) {
       // A token the model gives probability 0 cannot be a branch.
       const go = el("button", { type: "button", className: "branch", textContent: "continue with this" });
-      go.setAttribute("aria-label", `continue the text from here with ${JSON.stringify(alt.piece ?? alt.token)} instead (P = ${alt.prob.toFixed(2)})`);
+      go.setAttribute(
+        "aria-label",
+        `continue the text from here with ${JSON.stringify(alt.piece ?? alt.token)} instead (P = ${alt.prob.toFixed(2)})`,
+      );
       go.addEventListener("click", () => onBranch(alt));
       li.append(go);
     }
@@ -88,7 +96,15 @@ export function samplerPanel(nt, t, current, history, keys = SAMPLER_SLIDERS.map
     sliders.append(el("label", {}, el("span", { textContent: label }), input, out));
   }
   const chart = el("ol", { className: "sampler-bars" });
-  panel.append(sliders, chart, el("p", { className: "note", textContent: "Grey: the model's probability. Blue: the probability the draw uses after these settings (0 = removed). Over this step's 64 most likely tokens." }));
+  panel.append(
+    sliders,
+    chart,
+    el("p", {
+      className: "note",
+      textContent:
+        "Grey: the model's probability. Blue: the probability the draw uses after these settings (0 = removed). Over this step's 64 most likely tokens.",
+    }),
+  );
   // The model's own probabilities of the candidates: P = exp(logit - logsumexp), the
   // logsumexp recovered from the most likely token's reported probability.
   const lse = t.candidates.logits[0] - Math.log(t.top[0].prob);
@@ -106,7 +122,14 @@ export function samplerPanel(nt, t, current, history, keys = SAMPLER_SLIDERS.map
       plain.style.width = `${(100 * p).toFixed(1)}%`;
       const drawn = el("span", { className: "bar drawn" });
       drawn.style.width = `${(100 * q).toFixed(1)}%`;
-      const li = el("li", { className: q > 0 ? "kept" : "removed" }, el("code", { textContent: JSON.stringify(t.candidates.pieces[j]) }), el("span", { className: "p", textContent: `${p.toFixed(3)} → ${q.toFixed(3)}` }), plain, drawn);
+      const li = el(
+        "li",
+        { className: q > 0 ? "kept" : "removed" },
+        el("code", { textContent: JSON.stringify(t.candidates.pieces[j]) }),
+        el("span", { className: "p", textContent: `${p.toFixed(3)} → ${q.toFixed(3)}` }),
+        plain,
+        drawn,
+      );
       li.dataset.id = id;
       li.dataset.kept = q.toFixed(6);
       chart.append(li);
@@ -127,15 +150,23 @@ export function beamTreeNodes({ nodes, best }, bestText) {
   const lists = new Map([[null, el("ul", { className: "beam-tree" })]]);
   nodes.forEach((n, k) => {
     const label = `${JSON.stringify(n.piece)}  P = ${Math.exp(n.logprob).toFixed(2)}${n.finished ? " (ended)" : ""}`;
-    const li = el("li", { className: [n.kept ? "kept" : "pruned", onBest.has(k) ? "best" : ""].join(" ").trim(), textContent: label });
-    li.title = n.kept ? `kept at step ${n.step + 1}: log P = ${n.logprob.toFixed(3)}` : `pruned at step ${n.step + 1}: not among the best beams`;
+    const li = el("li", {
+      className: [n.kept ? "kept" : "pruned", onBest.has(k) ? "best" : ""].join(" ").trim(),
+      textContent: label,
+    });
+    li.title = n.kept
+      ? `kept at step ${n.step + 1}: log P = ${n.logprob.toFixed(3)}`
+      : `pruned at step ${n.step + 1}: not among the best beams`;
     const children = el("ul");
     li.append(children);
     lists.set(k, children);
     lists.get(n.parent ?? null).append(li);
   });
   const bestP = best !== null && best !== undefined ? Math.exp(nodes[best].logprob) : 0;
-  const line = el("p", { className: "beam-best", textContent: `Best beam: ${JSON.stringify(bestText.trim())}, P = ${bestP.toFixed(2)}.` });
+  const line = el("p", {
+    className: "beam-best",
+    textContent: `Best beam: ${JSON.stringify(bestText.trim())}, P = ${bestP.toFixed(2)}.`,
+  });
   return [el("h3", { textContent: "Beam search, step by step (grey: pruned)" }), lists.get(null), line];
 }
 
@@ -148,7 +179,10 @@ export async function greedyLine(nt, prompt, options) {
       logprob += t.logprob;
       out.push(t.text);
     }
-    return el("p", { className: "beam-greedy", textContent: `Greedy (always the most likely token): ${JSON.stringify(out.join("").trim())}, P = ${Math.exp(logprob).toFixed(2)}.` });
+    return el("p", {
+      className: "beam-greedy",
+      textContent: `Greedy (always the most likely token): ${JSON.stringify(out.join("").trim())}, P = ${Math.exp(logprob).toFixed(2)}.`,
+    });
   } catch (e) {
     return el("p", { className: "note", textContent: `greedy could not run: ${e.message}` });
   }
@@ -168,7 +202,10 @@ export function scoredText(label, r) {
     span.title = `${JSON.stringify(t.token)}: P = ${t.prob.toPrecision(4)}, surprisal ${bits.toFixed(2)} bits`;
     heat.append(span);
   }
-  const totals = el("p", { className: "note", textContent: `log P = ${r.logprob.toFixed(2)}, P = ${r.probability.toPrecision(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}, ${r.tokens.length} tokens` });
+  const totals = el("p", {
+    className: "note",
+    textContent: `log P = ${r.logprob.toFixed(2)}, P = ${r.probability.toPrecision(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}, ${r.tokens.length} tokens`,
+  });
   const item = el("div", { className: "scored" }, el("h3", { textContent: label }), heat, totals);
   Object.assign(item.dataset, { logprob: r.logprob, perplexity: r.perplexity, avgNll: r.avgNll });
   return item;
@@ -176,9 +213,27 @@ export function scoredText(label, r) {
 
 export function scoreTable(r) {
   const table = el("table", { className: "score" });
-  table.append(el("tr", {}, el("th", { textContent: "token" }), el("th", { textContent: "P(token | before)" }), el("th", { textContent: "log P" }), el("th", { textContent: "surprisal (bits)" })));
+  table.append(
+    el(
+      "tr",
+      {},
+      el("th", { textContent: "token" }),
+      el("th", { textContent: "P(token | before)" }),
+      el("th", { textContent: "log P" }),
+      el("th", { textContent: "surprisal (bits)" }),
+    ),
+  );
   for (const t of r.tokens) {
-    table.append(el("tr", {}, el("td", {}, el("code", { textContent: JSON.stringify(t.token) })), el("td", { textContent: t.prob.toPrecision(4) }), el("td", { textContent: t.logprob.toFixed(4) }), el("td", { textContent: (-t.logprob / Math.LN2).toFixed(2) })));
+    table.append(
+      el(
+        "tr",
+        {},
+        el("td", {}, el("code", { textContent: JSON.stringify(t.token) })),
+        el("td", { textContent: t.prob.toPrecision(4) }),
+        el("td", { textContent: t.logprob.toFixed(4) }),
+        el("td", { textContent: (-t.logprob / Math.LN2).toFixed(2) }),
+      ),
+    );
   }
   return table;
 }
@@ -192,7 +247,9 @@ export function scoreTable(r) {
  * ends with one are left as they are.
  */
 export function continuationText(prompt, candidate) {
-  const wordEnd = /[\p{L}\p{N}]$/u.test(prompt) && !/[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Thai}]$/u.test(prompt);
+  const wordEnd =
+    /[\p{L}\p{N}]$/u.test(prompt) &&
+    !/[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Thai}]$/u.test(prompt);
   return wordEnd && /^[\p{L}\p{N}]/u.test(candidate) ? ` ${candidate}` : candidate;
 }
 
@@ -203,11 +260,21 @@ export async function scoreNodes(nt, prompt, candidates) {
     return [scoredText("the prompt", r), scoreTable(r)];
   }
   const scored = [];
-  for (const text of candidates) scored.push({ text, r: await nt.score(continuationText(prompt, text), { after: prompt }) });
+  for (const text of candidates)
+    scored.push({ text, r: await nt.score(continuationText(prompt, text), { after: prompt }) });
   const best = (key) => scored.reduce((a, b) => (key(b.r) > key(a.r) ? b : a));
   const byTotal = best((r) => r.logprob);
   const byAverage = best((r) => -r.avgNll);
   const verdict = el("p", { className: "verdict" });
-  verdict.append(`Most likely: ${JSON.stringify(byTotal.text)} (log P ${byTotal.r.logprob.toFixed(2)}). Length-normalised (average log P per token): ${JSON.stringify(byAverage.text)} (${(-byAverage.r.avgNll).toFixed(3)}).`);
-  return [el("p", { className: "note", textContent: `P(continuation | ${JSON.stringify(prompt)}), each token given everything before it.` }), ...scored.map(({ text, r }) => scoredText(text, r)), verdict];
+  verdict.append(
+    `Most likely: ${JSON.stringify(byTotal.text)} (log P ${byTotal.r.logprob.toFixed(2)}). Length-normalised (average log P per token): ${JSON.stringify(byAverage.text)} (${(-byAverage.r.avgNll).toFixed(3)}).`,
+  );
+  return [
+    el("p", {
+      className: "note",
+      textContent: `P(continuation | ${JSON.stringify(prompt)}), each token given everything before it.`,
+    }),
+    ...scored.map(({ text, r }) => scoredText(text, r)),
+    verdict,
+  ];
 }

@@ -29,7 +29,7 @@ export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } 
       await startPool(threads, { mainJS, module: m.poolModule(), memory: m.poolMemory() });
       return { ...m, threads: m.buildPool(threads) };
     } catch (e) {
-      console.warn(`wasm threads build unavailable (${(e && e.message) || e}); running one thread`);
+      console.warn(`wasm threads build unavailable (${e?.message || e}); running one thread`);
     }
   }
   const m = await import("./pkg/nexttoken.js");
@@ -52,7 +52,10 @@ function startPool(threads, init) {
       if (data?.type === "pool-started") done();
       else if (data?.type === "pool-failed") done(data.message);
     };
-    const timer = setTimeout(() => done(`the page did not start the thread pool within ${POOL_START_MS / 1000} s`), POOL_START_MS);
+    const timer = setTimeout(
+      () => done(`the page did not start the thread pool within ${POOL_START_MS / 1000} s`),
+      POOL_START_MS,
+    );
     self.addEventListener("message", onMessage);
     self.postMessage({ type: "start-pool", threads, init, script: new URL("./pool-worker.js", import.meta.url).href });
   });

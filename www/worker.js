@@ -39,7 +39,7 @@ function wasmReady() {
 }
 
 const post = (msg) => self.postMessage(msg);
-const errorMessage = (e) => (e && e.message) || String(e);
+const errorMessage = (e) => e?.message || String(e);
 
 /** Let queued messages (an abort) run before the next token. */
 const yieldToEvents = () =>
@@ -94,7 +94,13 @@ async function load({ id, slot, spec, options = {} }) {
       // The tokenizer first (small). Without a tokenizer URL, null: the tokenizer is built from
       // the GGUF's own metadata (and the error says so when the file has none).
       const tokenizer = spec.tokenizer ? await fetchText(spec.tokenizer, id, "tokenizer", signal) : null;
-      const loadOptions = { backend: options.backend || "auto", maxSeq: options.maxSeq || 2048, exact: !!options.exact, threads: options.threads, allowSoftwareGpu: !!options.allowSoftwareGpu };
+      const loadOptions = {
+        backend: options.backend || "auto",
+        maxSeq: options.maxSeq || 2048,
+        exact: !!options.exact,
+        threads: options.threads,
+        allowSoftwareGpu: !!options.allowSoftwareGpu,
+      };
       // Then the backend, before the download: on WebGPU the weights stream from the download
       // straight into GPU buffers; the CPU path needs them in wasm memory. "auto" never takes a
       // software adapter (BackendChoice.choose), and takes the CPU path at once where an earlier
@@ -103,7 +109,8 @@ async function load({ id, slot, spec, options = {} }) {
       const auto = choice.cpuFallback;
       const key = auto ? verdictKey(spec, choice.adapter, loadOptions) : null;
       let verdict = key && (await recallVerdict(key));
-      const remembered = verdict && `${verdict.reason} (measured ${verdict.date}, remembered for this model and adapter)`;
+      const remembered =
+        verdict && `${verdict.reason} (measured ${verdict.date}, remembered for this model and adapter)`;
       if (verdict && !verdict.gpu) {
         choice.free();
         choice = wasm.BackendChoice.cpu(remembered);
@@ -140,12 +147,17 @@ async function load({ id, slot, spec, options = {} }) {
         try {
           if (!auto) {
             // backend "gpu": WebGPU whatever the check says, with a warning when it fails.
-            await engine.checkGpu().catch((e) => post({ type: "warning", id, message: `backend "gpu": ${errorMessage(e)}` }));
+            await engine
+              .checkGpu()
+              .catch((e) => post({ type: "warning", id, message: `backend "gpu": ${errorMessage(e)}` }));
           } else if (verdict) {
             await engine.checkGpu();
             backendReason = remembered;
           } else {
-            verdict = { ...(await engine.autoVerdict(loadOptions.exact, loadOptions.threads ?? wasm.threads)), date: new Date().toISOString().slice(0, 10) };
+            verdict = {
+              ...(await engine.autoVerdict(loadOptions.exact, loadOptions.threads ?? wasm.threads)),
+              date: new Date().toISOString().slice(0, 10),
+            };
             await rememberVerdict(key, verdict);
             backendReason = verdict.reason;
             if (!verdict.gpu) why = verdict.reason;
@@ -155,7 +167,8 @@ async function load({ id, slot, spec, options = {} }) {
           why = `auto: ${errorMessage(e)}; running on the CPU`;
           wrong = true;
           // A GPU that computed wrongly is remembered; one lost on the way is tried again.
-          if (!/GPU device lost/.test(why)) await rememberVerdict(key, { gpu: false, reason: why, date: new Date().toISOString().slice(0, 10) });
+          if (!/GPU device lost/.test(why))
+            await rememberVerdict(key, { gpu: false, reason: why, date: new Date().toISOString().slice(0, 10) });
         }
         if (why) {
           // The GPU's engine goes only once the CPU path has the model: a model the CPU path
@@ -170,12 +183,21 @@ async function load({ id, slot, spec, options = {} }) {
               engine.free();
               throw e;
             }
-            post({ type: "warning", id, message: `${why}, but the CPU path could not load it (${errorMessage(e)}): WebGPU keeps it` });
+            post({
+              type: "warning",
+              id,
+              message: `${why}, but the CPU path could not load it (${errorMessage(e)}): WebGPU keeps it`,
+            });
           }
         }
       }
       loads.set(slot, { spec, tokenizer, loadOptions, auto });
-      timings = { downloadMs: got.downloadMs - t0, initMs: t1 - got.downloadMs, backendMs: performance.now() - t1, fromCache: got.fromCache };
+      timings = {
+        downloadMs: got.downloadMs - t0,
+        initMs: t1 - got.downloadMs,
+        backendMs: performance.now() - t1,
+        fromCache: got.fromCache,
+      };
     }
     engines.set(slot, engine);
     post({ type: "loaded", id, info: infoOf(engine, backendReason), timings });
@@ -194,7 +216,13 @@ async function load({ id, slot, spec, options = {} }) {
  * header, not its weights); backendReason, why "auto" chose the backend it did, when it measured.
  */
 function infoOf(engine, backendReason) {
-  return { ...engine.info(), backendReason, version: wasm.version(), threads: wasm.threads, wasmMemoryBytes: wasm.wasmMemoryBytes() };
+  return {
+    ...engine.info(),
+    backendReason,
+    version: wasm.version(),
+    threads: wasm.threads,
+    wasmMemoryBytes: wasm.wasmMemoryBytes(),
+  };
 }
 
 // "auto"'s verdicts (engine.autoVerdict: the GPU's check, and which backend decodes this model
@@ -219,7 +247,10 @@ async function recallVerdict(key) {
 
 async function rememberVerdict(key, verdict) {
   try {
-    await (await caches.open(VERDICTS)).put(key, new Response(JSON.stringify(verdict), { headers: { "content-type": "application/json" } }));
+    await (await caches.open(VERDICTS)).put(
+      key,
+      new Response(JSON.stringify(verdict), { headers: { "content-type": "application/json" } }),
+    );
   } catch {
     // No Cache API (an opaque origin), or no quota: measured again next time.
   }
@@ -273,7 +304,8 @@ async function loadGguf(spec, id, signal, choice, tokenizer, loadOptions) {
   try {
     fromCache = await fetchParts(spec, urls, id, signal, onPart);
     if (tokenizerError) throw tokenizerError;
-    if ((!sink && !stream) || (sink && !sink.length)) throw new Error(`the server sent an empty file for ${spec.url.split("/").pop()}: it is not a model`);
+    if ((!sink && !stream) || (sink && !sink.length))
+      throw new Error(`the server sent an empty file for ${spec.url.split("/").pop()}: it is not a model`);
     const downloadMs = performance.now();
     if (stream) {
       const s = stream;
@@ -316,7 +348,9 @@ async function loadGguf(spec, id, signal, choice, tokenizer, loadOptions) {
 async function fetchParts(spec, urls, id, signal, onPart) {
   const parts = urls.length;
   if (parts > 1 && spec.sha256 && !(Array.isArray(spec.sha256) && spec.sha256.length === parts)) {
-    throw new Error(`${spec.url} is part 1 of ${parts} of a split model: give its sha256 as a list of ${parts}, one per part`);
+    throw new Error(
+      `${spec.url} is part 1 of ${parts} of a split model: give its sha256 as a list of ${parts}, one per part`,
+    );
   }
   let fromCache = true;
   let doneBytes = 0; // of the parts before this one
@@ -352,13 +386,19 @@ const WASM_MEMORY_LIMIT = 4 * 2 ** 30;
 async function preflight(url, size, id, inWasm = true) {
   if (!size) return;
   const name = decodeURIComponent(new URL(url).pathname.split("/").pop());
-  const gb = (n) => (n / 1e9).toFixed(2) + " GB";
+  const gb = (n) => `${(n / 1e9).toFixed(2)} GB`;
   if (inWasm && size > WASM_MEMORY_LIMIT * 0.9) {
-    throw new Error(`${name} is ${gb(size)} (as the server announced it): more than the ${gb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`);
+    throw new Error(
+      `${name} is ${gb(size)} (as the server announced it): more than the ${gb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`,
+    );
   }
   const estimate = await navigator.storage?.estimate?.().catch(() => null);
   if (estimate?.quota && size > estimate.quota - (estimate.usage || 0)) {
-    post({ type: "warning", id, message: `${name} (${gb(size)}) is more than the ${gb(estimate.quota - (estimate.usage || 0))} of storage this browser offers: it runs now but cannot be kept for offline use` });
+    post({
+      type: "warning",
+      id,
+      message: `${name} (${gb(size)}) is more than the ${gb(estimate.quota - (estimate.usage || 0))} of storage this browser offers: it runs now but cannot be kept for offline use`,
+    });
   }
 }
 
@@ -417,13 +457,23 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
         if ((options.beams ?? 1) > 1) {
           session.free();
           session = null;
-          await moveToCpu(id, slot, load, `WebGPU was lost (${errorMessage(e)}): the model moved to the CPU path; run the beam search again`);
+          await moveToCpu(
+            id,
+            slot,
+            load,
+            `WebGPU was lost (${errorMessage(e)}): the model moved to the CPU path; run the beam search again`,
+          );
           throw e;
         }
         const promptIds = Array.from(session.promptIds);
         session.free();
         session = null;
-        engine = await moveToCpu(id, slot, load, `WebGPU was lost (${errorMessage(e)}) after ${generated.length} tokens: the model moved to the CPU path`);
+        engine = await moveToCpu(
+          id,
+          slot,
+          load,
+          `WebGPU was lost (${errorMessage(e)}) after ${generated.length} tokens: the model moved to the CPU path`,
+        );
         const rest = { ...options, maxTokens: (options.maxTokens ?? options.max_tokens ?? 256) - generated.length };
         if (options.constraint) rest.constraintPrefix = (options.constraintPrefix ?? 0) + generated.length;
         if (options.forceTokens) rest.forceTokens = options.forceTokens.slice(generated.length);
@@ -436,7 +486,14 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
       post({ type: "token", id, token });
       await yieldToEvents();
     }
-    post({ type: "done", id, summary: session?.summary() ?? null, messages: session?.messages, promptIds: session && Array.from(session.promptIds), beamTree: session?.beamTree });
+    post({
+      type: "done",
+      id,
+      summary: session?.summary() ?? null,
+      messages: session?.messages,
+      promptIds: session && Array.from(session.promptIds),
+      beamTree: session?.beamTree,
+    });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });
   } finally {
@@ -453,7 +510,14 @@ async function moveToCpu(id, slot, load, why) {
   post({ type: "warning", id, message: why });
   const cpu = wasm.BackendChoice.cpu(why);
   try {
-    const { engine } = await loadGguf(load.spec, id, new AbortController().signal, cpu, load.tokenizer, load.loadOptions);
+    const { engine } = await loadGguf(
+      load.spec,
+      id,
+      new AbortController().signal,
+      cpu,
+      load.tokenizer,
+      load.loadOptions,
+    );
     engines.get(slot)?.free();
     engines.set(slot, engine);
     post({ type: "backend", id, info: infoOf(engine, why) });
@@ -496,7 +560,11 @@ self.onmessage = (event) => {
       try {
         if (!wasm) throw new Error("the engine is not loaded yet");
         const { ids, logits, options, history } = msg;
-        post({ type: "result", id: msg.id, value: wasm.samplerView(Uint32Array.from(ids), Float32Array.from(logits), options, Uint32Array.from(history)) });
+        post({
+          type: "result",
+          id: msg.id,
+          value: wasm.samplerView(Uint32Array.from(ids), Float32Array.from(logits), options, Uint32Array.from(history)),
+        });
       } catch (e) {
         post({ type: "error", id: msg.id, message: errorMessage(e) });
       }

@@ -39,11 +39,11 @@ let MODEL = process.env.MODEL || "models/default.gguf";
 let TOKENIZER = process.env.TOKENIZER || "models/default-tokenizer.json";
 if (process.env.MODEL_FILE) {
   mounts["/bench-model/"] = path.dirname(path.resolve(process.env.MODEL_FILE));
-  MODEL = "bench-model/" + path.basename(process.env.MODEL_FILE);
+  MODEL = `bench-model/${path.basename(process.env.MODEL_FILE)}`;
 }
 if (process.env.TOKENIZER_FILE) {
   mounts["/bench-tokenizer/"] = path.dirname(path.resolve(process.env.TOKENIZER_FILE));
-  TOKENIZER = "bench-tokenizer/" + path.basename(process.env.TOKENIZER_FILE);
+  TOKENIZER = `bench-tokenizer/${path.basename(process.env.TOKENIZER_FILE)}`;
 }
 
 let passed = 0;
@@ -126,7 +126,15 @@ const base = `http://127.0.0.1:${server.address().port}`;
 console.log(`serving www/ on ${base}`);
 
 async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
-  const args = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"];
+  const args = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+  ];
   if (webgpu) args.push("--enable-unsafe-webgpu", "--use-angle=swiftshader", "--enable-features=Vulkan");
   const browser = await chromium.launch({ executablePath: chromiumPath, args, headless: true });
   const lines = [];
@@ -139,20 +147,27 @@ async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
     const r = await page.evaluate(() => window.benchResult || { error: window.benchError });
     if (r.error) throw new Error(r.error);
     // A threaded run that fell back to one thread would be labelled wrong (it once did, unseen).
-    if (r.threads !== undefined && r.threads !== threads) throw new Error(`asked for ${threads} threads, ran ${r.threads}`);
+    if (r.threads !== undefined && r.threads !== threads)
+      throw new Error(`asked for ${threads} threads, ran ${r.threads}`);
     // After its decode steps the CPU path has chosen its decode walk (src/cpu/walk.rs).
-    if (r.backend === "cpu" && !["tiles", "streams"].includes(r.decodeWalk)) throw new Error(`decode walk not settled: ${r.decodeWalk}`);
+    if (r.backend === "cpu" && !["tiles", "streams"].includes(r.decodeWalk))
+      throw new Error(`decode walk not settled: ${r.decodeWalk}`);
     // On WebGPU with timestamp queries, the kernels' times per family of one decode step.
     for (const p of [r.gpuProfile16, r.gpuProfileLong]) {
       if (r.backend !== "webgpu" || p === null) continue;
-      const ok = Array.isArray(p) && p.length > 0 &&
+      const ok =
+        Array.isArray(p) &&
+        p.length > 0 &&
         p.every((f) => typeof f.kernel === "string" && f.dispatches >= 1 && f.micros >= 0 && f.bytes >= 0);
       if (!ok) throw new Error(`gpuProfile is not a per-family table: ${JSON.stringify(p)}`);
     }
     if (r.backend === "webgpu") {
       const p = r.gpuProfile16;
-      console.log(p ? p.map((f) => `${f.kernel}: ${f.dispatches} x, ${f.micros.toFixed(0)} us`).join("; ")
-        : "gpuProfile: null (this browser exposes no timestamp-query)");
+      console.log(
+        p
+          ? p.map((f) => `${f.kernel}: ${f.dispatches} x, ${f.micros.toFixed(0)} us`).join("; ")
+          : "gpuProfile: null (this browser exposes no timestamp-query)",
+      );
     }
     results[name] = r;
     passed++;
@@ -162,8 +177,13 @@ async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
     console.log(`ok    ${name}\n${JSON.stringify(shown, null, 2)}`);
   } catch (e) {
     failed++;
-    console.log(`FAIL  ${name}: ${String(e && e.message ? e.message : e).split("\n").slice(0, 6).join("\n      ")}`);
-    if (lines.length) console.log("      console:\n      " + lines.slice(-10).join("\n      "));
+    console.log(
+      `FAIL  ${name}: ${String(e?.message ? e.message : e)
+        .split("\n")
+        .slice(0, 6)
+        .join("\n      ")}`,
+    );
+    if (lines.length) console.log(`      console:\n      ${lines.slice(-10).join("\n      ")}`);
   } finally {
     await browser.close();
   }
@@ -172,7 +192,9 @@ async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
 const q = (backend, threads = 1, reps = REPS) =>
   `?model=${encodeURIComponent(MODEL)}&tokenizer=${encodeURIComponent(TOKENIZER)}&backend=${backend}&reps=${reps}&threads=${threads}` +
   (threads > 1 ? "" : "&isolate=0");
-const wq = (threads) => `/wllama/index.html?model=${encodeURIComponent("/" + MODEL)}&tokenizer=${encodeURIComponent("/" + TOKENIZER)}&reps=${REPS}&threads=${threads}` + (threads > 1 ? "" : "&isolate=0");
+const wq = (threads) =>
+  `/wllama/index.html?model=${encodeURIComponent(`/${MODEL}`)}&tokenizer=${encodeURIComponent(`/${TOKENIZER}`)}&reps=${REPS}&threads=${threads}` +
+  (threads > 1 ? "" : "&isolate=0");
 try {
   await runPage("nexttoken cpu 1 thread", `/bench.html${q("cpu")}`);
   if (haveWllama) await runPage("wllama 1 thread", wq(1));
@@ -183,7 +205,8 @@ try {
   }
   const webgpuReps = process.env.WEBGPU_REPS || "1";
   // WebGPU by name: "auto" takes the CPU path where the only adapter is SwiftShader.
-  if (!process.env.NO_WEBGPU) await runPage("nexttoken gpu (--enable-unsafe-webgpu)", `/bench.html${q("gpu", 1, webgpuReps)}`, { webgpu: true });
+  if (!process.env.NO_WEBGPU)
+    await runPage("nexttoken gpu (--enable-unsafe-webgpu)", `/bench.html${q("gpu", 1, webgpuReps)}`, { webgpu: true });
 } finally {
   server.closeAllConnections?.();
   await new Promise((r) => server.close(r));
@@ -191,21 +214,44 @@ try {
 }
 
 // Summary table.
-const fmt = (x) => (typeof x === "number" && isFinite(x) ? x.toFixed(1) : "-");
-const row = (r) => [(r.wasmInitMs || 0) + r.loadMs, r.prefill16?.tokS, r.prefill128?.tokS, r.decode16?.tokS, r.decodeLong?.tokS];
+const fmt = (x) => (typeof x === "number" && Number.isFinite(x) ? x.toFixed(1) : "-");
+const row = (r) => [
+  (r.wasmInitMs || 0) + r.loadMs,
+  r.prefill16?.tokS,
+  r.prefill128?.tokS,
+  r.decode16?.tokS,
+  r.decodeLong?.tokS,
+];
 const longTokens = Object.values(results).find((r) => r.decodeLong)?.decodeLong.promptTokens;
-console.log("\n" + ["run", "backend", "init+load ms", "prefill16 tok/s", "prefill128 tok/s", "decode@16 tok/s", `decode@${longTokens} tok/s`].join(" | "));
+console.log(
+  "\n" +
+    [
+      "run",
+      "backend",
+      "init+load ms",
+      "prefill16 tok/s",
+      "prefill128 tok/s",
+      "decode@16 tok/s",
+      `decode@${longTokens} tok/s`,
+    ].join(" | "),
+);
 for (const [name, r] of Object.entries(results)) console.log([name, r.backend, ...row(r).map(fmt)].join(" | "));
 const cpu1 = results["nexttoken cpu 1 thread"];
 if (cpu1) {
-  console.log(`wasm memory ${(cpu1.wasmMemoryBytes / 2 ** 20).toFixed(1)} MiB; decode bandwidth ${fmt(cpu1.decode16?.weightGBs)} GB/s of weights vs memcpy ${fmt(cpu1.memcpyGBs)} GB/s (1 thread); decode walk ${cpu1.decodeWalk}`);
+  console.log(
+    `wasm memory ${(cpu1.wasmMemoryBytes / 2 ** 20).toFixed(1)} MiB; decode bandwidth ${fmt(cpu1.decode16?.weightGBs)} GB/s of weights vs memcpy ${fmt(cpu1.memcpyGBs)} GB/s (1 thread); decode walk ${cpu1.decodeWalk}`,
+  );
 }
 console.log("\nratio nexttoken/wllama, same thread count (higher = nexttoken faster; load: lower = nexttoken faster)");
 for (const t of [1, THREADS]) {
-  const a = results[`nexttoken cpu ${t} thread${t > 1 ? "s" : ""}`], b = results[`wllama ${t} thread${t > 1 ? "s" : ""}`];
+  const a = results[`nexttoken cpu ${t} thread${t > 1 ? "s" : ""}`],
+    b = results[`wllama ${t} thread${t > 1 ? "s" : ""}`];
   if (!a || !b || (t > 1 && t === 1)) continue;
-  const ra = row(a), rb = row(b);
-  console.log([`${t} thread${t > 1 ? "s" : ""}`, ...ra.map((x, i) => (x && rb[i] ? (x / rb[i]).toFixed(2) : "-"))].join(" | "));
+  const ra = row(a),
+    rb = row(b);
+  console.log(
+    [`${t} thread${t > 1 ? "s" : ""}`, ...ra.map((x, i) => (x && rb[i] ? (x / rb[i]).toFixed(2) : "-"))].join(" | "),
+  );
   if (THREADS === 1) break;
 }
 console.log(`\n${passed} passed, ${failed} failed`);

@@ -29,7 +29,23 @@ export function makeChatFixture({ dir, bin, vocabGguf }) {
   fs.mkdirSync(dir, { recursive: true });
   const config = path.join(dir, "config.json");
   fs.writeFileSync(config, JSON.stringify(CONFIG));
-  const r = spawnSync(bin, ["synth", "--config", config, "--vocab-from", vocabGguf, "--type", "q8_0", "--seed", "7", "--out", path.join(dir, "chat.gguf")], { encoding: "utf8" });
+  const r = spawnSync(
+    bin,
+    [
+      "synth",
+      "--config",
+      config,
+      "--vocab-from",
+      vocabGguf,
+      "--type",
+      "q8_0",
+      "--seed",
+      "7",
+      "--out",
+      path.join(dir, "chat.gguf"),
+    ],
+    { encoding: "utf8" },
+  );
   if (r.status !== 0) throw new Error(`synth failed: ${r.stderr}`);
   return true;
 }
@@ -39,16 +55,55 @@ function nativeReply({ bin, model, messages, n, mode, tmp }) {
   const conv = path.join(tmp, `conv-${Date.now()}.json`);
   fs.writeFileSync(conv, JSON.stringify(messages));
   const how = mode === "webgpu" ? ["--exact"] : ["--isa", "scalar", "--threads", "1"];
-  const r = spawnSync(bin, ["chat", "--model", model, "--messages", conv, "--temperature", "0", "--max-tokens", String(n), "--backend", "cpu", "--json", ...how], { encoding: "utf8" });
+  const r = spawnSync(
+    bin,
+    [
+      "chat",
+      "--model",
+      model,
+      "--messages",
+      conv,
+      "--temperature",
+      "0",
+      "--max-tokens",
+      String(n),
+      "--backend",
+      "cpu",
+      "--json",
+      ...how,
+    ],
+    { encoding: "utf8" },
+  );
   if (r.status !== 0) throw new Error(`the CLI's chat failed: ${r.stderr}`);
   return JSON.parse(r.stdout.trim().split("\n").at(-1));
 }
 
 function nativeGenerate({ bin, model, prompt, n, mode }) {
   const how = mode === "webgpu" ? ["--exact"] : ["--isa", "scalar", "--threads", "1"];
-  const r = spawnSync(bin, ["generate", "--model", model, "--prompt", prompt, "--temperature", "0", "--max-tokens", String(n), "--backend", "cpu", "--json", ...how], { encoding: "utf8" });
+  const r = spawnSync(
+    bin,
+    [
+      "generate",
+      "--model",
+      model,
+      "--prompt",
+      prompt,
+      "--temperature",
+      "0",
+      "--max-tokens",
+      String(n),
+      "--backend",
+      "cpu",
+      "--json",
+      ...how,
+    ],
+    { encoding: "utf8" },
+  );
   if (r.status !== 0) throw new Error(`the CLI's generate failed: ${r.stderr}`);
-  const lines = r.stdout.trim().split("\n").map((l) => JSON.parse(l));
+  const lines = r.stdout
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l));
   return { tokens: lines.filter((l) => "id" in l), summary: lines.at(-1) };
 }
 
@@ -60,21 +115,39 @@ function checkCompletion(r, assert) {
   assert(typeof r.model === "string" && r.model, `model: ${r.model}`);
   assert(Array.isArray(r.choices) && r.choices.length === 1, "choices");
   const c = r.choices[0];
-  assert(c.index === 0 && c.message?.role === "assistant" && typeof c.message.content === "string", `choice: ${JSON.stringify(c).slice(0, 200)}`);
+  assert(
+    c.index === 0 && c.message?.role === "assistant" && typeof c.message.content === "string",
+    `choice: ${JSON.stringify(c).slice(0, 200)}`,
+  );
   assert(["stop", "length"].includes(c.finish_reason), `finish_reason: ${c.finish_reason}`);
   const u = r.usage;
-  assert(Number.isInteger(u.prompt_tokens) && Number.isInteger(u.completion_tokens) && u.total_tokens === u.prompt_tokens + u.completion_tokens, `usage: ${JSON.stringify(u)}`);
-  assert(Number.isInteger(u.prompt_tokens_details?.cached_tokens) && u.prompt_tokens_details.cached_tokens < u.prompt_tokens, `cached_tokens: ${JSON.stringify(u)}`);
+  assert(
+    Number.isInteger(u.prompt_tokens) &&
+      Number.isInteger(u.completion_tokens) &&
+      u.total_tokens === u.prompt_tokens + u.completion_tokens,
+    `usage: ${JSON.stringify(u)}`,
+  );
+  assert(
+    Number.isInteger(u.prompt_tokens_details?.cached_tokens) && u.prompt_tokens_details.cached_tokens < u.prompt_tokens,
+    `cached_tokens: ${JSON.stringify(u)}`,
+  );
   return r;
 }
 
 function checkLogprobs(content, { n, top }, assert) {
-  assert(Array.isArray(content) && content.length === n, `logprobs.content has ${content?.length} entries for ${n} tokens`);
+  assert(
+    Array.isArray(content) && content.length === n,
+    `logprobs.content has ${content?.length} entries for ${n} tokens`,
+  );
   for (const e of content) {
-    assert(typeof e.token === "string" && Number.isFinite(e.logprob) && e.logprob <= 0, `entry ${JSON.stringify(e).slice(0, 120)}`);
+    assert(
+      typeof e.token === "string" && Number.isFinite(e.logprob) && e.logprob <= 0,
+      `entry ${JSON.stringify(e).slice(0, 120)}`,
+    );
     assert(Array.isArray(e.bytes) && e.bytes.every((b) => Number.isInteger(b) && b >= 0 && b < 256), "bytes");
     assert(e.top_logprobs.length === top, `top_logprobs: ${e.top_logprobs.length}, want ${top}`);
-    for (let i = 1; i < e.top_logprobs.length; i++) assert(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob, "top_logprobs not sorted");
+    for (let i = 1; i < e.top_logprobs.length; i++)
+      assert(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob, "top_logprobs not sorted");
   }
 }
 
@@ -121,7 +194,10 @@ export async function chatTests(t) {
     assert(reused, `no KV reuse in the stats: ${JSON.stringify(two.stats)}`);
     const [, kept, total] = reused.map(Number);
     const firstPrompt = Number(one.stats["prompt tokens"]);
-    assert(kept >= firstPrompt && kept < total, `turn 2 reused ${kept} of ${total}; turn 1's prompt alone was ${firstPrompt} tokens`);
+    assert(
+      kept >= firstPrompt && kept < total,
+      `turn 2 reused ${kept} of ${total}; turn 1's prompt alone was ${firstPrompt} tokens`,
+    );
     // The CLI renders the whole conversation and prefills it from an empty state.
     const messages = [{ role: "system", content: "You are terse." }, ...two.conversation.slice(0, 3)];
     const want = nativeReply({ bin, model, messages, n: N, mode, tmp });
@@ -132,7 +208,10 @@ export async function chatTests(t) {
     const inspected = await page.textContent("#inspect");
     assert(/P\(token \| before\)/.test(inspected), `inspector: ${inspected.slice(0, 100)}`);
     // What the model reads is shown: the template's rendering with its markers.
-    assert((await page.textContent("#rendered-text")).includes("<|im_start|>assistant"), "the rendered prompt is not shown");
+    assert(
+      (await page.textContent("#rendered-text")).includes("<|im_start|>assistant"),
+      "the rendered prompt is not shown",
+    );
     if (webgpu) return;
     // Regenerate replaces the last reply (same greedy reply, the prompt fully reused but its last token).
     await page.click("#regenerate");
@@ -140,7 +219,10 @@ export async function chatTests(t) {
     const again = await page.evaluate(() => window.nexttokenApp.conversation);
     assertEq(again.length, 4, "turns after Regenerate");
     assertEq(again[3].content, two.conversation[3].content, "regenerated greedy reply");
-    const regen = /reused (\d+) of (\d+)/.exec((await statsOf(page))["KV cache"]).slice(1).map(Number);
+    const regen = /reused (\d+) of (\d+)/
+      .exec((await statsOf(page))["KV cache"])
+      .slice(1)
+      .map(Number);
     assertEq(regen[0], regen[1] - 1, "Regenerate prefills only the prompt's last token");
     // Edit last takes the user's message back; Clear empties the conversation.
     await page.click("#edit-last");
@@ -162,7 +244,8 @@ export async function chatTests(t) {
         await nt.load(url, { maxSeq: 96 });
         const long = "words ".repeat(20);
         const messages = [];
-        for (let i = 0; i < 4; i++) messages.push({ role: "user", content: `${i}: ${long}` }, { role: "assistant", content: "ok" });
+        for (let i = 0; i < 4; i++)
+          messages.push({ role: "user", content: `${i}: ${long}` }, { role: "assistant", content: "ok" });
         messages.push({ role: "user", content: "last" });
         let error = null;
         try {
@@ -179,8 +262,14 @@ export async function chatTests(t) {
     }, url);
     assert(r.error && /context is 96 tokens/.test(r.error), `error: ${r.error}`);
     // The oldest turns went; what is left is the end of the conversation, starting with a user turn.
-    assert(r.kept.length < r.sent && r.kept.at(-1).content === "last" && r.kept[0].role === "user", `kept: ${JSON.stringify(r.kept).slice(0, 200)}`);
-    assert(r.kept.every((m, i) => JSON.stringify(m) === JSON.stringify(r.messages[r.sent - r.kept.length + i])), "the kept turns are not the conversation's last ones");
+    assert(
+      r.kept.length < r.sent && r.kept.at(-1).content === "last" && r.kept[0].role === "user",
+      `kept: ${JSON.stringify(r.kept).slice(0, 200)}`,
+    );
+    assert(
+      r.kept.every((m, i) => JSON.stringify(m) === JSON.stringify(r.messages[r.sent - r.kept.length + i])),
+      "the kept turns are not the conversation's last ones",
+    );
     assert(r.got > 0, "no tokens after dropping the oldest turns");
   });
 
@@ -194,17 +283,31 @@ export async function chatTests(t) {
         const out = {};
         try {
           await nt.load(url);
-          const params = { messages, temperature: 0, max_tokens: N, logprobs: true, top_logprobs: 3, unknown_field: { ignored: true } };
+          const params = {
+            messages,
+            temperature: 0,
+            max_tokens: N,
+            logprobs: true,
+            top_logprobs: 3,
+            unknown_field: { ignored: true },
+          };
           out.plain = await nt.chat.completions.create(params);
           out.again = await nt.chat.completions.create(params);
-          const stream = await nt.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+          const stream = await nt.chat.completions.create({
+            ...params,
+            stream: true,
+            stream_options: { include_usage: true },
+          });
           out.chunks = [];
           for await (const c of stream) out.chunks.push(c);
           // Abort mid-stream: the loop throws an AbortError; the next request runs normally.
           const controller = new AbortController();
           let n = 0;
           try {
-            for await (const c of await nt.chat.completions.create({ messages, temperature: 0.8, max_tokens: 200, stream: true }, { signal: controller.signal })) {
+            for await (const c of await nt.chat.completions.create(
+              { messages, temperature: 0.8, max_tokens: 200, stream: true },
+              { signal: controller.signal },
+            )) {
               if (c.choices[0]?.delta.content !== undefined && ++n === 2) controller.abort();
             }
             out.abort = "not aborted";
@@ -213,10 +316,21 @@ export async function chatTests(t) {
           }
           out.afterAbort = (await nt.chat.completions.create({ messages, max_tokens: 3 })).choices[0].finish_reason;
           // Two at once: both complete (they run in turn).
-          const [a, b] = await Promise.all([nt.chat.completions.create({ messages, temperature: 0, max_tokens: N }), nt.chat.completions.create({ messages, temperature: 0, max_tokens: N })]);
+          const [a, b] = await Promise.all([
+            nt.chat.completions.create({ messages, temperature: 0, max_tokens: N }),
+            nt.chat.completions.create({ messages, temperature: 0, max_tokens: N }),
+          ]);
           out.concurrent = [a.choices[0].message.content, b.choices[0].message.content];
           out.errors = {};
-          for (const [name, bad] of Object.entries({ temperature: { temperature: -1 }, top_p: { top_p: 2 }, max_tokens: { max_tokens: 0 }, messages: { messages: [] }, top_logprobs: { top_logprobs: 3 }, n: { n: 2 }, stop: { stop: [1] } })) {
+          for (const [name, bad] of Object.entries({
+            temperature: { temperature: -1 },
+            top_p: { top_p: 2 },
+            max_tokens: { max_tokens: 0 },
+            messages: { messages: [] },
+            top_logprobs: { top_logprobs: 3 },
+            n: { n: 2 },
+            stop: { stop: [1] },
+          })) {
             try {
               await nt.chat.completions.create({ messages, ...bad });
               out.errors[name] = "accepted";
@@ -224,7 +338,12 @@ export async function chatTests(t) {
               out.errors[name] = `${e.name}|${e.param}|${e.message}`;
             }
           }
-          out.legacy = await nt.completions.create({ prompt: "The sea is", temperature: 0, max_tokens: N, logprobs: 2 });
+          out.legacy = await nt.completions.create({
+            prompt: "The sea is",
+            temperature: 0,
+            max_tokens: N,
+            logprobs: 2,
+          });
           // abort() then generate() at once: the new generation runs whole (the old loop must
           // not stop it), and so does one started while another runs.
           for await (const _ of nt.generate("The sea is", { maxTokens: 50, temperature: 1 })) break;
@@ -246,9 +365,14 @@ export async function chatTests(t) {
     checkCompletion(r.plain, assert);
     checkLogprobs(r.plain.choices[0].logprobs.content, { n: r.plain.usage.completion_tokens, top: 3 }, assert);
     // Greedy: each chosen token is the most likely one.
-    for (const e of r.plain.choices[0].logprobs.content) assert(Math.abs(e.logprob - e.top_logprobs[0].logprob) < 1e-5, "greedy pick is not the top token");
+    for (const e of r.plain.choices[0].logprobs.content)
+      assert(Math.abs(e.logprob - e.top_logprobs[0].logprob) < 1e-5, "greedy pick is not the top token");
     // The second identical request reuses the first's KV cache (all of the prompt but its last token).
-    assertEq(r.again.usage.prompt_tokens_details.cached_tokens, r.again.usage.prompt_tokens - 1, "cached_tokens of a repeated request");
+    assertEq(
+      r.again.usage.prompt_tokens_details.cached_tokens,
+      r.again.usage.prompt_tokens - 1,
+      "cached_tokens of a repeated request",
+    );
     assertEq(r.again.choices[0].message.content, r.plain.choices[0].message.content, "repeated greedy request");
     // The CLI, from scratch: same reply, same log-probabilities.
     const want = nativeReply({ bin, model, messages, n: N, mode, tmp });
@@ -256,18 +380,32 @@ export async function chatTests(t) {
     assertEq(r.plain.usage.prompt_tokens, want.prompt_tokens, "prompt_tokens vs the CLI's");
     // Streamed: role first, content deltas, a finish_reason, then usage alone.
     const chunks = r.chunks;
-    assert(chunks.every((c) => c.object === "chat.completion.chunk" && c.id === chunks[0].id), "chunk object/id");
+    assert(
+      chunks.every((c) => c.object === "chat.completion.chunk" && c.id === chunks[0].id),
+      "chunk object/id",
+    );
     const text = chunks.map((c) => c.choices[0]?.delta.content ?? "").join("");
     assertEq(text, r.plain.choices[0].message.content, "streamed text vs the plain response");
     const finish = chunks.filter((c) => c.choices[0]?.finish_reason);
-    assert(finish.length === 1 && finish[0].choices[0].finish_reason === r.plain.choices[0].finish_reason, "one finish chunk");
-    assert(chunks.at(-1).choices.length === 0 && chunks.at(-1).usage.completion_tokens === r.plain.usage.completion_tokens, `usage chunk: ${JSON.stringify(chunks.at(-1))}`);
+    assert(
+      finish.length === 1 && finish[0].choices[0].finish_reason === r.plain.choices[0].finish_reason,
+      "one finish chunk",
+    );
+    assert(
+      chunks.at(-1).choices.length === 0 && chunks.at(-1).usage.completion_tokens === r.plain.usage.completion_tokens,
+      `usage chunk: ${JSON.stringify(chunks.at(-1))}`,
+    );
     const streamedLogprobs = chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []);
-    assertEq(JSON.stringify(streamedLogprobs), JSON.stringify(r.plain.choices[0].logprobs.content), "streamed logprobs");
+    assertEq(
+      JSON.stringify(streamedLogprobs),
+      JSON.stringify(r.plain.choices[0].logprobs.content),
+      "streamed logprobs",
+    );
     assertEq(r.abort, "AbortError", "aborted stream");
     assert(["stop", "length"].includes(r.afterAbort), `request after the abort: ${r.afterAbort}`);
     assertEq(r.concurrent[0], r.concurrent[1], "two concurrent greedy requests");
-    for (const [name, message] of Object.entries(r.errors)) assert(message.startsWith(`BadRequestError|${name}|${name}:`), `invalid ${name}: ${message}`);
+    for (const [name, message] of Object.entries(r.errors))
+      assert(message.startsWith(`BadRequestError|${name}|${name}:`), `invalid ${name}: ${message}`);
     // completions.create: the legacy shape; its log-probabilities are the CLI's for the same prompt.
     const legacy = r.legacy;
     assert(legacy.object === "text_completion" && legacy.id.startsWith("cmpl-"), `legacy: ${legacy.object}`);
@@ -275,11 +413,22 @@ export async function chatTests(t) {
     assertEq(legacy.choices[0].text, ref.summary.text, "completion text vs the CLI's");
     const lp = legacy.choices[0].logprobs;
     assertEq(lp.token_logprobs.length, ref.tokens.length, "legacy logprobs count");
-    lp.token_logprobs.forEach((x, i) => assert(Math.abs(x - ref.tokens[i].logprob) < 2e-3, `token ${i}: logprob ${x} vs the CLI's ${ref.tokens[i].logprob}`));
-    assert(lp.top_logprobs.every((o) => Object.keys(o).length <= 2), "legacy top_logprobs size");
+    lp.token_logprobs.forEach((x, i) =>
+      assert(
+        Math.abs(x - ref.tokens[i].logprob) < 2e-3,
+        `token ${i}: logprob ${x} vs the CLI's ${ref.tokens[i].logprob}`,
+      ),
+    );
+    assert(
+      lp.top_logprobs.every((o) => Object.keys(o).length <= 2),
+      "legacy top_logprobs size",
+    );
     for (const what of ["afterAbortGenerate", "secondGenerate"]) {
       const g = r[what];
-      assert(g.stop !== "Aborted" && (g.n === N || g.stop === "Eos"), `${what}: ${JSON.stringify(g)} (the previous generation's loop stopped it)`);
+      assert(
+        g.stop !== "Aborted" && (g.n === N || g.stop === "Eos"),
+        `${what}: ${JSON.stringify(g)} (the previous generation's loop stopped it)`,
+      );
     }
   });
 
@@ -313,7 +462,23 @@ export async function chatTests(t) {
       fs.writeFileSync(config, JSON.stringify({ ...CONFIG, model_type: "llama", vocab_size: 2048 }));
       const template = path.join(dir, "loop.jinja");
       fs.writeFileSync(template, "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
-      const r = spawnSync(bin, ["synth", "--config", config, "--vocab-from", path.join(path.dirname(new URL(import.meta.url).pathname), "..", "..", "www", "models", "default.gguf"), "--chat-template", template, "--type", "q8_0", "--out", path.join(dir, "hostile.gguf")], { encoding: "utf8" });
+      const r = spawnSync(
+        bin,
+        [
+          "synth",
+          "--config",
+          config,
+          "--vocab-from",
+          path.join(path.dirname(new URL(import.meta.url).pathname), "..", "..", "www", "models", "default.gguf"),
+          "--chat-template",
+          template,
+          "--type",
+          "q8_0",
+          "--out",
+          path.join(dir, "hostile.gguf"),
+        ],
+        { encoding: "utf8" },
+      );
       assertEq(r.status, 0, `synth failed: ${r.stderr}`);
       await page.goto(`${base}/?nosw&model=lesson-toy`);
       const out = await page.evaluate(async () => {
@@ -339,7 +504,10 @@ export async function chatTests(t) {
         }
       });
       console.log(`      ${out.error} (${out.ms?.toFixed(0)} ms)`);
-      assert(/chat template: rendering stopped: the template used up its budget/.test(out.error), `reply(): ${out.error}`);
+      assert(
+        /chat template: rendering stopped: the template used up its budget/.test(out.error),
+        `reply(): ${out.error}`,
+      );
       assertEq(out.tokens, 4, "tokens generated after the runaway template");
     });
   }
@@ -348,7 +516,16 @@ export async function chatTests(t) {
     const r = await page.evaluate(async () => {
       const { resolveModelUrl } = await import("/nexttoken.js");
       const out = {};
-      for (const ref of ["hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf", "bartowski/SmolLM2-135M-Instruct-GGUF:SmolLM2-135M-Instruct-Q8_0.gguf", "hf:a/b@v1.0/sub/x.gguf", "https://example.com/m.gguf", "models/default.gguf", "hf:a/b", "a/b:Q4_K_M", "hf:a/b/../x.gguf"]) {
+      for (const ref of [
+        "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf",
+        "bartowski/SmolLM2-135M-Instruct-GGUF:SmolLM2-135M-Instruct-Q8_0.gguf",
+        "hf:a/b@v1.0/sub/x.gguf",
+        "https://example.com/m.gguf",
+        "models/default.gguf",
+        "hf:a/b",
+        "a/b:Q4_K_M",
+        "hf:a/b/../x.gguf",
+      ]) {
         try {
           out[ref] = resolveModelUrl(ref);
         } catch (e) {
@@ -358,22 +535,39 @@ export async function chatTests(t) {
       return out;
     });
     const hub = "https://huggingface.co";
-    assertEq(r["hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf"], `${hub}/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/main/qwen2.5-0.5b-instruct-q8_0.gguf`, "hf: reference");
-    assertEq(r["bartowski/SmolLM2-135M-Instruct-GGUF:SmolLM2-135M-Instruct-Q8_0.gguf"], `${hub}/bartowski/SmolLM2-135M-Instruct-GGUF/resolve/main/SmolLM2-135M-Instruct-Q8_0.gguf`, "owner/repo:file");
+    assertEq(
+      r["hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q8_0.gguf"],
+      `${hub}/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/main/qwen2.5-0.5b-instruct-q8_0.gguf`,
+      "hf: reference",
+    );
+    assertEq(
+      r["bartowski/SmolLM2-135M-Instruct-GGUF:SmolLM2-135M-Instruct-Q8_0.gguf"],
+      `${hub}/bartowski/SmolLM2-135M-Instruct-GGUF/resolve/main/SmolLM2-135M-Instruct-Q8_0.gguf`,
+      "owner/repo:file",
+    );
     assertEq(r["hf:a/b@v1.0/sub/x.gguf"], `${hub}/a/b/resolve/v1.0/sub/x.gguf`, "revision and sub-folder");
     assertEq(r["https://example.com/m.gguf"], "https://example.com/m.gguf", "plain URL");
     assertEq(r["models/default.gguf"], "models/default.gguf", "relative URL");
-    for (const bad of ["hf:a/b", "a/b:Q4_K_M", "hf:a/b/../x.gguf"]) assert(r[bad].startsWith("error: "), `${bad} accepted: ${r[bad]}`);
+    for (const bad of ["hf:a/b", "a/b:Q4_K_M", "hf:a/b/../x.gguf"])
+      assert(r[bad].startsWith("error: "), `${bad} accepted: ${r[bad]}`);
     // Loading one: the Hub is not reachable from tests, so the request is answered with the fixture.
     const requested = [];
     await page.route(`${hub}/**`, (route) => {
       requested.push(route.request().url());
-      route.fulfill({ status: 200, body: fs.readFileSync(model), headers: { "content-type": "application/octet-stream", "access-control-allow-origin": "*" } });
+      route.fulfill({
+        status: 200,
+        body: fs.readFileSync(model),
+        headers: { "content-type": "application/octet-stream", "access-control-allow-origin": "*" },
+      });
     });
     try {
       await page.goto(`${base}/?nosw&model=${encodeURIComponent("hf:someone/chat-GGUF/chat.gguf")}`);
       await waitLoaded(page);
-      assertEq(JSON.stringify(requested), JSON.stringify([`${hub}/someone/chat-GGUF/resolve/main/chat.gguf`]), "requests to the Hub");
+      assertEq(
+        JSON.stringify(requested),
+        JSON.stringify([`${hub}/someone/chat-GGUF/resolve/main/chat.gguf`]),
+        "requests to the Hub",
+      );
       assert(await page.isVisible("#chat-input"), "the Hub model did not open in chat mode");
     } finally {
       await page.unroute(`${hub}/**`);

@@ -17,7 +17,7 @@ function contents(version) {
     x ^= x << 13;
     x ^= x >>> 17;
     x ^= x << 5;
-    out.writeUInt32LE(x >>> 0, i <= SIZE - 4 ? i : SIZE - 4);
+    out.writeUInt32LE(x >>> 0, Math.min(i, SIZE - 4));
   }
   return out;
 }
@@ -47,14 +47,30 @@ export function faultyServer() {
       res.end();
       return true;
     }
-    const cors = { "access-control-allow-origin": "*", "access-control-expose-headers": "content-range, etag, content-length" };
+    const cors = {
+      "access-control-allow-origin": "*",
+      "access-control-expose-headers": "content-range, etag, content-length",
+    };
     // The first 100 requests all break (a few of them after changing the file, or ignoring
     // Range); after that the server behaves.
     let fault = "ok";
     if (req.url.startsWith("/faulty/model.bin") && state.faults && state.served < 100) {
       const r = random();
       const late = state.served >= 60; // no restarts near the end, so the 100 can finish the file
-      fault = r < 0.45 ? "cut" : r < 0.6 ? "drop" : r < 0.75 ? "stall" : r < 0.9 ? "lie" : late ? "cut" : r < 0.94 ? "change" : "ignore-range";
+      fault =
+        r < 0.45
+          ? "cut"
+          : r < 0.6
+            ? "drop"
+            : r < 0.75
+              ? "stall"
+              : r < 0.9
+                ? "lie"
+                : late
+                  ? "cut"
+                  : r < 0.94
+                    ? "change"
+                    : "ignore-range";
     }
     if (req.url.startsWith("/faulty/model.bin")) state.served += 1;
     if (fault === "change") {
@@ -73,9 +89,20 @@ export function faultyServer() {
       return true;
     }
     const body = data.subarray(start);
-    const entry = { fault, version: state.version, rangeStart: honour ? start : 0, asked: range ? Number(range[1]) : 0, sent: 0 };
+    const entry = {
+      fault,
+      version: state.version,
+      rangeStart: honour ? start : 0,
+      asked: range ? Number(range[1]) : 0,
+      sent: 0,
+    };
     state.log.push(entry);
-    const headers = { ...cors, "content-type": "application/octet-stream", etag: etag(), "content-length": String(fault === "lie" ? body.length + 1_000_000 : body.length) };
+    const headers = {
+      ...cors,
+      "content-type": "application/octet-stream",
+      etag: etag(),
+      "content-length": String(fault === "lie" ? body.length + 1_000_000 : body.length),
+    };
     if (honour) headers["content-range"] = `bytes ${start}-${data.length - 1}/${data.length}`;
     res.writeHead(honour ? 206 : 200, headers);
     if (fault === "drop") {
@@ -88,8 +115,10 @@ export function faultyServer() {
     res.write(body.subarray(0, cut), () => {
       entry.sent = cut;
       if (fault === "cut" || fault === "ignore-range" || fault === "change") res.destroy();
-      else if (fault === "stall") setTimeout(() => res.destroy(), 5_000); // the client gives up first
-      else if (fault === "lie") res.destroy(); // fewer bytes than announced
+      else if (fault === "stall")
+        setTimeout(() => res.destroy(), 5_000); // the client gives up first
+      else if (fault === "lie")
+        res.destroy(); // fewer bytes than announced
       else res.end();
     });
     return true;
@@ -131,12 +160,20 @@ export async function downloadTests(t) {
               all.set(p, o);
               o += p.length;
             }
-            const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", all)), (b) => b.toString(16).padStart(2, "0")).join("");
+            const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", all)), (b) =>
+              b.toString(16).padStart(2, "0"),
+            ).join("");
             result = { digest, bytes: got.bytes, fromCache: got.fromCache };
             attempts.push({ ok: true, started: true, resumed: start.resumed, loaded: last.loaded });
           } catch (e) {
             // An attempt that failed before its answer came (a dropped connection) started nothing.
-            attempts.push({ ok: false, started: !!start, resumed: start?.resumed ?? 0, loaded: last?.loaded ?? start?.resumed ?? 0, error: `${e.name}: ${e.message}` });
+            attempts.push({
+              ok: false,
+              started: !!start,
+              resumed: start?.resumed ?? 0,
+              loaded: last?.loaded ?? start?.resumed ?? 0,
+              error: `${e.name}: ${e.message}`,
+            });
           }
         }
         const listed = await mc.listCached();
@@ -146,7 +183,10 @@ export async function downloadTests(t) {
           const parts = [];
           const got = await mc.fetchModelFile(url, { onChunk: (c) => parts.push(c.slice()) });
           const all = new Blob(parts);
-          const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", await all.arrayBuffer())), (b) => b.toString(16).padStart(2, "0")).join("");
+          const digest = Array.from(
+            new Uint8Array(await crypto.subtle.digest("SHA-256", await all.arrayBuffer())),
+            (b) => b.toString(16).padStart(2, "0"),
+          ).join("");
           again = { digest, fromCache: got.fromCache };
         }
         const cache = await caches.open(mc.MODEL_CACHE);
@@ -156,8 +196,11 @@ export async function downloadTests(t) {
       },
       { CHUNK },
     );
-    const log = server.state.log;
-    console.log(`      ${r.attempts.length} attempts, faults: ${JSON.stringify(log.reduce((a, e) => ((a[e.fault] = (a[e.fault] || 0) + 1), a), {}))}, file versions ${server.state.version}`);
+    const faults = {};
+    for (const e of server.state.log) faults[e.fault] = (faults[e.fault] || 0) + 1;
+    console.log(
+      `      ${r.attempts.length} attempts, faults: ${JSON.stringify(faults)}, file versions ${server.state.version}`,
+    );
     assert(r.result, `no attempt succeeded: ${JSON.stringify(r.attempts.slice(-3))}`);
     assertEq(r.result.digest, server.sha256(), "sha256 of the downloaded bytes vs the file's");
     assertEq(r.again.fromCache, true, "second read from the cache");
@@ -174,13 +217,17 @@ export async function downloadTests(t) {
     let attempts = 0;
     for (let i = 0; i < log.length; i++, attempts++) if (log[i].fault === "drop") i++;
     assertEq(r.attempts.length, attempts, "attempts, the retries of dropped connections inside theirs");
-    assert(r.attempts.some((a) => a.resumed > 0), "no attempt resumed");
+    assert(
+      r.attempts.some((a) => a.resumed > 0),
+      "no attempt resumed",
+    );
     // Since the last restart from byte 0 (a changed file or an ignored Range), every byte came once.
     const lastRestart = r.attempts.findLastIndex((a, i) => i > 0 && a.started && a.resumed === 0);
     const since = r.attempts.slice(Math.max(lastRestart, 0));
     const downloaded = since.reduce((n, a) => n + (a.loaded - a.resumed), 0);
     assertEq(downloaded, SIZE, `bytes downloaded since the last restart (${since.length} attempts)`);
-    for (const a of r.attempts.filter((a) => !a.ok)) assert(/DownloadError: .*(interrupted|cut short|cannot download)/.test(a.error), `unclear error: ${a.error}`);
+    for (const a of r.attempts.filter((a) => !a.ok))
+      assert(/DownloadError: .*(interrupted|cut short|cannot download)/.test(a.error), `unclear error: ${a.error}`);
   });
 
   await test(`[${mode}] storage refused (a quota too small for the model): the model runs with a clear warning, nothing partial is kept, and the app shell is still cached`, async () => {
@@ -196,16 +243,22 @@ export async function downloadTests(t) {
       await p.evaluate(() => navigator.serviceWorker.ready);
       await t.waitState(p, ["ready", "error"], 120_000);
       const warning = await t.errorText(p);
-      assert(/not enough browser storage/.test(warning) && (await p.getAttribute("#error", "class")) === "warning", `warning: ${JSON.stringify(warning)}`);
+      assert(
+        /not enough browser storage/.test(warning) && (await p.getAttribute("#error", "class")) === "warning",
+        `warning: ${JSON.stringify(warning)}`,
+      );
       assertEq(await p.evaluate(() => document.body.dataset.state), "ready", "the model still loaded");
       const r = await p.evaluate(async () => {
         const mc = await import("/model-cache.js");
         const shell = (await caches.keys()).filter((k) => k.startsWith("nexttoken-shell-"));
-        const shellFiles = shell.length ? (await (await caches.open(shell[0])).keys()).map((q) => new URL(q.url).pathname) : [];
+        const shellFiles = shell.length
+          ? (await (await caches.open(shell[0])).keys()).map((q) => new URL(q.url).pathname)
+          : [];
         return { models: await mc.listCached(), shellFiles };
       });
       assertEq(JSON.stringify(r.models), "[]", "model entries kept (partial or whole)");
-      for (const f of ["/index.html", "/app.js", "/pkg/nexttoken_bg.wasm"]) assert(r.shellFiles.includes(f), `the app shell lacks ${f}: ${JSON.stringify(r.shellFiles)}`);
+      for (const f of ["/index.html", "/app.js", "/pkg/nexttoken_bg.wasm"])
+        assert(r.shellFiles.includes(f), `the app shell lacks ${f}: ${JSON.stringify(r.shellFiles)}`);
     } finally {
       await context.close();
     }
@@ -221,7 +274,9 @@ export async function downloadTests(t) {
       await mc.fetchModelFile(url, { chunkBytes: 1 << 20 });
       // Flip one byte in the middle of chunk 2.
       const cache = await caches.open(mc.MODEL_CACHE);
-      const key = (await cache.keys()).map((k) => k.url).find((k) => k.startsWith("https://nexttoken-chunks.invalid/1/"));
+      const key = (await cache.keys())
+        .map((k) => k.url)
+        .find((k) => k.startsWith("https://nexttoken-chunks.invalid/1/"));
       const bytes = new Uint8Array(await (await cache.match(key)).arrayBuffer());
       bytes[1000] ^= 0x55;
       await cache.put(key, new Response(bytes));
@@ -235,7 +290,10 @@ export async function downloadTests(t) {
       const again = await mc.fetchModelFile(url);
       return { error, afterError: afterError.length, again: again.fromCache };
     });
-    assert(r.error && /damaged/.test(r.error) && /removed/.test(r.error) && /retryable true/.test(r.error), `error: ${r.error}`);
+    assert(
+      r.error && /damaged/.test(r.error) && /removed/.test(r.error) && /retryable true/.test(r.error),
+      `error: ${r.error}`,
+    );
     assertEq(r.afterError, 0, "entries left after the damaged one was found");
     assertEq(r.again, false, "the retry downloads again");
   });

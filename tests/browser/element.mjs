@@ -17,7 +17,21 @@ async function pageWith(browser, base, body, { width = 1280, height = 900, color
     for (const type of ["nt-load", "nt-token", "nt-done", "nt-error"]) {
       document.addEventListener(type, (e) => {
         const d = e.detail || {};
-        window.__events.push({ type, id: e.target.id, bubbles: e.bubbles, composed: e.composed, kind: d.kind, text: d.text, prob: d.prob, probability: d.probability, view: d.view, message: d.message, reusedTokens: d.reusedTokens, branch: !!d.branch, scores: d.scores });
+        window.__events.push({
+          type,
+          id: e.target.id,
+          bubbles: e.bubbles,
+          composed: e.composed,
+          kind: d.kind,
+          text: d.text,
+          prob: d.prob,
+          probability: d.probability,
+          view: d.view,
+          message: d.message,
+          reusedTokens: d.reusedTokens,
+          branch: !!d.branch,
+          scores: d.scores,
+        });
       });
     }
   });
@@ -27,8 +41,14 @@ async function pageWith(browser, base, body, { width = 1280, height = 900, color
   return { page, requests };
 }
 
-const events = (page, filter = {}) => page.evaluate((f) => window.__events.filter((e) => Object.entries(f).every(([k, v]) => e[k] === v)), filter);
-const waitEvent = (page, type, id, n = 1, timeout = 30_000) => page.waitForFunction(([type, id, n]) => window.__events.filter((e) => e.type === type && e.id === id).length >= n, [type, id, n], { timeout });
+const events = (page, filter = {}) =>
+  page.evaluate((f) => window.__events.filter((e) => Object.entries(f).every(([k, v]) => e[k] === v)), filter);
+const waitEvent = (page, type, id, n = 1, timeout = 30_000) =>
+  page.waitForFunction(
+    ([type, id, n]) => window.__events.filter((e) => e.type === type && e.id === id).length >= n,
+    [type, id, n],
+    { timeout },
+  );
 
 /** A description of the focused control inside an element's shadow root. */
 const focused = (page) =>
@@ -58,31 +78,52 @@ export async function elementTests(t) {
       await waitEvent(page, "nt-error", "bad");
       await page.waitForTimeout(800);
       assert(requests.includes("/models/lesson-beam.json"), "the eager element's model was not requested at once");
-      assert(!requests.includes("/models/lesson-toy.json"), `the lazy element's model was requested before it was on screen: ${requests.join(" ")}`);
+      assert(
+        !requests.includes("/models/lesson-toy.json"),
+        `the lazy element's model was requested before it was on screen: ${requests.join(" ")}`,
+      );
       assertEq((await events(page, { id: "lazy" })).length, 0, "events from the lazy element before it loaded");
       const status = await page.locator("#lazy .status").textContent();
       assert(/on screen/.test(status), `the lazy element's status: ${status}`);
       await page.locator("#lazy").scrollIntoViewIfNeeded();
       await waitEvent(page, "nt-done", "lazy");
-      assertEq(requests.filter((r) => r === "/models/lesson-toy.json").length, 1, "the lazy model requested once, after scrolling");
+      assertEq(
+        requests.filter((r) => r === "/models/lesson-toy.json").length,
+        1,
+        "the lazy model requested once, after scrolling",
+      );
       const [load] = await events(page, { type: "nt-load", id: "lazy" });
       assertEq(load.kind, "table", "nt-load detail: the model info");
       const tokens = await events(page, { type: "nt-token", id: "lazy" });
       assertEq(tokens.map((e) => e.text).join(""), "the cat sat", "nt-token details: the tokens");
-      assertEq(tokens.map((e) => e.prob.toFixed(2)).join(" "), "1.00 0.60 0.70 1.00", "nt-token details: their probabilities");
+      assertEq(
+        tokens.map((e) => e.prob.toFixed(2)).join(" "),
+        "1.00 0.60 0.70 1.00",
+        "nt-token details: their probabilities",
+      );
       const [done] = await events(page, { type: "nt-done", id: "lazy" });
-      assert(Math.abs(done.probability - 0.42) < 1e-6 && done.view === "generate" && done.text.trim() === "the cat sat", `nt-done detail: ${JSON.stringify(done)}`);
+      assert(
+        Math.abs(done.probability - 0.42) < 1e-6 && done.view === "generate" && done.text.trim() === "the cat sat",
+        `nt-done detail: ${JSON.stringify(done)}`,
+      );
       const [err] = await events(page, { type: "nt-error", id: "bad" });
       assert(/no-such-model/.test(err.message), `nt-error detail: ${JSON.stringify(err)}`);
       const all = await events(page);
-      assert(all.every((e) => e.bubbles && e.composed), "every nt-* event bubbles and is composed");
+      assert(
+        all.every((e) => e.bubbles && e.composed),
+        "every nt-* event bubbles and is composed",
+      );
     } finally {
       await page.close();
     }
   });
 
   await test(`[${mode}] <next-token view="explore"> by keyboard only: Tab reaches every control (run, tokens, branch buttons, sliders), Enter inspects a token, arrow keys move the sliders, Space runs a branch that reuses the KV cache`, async () => {
-    const { page } = await pageWith(browser, base, `<next-token id="x" view="explore" model="/models/lesson-toy.json" prompt="" temperature="0" max-tokens="8" show-probabilities eager></next-token>`);
+    const { page } = await pageWith(
+      browser,
+      base,
+      `<next-token id="x" view="explore" model="/models/lesson-toy.json" prompt="" temperature="0" max-tokens="8" show-probabilities eager></next-token>`,
+    );
     try {
       await waitEvent(page, "nt-load", "x");
       const reached = new Set();
@@ -101,8 +142,13 @@ export async function elementTests(t) {
       await waitEvent(page, "nt-done", "x");
       assertEq((await page.locator("#x .gen").textContent()).trim(), "the cat sat", "greedy output");
       // The tokens: role=button with the probability in their label.
-      const labels = await page.locator("#x .gen .tok").evaluateAll((s) => s.map((x) => `${x.getAttribute("role")} ${x.getAttribute("aria-label")}`));
-      assert(labels.length === 4 && labels.every((l) => l.startsWith("button token")), `token labels: ${JSON.stringify(labels)}`);
+      const labels = await page
+        .locator("#x .gen .tok")
+        .evaluateAll((s) => s.map((x) => `${x.getAttribute("role")} ${x.getAttribute("aria-label")}`));
+      assert(
+        labels.length === 4 && labels.every((l) => l.startsWith("button token")),
+        `token labels: ${JSON.stringify(labels)}`,
+      );
       assert(/" cat", probability 0\.60/.test(labels[1]), `label of "cat": ${labels[1]}`);
       await tabTo("tok1");
       await page.keyboard.press("Enter");
@@ -112,18 +158,54 @@ export async function elementTests(t) {
       const controls = await page.evaluate(() =>
         [...document.querySelector("#x").shadowRoot.querySelectorAll("button, input, [tabindex='0']")]
           .filter((c) => !c.disabled && c.offsetParent !== null)
-          .map((a) => (a.dataset.key ? `slider:${a.dataset.key}` : a.dataset.i !== undefined ? `tok${a.dataset.i}` : a.className.split(" ")[0])),
+          .map((a) =>
+            a.dataset.key
+              ? `slider:${a.dataset.key}`
+              : a.dataset.i !== undefined
+                ? `tok${a.dataset.i}`
+                : a.className.split(" ")[0],
+          ),
       );
-      assertEq(JSON.stringify(controls.filter((c) => !reached.has(c))), "[]", `controls Tab did not reach (reached ${[...reached].join(", ")})`);
-      for (const c of ["run", "tok0", "tok1", "tok2", "tok3", "branch", "slider:temperature", "slider:topK", "slider:topP", "slider:minP"]) assert(reached.has(c), `Tab did not reach ${c}`);
-      const unlabelled = await page.evaluate(() => [...document.querySelector("#x").shadowRoot.querySelectorAll("button, input")].filter((c) => !c.getAttribute("aria-label") && !c.textContent.trim()).length);
+      assertEq(
+        JSON.stringify(controls.filter((c) => !reached.has(c))),
+        "[]",
+        `controls Tab did not reach (reached ${[...reached].join(", ")})`,
+      );
+      for (const c of [
+        "run",
+        "tok0",
+        "tok1",
+        "tok2",
+        "tok3",
+        "branch",
+        "slider:temperature",
+        "slider:topK",
+        "slider:topP",
+        "slider:minP",
+      ])
+        assert(reached.has(c), `Tab did not reach ${c}`);
+      const unlabelled = await page.evaluate(
+        () =>
+          [...document.querySelector("#x").shadowRoot.querySelectorAll("button, input")].filter(
+            (c) => !c.getAttribute("aria-label") && !c.textContent.trim(),
+          ).length,
+      );
       assertEq(unlabelled, 0, "controls without a label");
       // Arrow keys on the sliders: temperature 0 → 1 keeps "cat" 0.6 and "dog" 0.4.
-      const kept = () => page.locator("#x .sampler-bars li").evaluateAll((l) => l.map((li) => `${li.querySelector("code").textContent}=${Number(li.dataset.kept).toFixed(2)}`).join(" "));
+      const kept = () =>
+        page
+          .locator("#x .sampler-bars li")
+          .evaluateAll((l) =>
+            l.map((li) => `${li.querySelector("code").textContent}=${Number(li.dataset.kept).toFixed(2)}`).join(" "),
+          );
       while ((await focused(page)) !== "slider:temperature") await tab(true);
       for (let k = 0; k < 20; k++) await page.keyboard.press("ArrowRight");
       await page.waitForTimeout(200);
-      assertEq(await page.locator('#x input[data-key="temperature"]').inputValue(), "1", "temperature slider after 20 × ArrowRight");
+      assertEq(
+        await page.locator('#x input[data-key="temperature"]').inputValue(),
+        "1",
+        "temperature slider after 20 × ArrowRight",
+      );
       assertEq(await kept(), '"cat"=0.60 "dog"=0.40', "kept at temperature 1");
       await tab();
       await page.keyboard.press("ArrowRight");
@@ -131,13 +213,21 @@ export async function elementTests(t) {
       assertEq(await page.locator('#x input[data-key="topK"]').inputValue(), "1", "top-k slider after ArrowRight");
       assertEq(await kept(), '"cat"=1.00 "dog"=0.00', "kept at top-k 1");
       // Back to "continue with this" (on "dog") and Space: the branch.
-      const focusedLabel = () => page.evaluate(() => document.activeElement?.shadowRoot?.activeElement?.getAttribute("aria-label") || "");
-      for (let k = 0; k < 20 && !((await focused(page)) === "branch" && /"dog"/.test(await focusedLabel())); k++) await tab(true);
+      const focusedLabel = () =>
+        page.evaluate(() => document.activeElement?.shadowRoot?.activeElement?.getAttribute("aria-label") || "");
+      for (let k = 0; k < 20 && !((await focused(page)) === "branch" && /"dog"/.test(await focusedLabel())); k++)
+        await tab(true);
       assert(/"dog" instead/.test(await focusedLabel()), `not on the branch button for "dog": ${await focusedLabel()}`);
       await page.keyboard.press("Space");
       await page.waitForFunction(() => window.__events.some((e) => e.type === "nt-done" && e.branch));
-      const branched = await page.evaluate(() => document.querySelector("#x").tokens.map((t) => [t.text, t.token, t.id, t.prob.toFixed(2)]));
-      assertEq((await page.locator("#x .gen").textContent()).trim(), "the dog ran", `the branch's text (${JSON.stringify(branched)})`);
+      const branched = await page.evaluate(() =>
+        document.querySelector("#x").tokens.map((t) => [t.text, t.token, t.id, t.prob.toFixed(2)]),
+      );
+      assertEq(
+        (await page.locator("#x .gen").textContent()).trim(),
+        "the dog ran",
+        `the branch's text (${JSON.stringify(branched)})`,
+      );
       const done = (await events(page, { type: "nt-done", id: "x" })).at(-1);
       assert(done.reusedTokens >= 1, `the branch reused no KV cache: ${JSON.stringify(done)}`);
       const status = await page.locator("#x .status").textContent();
@@ -168,18 +258,28 @@ export async function elementTests(t) {
         assert(/"a bird", P = 0\.36/.test(best), `best beam: ${best}`);
         assert(/"the cat", P = 0\.33/.test(greedy), `greedy: ${greedy}`);
         assertEq(await page.locator("#beam li.pruned").count(), 2, "pruned hypotheses");
-        const ppl = await page.locator("#score .scored").evaluateAll((d) => d.map((x) => Number(x.dataset.perplexity).toFixed(2)));
+        const ppl = await page
+          .locator("#score .scored")
+          .evaluateAll((d) => d.map((x) => Number(x.dataset.perplexity).toFixed(2)));
         assertEq(ppl.join(" "), "1.28 3.79", "perplexities");
         const verdict = await page.locator("#score .verdict").textContent();
-        assert(/Most likely: "the sun is warm <\/s>"/.test(verdict) && /Length-normalised/.test(verdict), `verdict: ${verdict}`);
+        assert(
+          /Most likely: "the sun is warm <\/s>"/.test(verdict) && /Length-normalised/.test(verdict),
+          `verdict: ${verdict}`,
+        );
         const [scoreDone] = await events(page, { type: "nt-done", id: "score" });
-        assertEq(scoreDone.scores.map((s) => s.perplexity.toFixed(2)).join(" "), "1.28 3.79", "nt-done of the score view");
+        assertEq(
+          scoreDone.scores.map((s) => s.perplexity.toFixed(2)).join(" "),
+          "1.28 3.79",
+          "nt-done of the score view",
+        );
         await page.locator("#explore .gen .tok").nth(1).click();
         await page.locator("#explore .sampler-view li").first().waitFor();
         await page.waitForTimeout(150);
         const width = await page.evaluate(() => document.documentElement.scrollWidth);
         assert(width <= opts.width, `the page is ${width} px wide at ${opts.width} px`);
-        for (const id of ["generate", "explore", "beam", "score"]) await page.locator(`#${id}`).screenshot({ path: path.join(outDir, `element-${id}-${label}.png`) });
+        for (const id of ["generate", "explore", "beam", "score"])
+          await page.locator(`#${id}`).screenshot({ path: path.join(outDir, `element-${id}-${label}.png`) });
       } finally {
         await page.close();
       }

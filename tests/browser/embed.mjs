@@ -16,7 +16,14 @@ const here = path.dirname(fileURLToPath(import.meta.url));
  * checked against worker-src, not script-src. */
 export function strictCsp({ scripts = "'self'", models = "'self'" } = {}) {
   const connect = [...new Set(["'self'", scripts, models])].join(" ");
-  return [`default-src 'self'`, `script-src ${scripts} 'wasm-unsafe-eval'`, `worker-src ${scripts === "'self'" ? "'self'" : `'self' blob: ${scripts}`}`, `connect-src ${connect}`, `style-src 'self'`, `img-src 'self' data:`].join("; ");
+  return [
+    `default-src 'self'`,
+    `script-src ${scripts} 'wasm-unsafe-eval'`,
+    `worker-src ${scripts === "'self'" ? "'self'" : `'self' blob: ${scripts}`}`,
+    `connect-src ${connect}`,
+    `style-src 'self'`,
+    `img-src 'self' data:`,
+  ].join("; ");
 }
 
 const ISOLATE = { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" };
@@ -45,7 +52,9 @@ async function instrument(page) {
     window.__csp = [];
     window.__workers = [];
     document.addEventListener("nexttoken-done", () => window.__done++, true);
-    document.addEventListener("securitypolicyviolation", (e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));
+    document.addEventListener("securitypolicyviolation", (e) =>
+      window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`),
+    );
     const Native = window.Worker;
     window.Worker = class extends Native {
       constructor(url, opts) {
@@ -56,7 +65,11 @@ async function instrument(page) {
   });
 }
 
-const page = (dir, name, body, head = "") => fs.writeFileSync(path.join(dir, name), `<!doctype html><html><head><meta charset="utf-8">${head}</head><body>${body}</body></html>`);
+const page = (dir, name, body, head = "") =>
+  fs.writeFileSync(
+    path.join(dir, name),
+    `<!doctype html><html><head><meta charset="utf-8">${head}</head><body>${body}</body></html>`,
+  );
 
 export async function embedTests(t) {
   const { test, assert, assertEq, browser, mode, www } = t;
@@ -99,7 +112,9 @@ export async function embedTests(t) {
           `<script type="module" src="${cdn}/next-token.js"></script>`,
         );
         const csp = strictCsp({ scripts: cdn, models: `${models} ${noCors}` });
-        const docs = await start(docsDir, { headers: { "content-security-policy": csp, ...(isolated ? ISOLATE : {}) } });
+        const docs = await start(docsDir, {
+          headers: { "content-security-policy": csp, ...(isolated ? ISOLATE : {}) },
+        });
         const p = await newPage();
         try {
           await p.goto(`${docs}/`);
@@ -107,10 +122,18 @@ export async function embedTests(t) {
           const label = isolated ? "isolated docs page" : "docs page";
           assertEq(els[0].text, "the cat sat", `${label}: the catalog's lesson table (beside the script) greedy`);
           assertEq(els[1].text, "a bird", `${label}: the third origin's table, 2 beams`);
-          await p.waitForFunction(() => !document.querySelector("#c").shadowRoot.querySelector(".error").hidden, null, { timeout: 30_000 });
-          const err = await p.evaluate(() => document.querySelector("#c").shadowRoot.querySelector(".error").textContent);
+          await p.waitForFunction(() => !document.querySelector("#c").shadowRoot.querySelector(".error").hidden, null, {
+            timeout: 30_000,
+          });
+          const err = await p.evaluate(
+            () => document.querySelector("#c").shadowRoot.querySelector(".error").textContent,
+          );
           assert(/fetch|network|CORS/i.test(err), `${label}: the no-CORS model host's error: ${JSON.stringify(err)}`);
-          const r = await p.evaluate(() => ({ workers: window.__workers, csp: window.__csp, isolated: crossOriginIsolated }));
+          const r = await p.evaluate(() => ({
+            workers: window.__workers,
+            csp: window.__csp,
+            isolated: crossOriginIsolated,
+          }));
           assertEq(r.isolated, isolated, "crossOriginIsolated");
           assertEq(r.workers.length, 1, `${label}: workers the page created (${r.workers})`);
           assert(r.workers[0].startsWith("blob:"), `${label}: the worker is not a blob: trampoline: ${r.workers[0]}`);
@@ -122,7 +145,10 @@ export async function embedTests(t) {
           await p.context().close();
         }
       }
-      assert(modelHits.some((u) => u === "/beam.json"), `the model host saw no request: ${modelHits}`);
+      assert(
+        modelHits.some((u) => u === "/beam.json"),
+        `the model host saw no request: ${modelHits}`,
+      );
     });
 
     await test(`[${mode}] a script that cannot load at all (CDN down): the fallback text written inside the element shows; with the script, the element replaces it`, async () => {
@@ -130,16 +156,30 @@ export async function embedTests(t) {
       const docsDir = path.join(tmp, "docs-fallback");
       fs.mkdirSync(docsDir);
       const fallback = "The live model needs next-token.js from the CDN.";
-      for (const [name, src] of [["down.html", `${cdn}/no-such-folder/next-token.js`], ["up.html", `${cdn}/next-token.js`]]) {
-        page(docsDir, name, `<next-token id="a" model="lesson-toy" temperature="0" autorun>${fallback}</next-token>`, `<script type="module" src="${src}"></script>`);
+      for (const [name, src] of [
+        ["down.html", `${cdn}/no-such-folder/next-token.js`],
+        ["up.html", `${cdn}/next-token.js`],
+      ]) {
+        page(
+          docsDir,
+          name,
+          `<next-token id="a" model="lesson-toy" temperature="0" autorun>${fallback}</next-token>`,
+          `<script type="module" src="${src}"></script>`,
+        );
       }
       const docs = await start(docsDir);
       const p = await newPage();
       try {
         await p.goto(`${docs}/down.html`);
         await p.waitForTimeout(500);
-        const down = await p.evaluate(() => ({ text: document.querySelector("#a").innerText, height: document.querySelector("#a").getBoundingClientRect().height }));
-        assert(down.text.includes("needs next-token.js") && down.height > 0, `without the script: ${JSON.stringify(down)}`);
+        const down = await p.evaluate(() => ({
+          text: document.querySelector("#a").innerText,
+          height: document.querySelector("#a").getBoundingClientRect().height,
+        }));
+        assert(
+          down.text.includes("needs next-token.js") && down.height > 0,
+          `without the script: ${JSON.stringify(down)}`,
+        );
         await p.goto(`${docs}/up.html`);
         const els = await waitElements(p, 1);
         assertEq(els[0].text, "the cat sat", "with the script");
@@ -147,7 +187,9 @@ export async function embedTests(t) {
         const shown = await p.evaluate(() => {
           const range = document.createRange();
           range.selectNodeContents(document.querySelector("#a"));
-          return range.getClientRects().length > 0 && document.querySelector("#a").innerText.includes("needs next-token.js");
+          return (
+            range.getClientRects().length > 0 && document.querySelector("#a").innerText.includes("needs next-token.js")
+          );
         });
         assertEq(shown, false, "the fallback shows inside the running element");
       } finally {
@@ -169,16 +211,32 @@ export async function embedTests(t) {
         try {
           const visit = async (what) => {
             await p.goto(`${base}index.html?model=lesson-toy&prompt=`);
-            await p.waitForFunction(() => ["ready", "error"].includes(document.body.dataset.state), null, { timeout: 60_000 });
-            const err = await p.evaluate(() => (document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent));
+            await p.waitForFunction(() => ["ready", "error"].includes(document.body.dataset.state), null, {
+              timeout: 60_000,
+            });
+            const err = await p.evaluate(() =>
+              document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent,
+            );
             assertEq(err, "", `${label}, ${what}: the app's error`);
             await p.fill("#temperature", "0");
             await p.click("#generate");
-            await p.waitForFunction(() => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent, null, { timeout: 60_000 });
-            assertEq((await p.textContent("#output-tokens")).trim(), "the cat sat", `${label}, ${what}: the app's greedy text`);
+            await p.waitForFunction(
+              () => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent,
+              null,
+              { timeout: 60_000 },
+            );
+            assertEq(
+              (await p.textContent("#output-tokens")).trim(),
+              "the cat sat",
+              `${label}, ${what}: the app's greedy text`,
+            );
             await p.goto(`${base}embed.html`);
             await p.locator("#cat .product").waitFor({ state: "visible", timeout: 30_000 });
-            assertEq((await p.locator("#cat .gen").textContent()).trim(), "the cat sat", `${label}, ${what}: the lesson's element`);
+            assertEq(
+              (await p.locator("#cat .gen").textContent()).trim(),
+              "the cat sat",
+              `${label}, ${what}: the lesson's element`,
+            );
           };
           await visit("first visit");
           const sw = await p.evaluate(async () => {
@@ -211,13 +269,19 @@ export async function embedTests(t) {
         await p.waitForFunction(() => document.body.dataset.state === "ready", null, { timeout: 60_000 });
         await p.fill("#temperature", "0");
         await p.click("#generate");
-        await p.waitForFunction(() => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent, null, { timeout: 60_000 });
+        await p.waitForFunction(
+          () => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent,
+          null,
+          { timeout: 60_000 },
+        );
         assertEq((await p.textContent("#output-tokens")).trim(), "the cat sat", "the app's greedy text");
         const violations = [...(await p.evaluate(() => window.__csp))];
         await p.goto(`${base}/embed.html`);
         await p.locator("#cat .product").waitFor({ state: "visible", timeout: 30_000 });
         // The shadow root's styles apply (a blocked sheet would leave the bar unstyled).
-        const display = await p.evaluate(() => getComputedStyle(document.querySelector("#cat").shadowRoot.querySelector(".bar")).display);
+        const display = await p.evaluate(
+          () => getComputedStyle(document.querySelector("#cat").shadowRoot.querySelector(".bar")).display,
+        );
         assertEq(display, "flex", "the element's styles under the CSP");
         violations.push(...(await p.evaluate(() => window.__csp)));
         await p.goto(`${base}/bench.html?model=models/lesson-toy.json&reps=1`);
@@ -236,11 +300,19 @@ export async function embedTests(t) {
       const dir = path.join(tmp, "many");
       fs.mkdirSync(dir);
       const hits = [];
-      const base = await start(www, { handler: (req) => void (/lesson-(toy|beam)\.json/.test(req.url) && hits.push(req.url)) }, { "/many/": dir });
+      const base = await start(
+        www,
+        { handler: (req) => void (/lesson-(toy|beam)\.json/.test(req.url) && hits.push(req.url)) },
+        { "/many/": dir },
+      );
       page(
         dir,
         "index.html",
-        [0, 1, 2].map(() => `<next-token model="../models/lesson-toy.json" temperature="0" max-tokens="8" autorun></next-token>`).join("") +
+        [0, 1, 2]
+          .map(
+            () => `<next-token model="../models/lesson-toy.json" temperature="0" max-tokens="8" autorun></next-token>`,
+          )
+          .join("") +
           `<next-token model="../models/lesson-beam.json" temperature="0" autorun></next-token><next-token model="../models/lesson-beam.json" beams="2" temperature="0" autorun></next-token>`,
         `<script type="module" src="../next-token.js"></script>`,
       );
@@ -248,7 +320,11 @@ export async function embedTests(t) {
       try {
         await p.goto(`${base}/many/`);
         const els = await waitElements(p, 5);
-        assertEq(JSON.stringify(els.map((e) => e.text)), JSON.stringify(["the cat sat", "the cat sat", "the cat sat", "the cat", "a bird"]), "each element's text");
+        assertEq(
+          JSON.stringify(els.map((e) => e.text)),
+          JSON.stringify(["the cat sat", "the cat sat", "the cat sat", "the cat", "a bird"]),
+          "each element's text",
+        );
         // Again, all at once, sampling: each stream is a path through its own table.
         await p.evaluate(() => {
           window.__done = 0;
@@ -260,10 +336,16 @@ export async function embedTests(t) {
         const again = await waitElements(p, 5);
         const toy = /^the (cat|dog) (sat|ran)$/;
         const beam = /^(the (cat|dog)|a (bird|fish))$/;
-        again.forEach((e, i) => assert((i < 3 ? toy : beam).test(e.text) && !e.error, `element ${i}: ${JSON.stringify(e)}`));
+        again.forEach((e, i) =>
+          assert((i < 3 ? toy : beam).test(e.text) && !e.error, `element ${i}: ${JSON.stringify(e)}`),
+        );
         const workers = await p.evaluate(() => window.__workers);
         assertEq(workers.length, 1, `workers created (${workers})`);
-        assertEq(JSON.stringify(hits.sort()), JSON.stringify(["/models/lesson-beam.json", "/models/lesson-toy.json"]), "model requests");
+        assertEq(
+          JSON.stringify(hits.sort()),
+          JSON.stringify(["/models/lesson-beam.json", "/models/lesson-toy.json"]),
+          "model requests",
+        );
       } finally {
         await p.context().close();
       }
@@ -322,23 +404,82 @@ async function npmTest({ test, assert, assertEq, mode, www }, { start, newPage, 
     fs.writeFileSync(path.join(app, "package.json"), JSON.stringify({ name: "docs", private: true, type: "module" }));
     npm(["install", "--offline", path.join(packDir, tarball)], app);
     const pkg = path.join(app, "node_modules", "nexttoken");
-    for (const f of ["nexttoken.js", "next-token.js", "worker.js", "pool.js", "pool-worker.js", "pkg/nexttoken_bg.wasm", "index.d.ts", "element.d.ts", "models/lesson-toy.json", "models/default.gguf"]) {
+    for (const f of [
+      "nexttoken.js",
+      "next-token.js",
+      "worker.js",
+      "pool.js",
+      "pool-worker.js",
+      "pkg/nexttoken_bg.wasm",
+      "index.d.ts",
+      "element.d.ts",
+      "models/lesson-toy.json",
+      "models/default.gguf",
+    ]) {
       assert(fs.existsSync(path.join(pkg, f)), `the package lacks ${f}`);
     }
-    assert(!fs.existsSync(path.join(pkg, "index.html")) && !fs.existsSync(path.join(pkg, "app.js")), "the package carries the app's own pages");
+    assert(
+      !fs.existsSync(path.join(pkg, "index.html")) && !fs.existsSync(path.join(pkg, "app.js")),
+      "the package carries the app's own pages",
+    );
     // The declarations type-check a typical use (strict TypeScript), and they do constrain: a
     // misuse is an error.
-    const tsc = (file) => spawnSync(process.execPath, [path.join(here, "node_modules", "typescript", "bin", "tsc"), "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022", "--lib", "es2022,dom", file], { cwd: app, encoding: "utf8" });
+    const tsc = (file) =>
+      spawnSync(
+        process.execPath,
+        [
+          path.join(here, "node_modules", "typescript", "bin", "tsc"),
+          "--noEmit",
+          "--strict",
+          "--module",
+          "nodenext",
+          "--moduleResolution",
+          "nodenext",
+          "--target",
+          "es2022",
+          "--lib",
+          "es2022,dom",
+          file,
+        ],
+        { cwd: app, encoding: "utf8" },
+      );
     fs.writeFileSync(path.join(app, "use.ts"), TYPED_USE);
     const typed = tsc("use.ts");
     assert(typed.status === 0, `the declarations do not type-check a typical use:\n${typed.stdout}${typed.stderr}`);
-    fs.writeFileSync(path.join(app, "misuse.ts"), `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { temperature: "hot" });\n`);
+    fs.writeFileSync(
+      path.join(app, "misuse.ts"),
+      `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { temperature: "hot" });\n`,
+    );
     assert(tsc("misuse.ts").status !== 0, "a misuse (temperature: string) type-checks");
-    fs.writeFileSync(path.join(app, "misuse2.ts"), `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { constraint: { type: "regex", schema: {} } });\n`);
+    fs.writeFileSync(
+      path.join(app, "misuse2.ts"),
+      `import { NextToken } from "nexttoken";\nnew NextToken().generate("x", { constraint: { type: "regex", schema: {} } });\n`,
+    );
     assert(tsc("misuse2.ts").status !== 0, "a misuse (a regex constraint without its pattern) type-checks");
-    const resolved = spawnSync(process.execPath, ["--input-type=module", "-e", `console.log(import.meta.resolve("nexttoken")); console.log(import.meta.resolve("nexttoken/element"))`], { cwd: app, encoding: "utf8" });
-    assertEq(resolved.stdout.trim().split("\n").map((u) => path.relative(pkg, new URL(u).pathname)).join(" "), "nexttoken.js next-token.js", "what the exports resolve to");
-    page(app, "index.html", `<next-token id="e" model="lesson-toy" temperature="0" autorun></next-token>`, `<script type="module" src="node_modules/nexttoken/next-token.js"></script>`);
+    const resolved = spawnSync(
+      process.execPath,
+      [
+        "--input-type=module",
+        "-e",
+        `console.log(import.meta.resolve("nexttoken")); console.log(import.meta.resolve("nexttoken/element"))`,
+      ],
+      { cwd: app, encoding: "utf8" },
+    );
+    assertEq(
+      resolved.stdout
+        .trim()
+        .split("\n")
+        .map((u) => path.relative(pkg, new URL(u).pathname))
+        .join(" "),
+      "nexttoken.js next-token.js",
+      "what the exports resolve to",
+    );
+    page(
+      app,
+      "index.html",
+      `<next-token id="e" model="lesson-toy" temperature="0" autorun></next-token>`,
+      `<script type="module" src="node_modules/nexttoken/next-token.js"></script>`,
+    );
     const base = await start(app);
     const p = await newPage();
     try {

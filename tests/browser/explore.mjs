@@ -30,7 +30,9 @@ export async function exploreTests(t) {
     await page.fill("#beams", "1");
     await page.click("#generate");
     await waitState(page, "ready", 120_000);
-    const main = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => ({ id: t.id, top: t.top.map((a) => a.id), logprob: t.logprob })));
+    const main = await page.evaluate(() =>
+      window.nexttokenApp.tokens.map((t) => ({ id: t.id, top: t.top.map((a) => a.id), logprob: t.logprob })),
+    );
     const promptIds = await page.evaluate(() => window.nexttokenApp.branches[0].promptIds);
     // The inspector of token `at`: continue with its second most likely token.
     await page.click(`#output-tokens .tok[data-i="${at}"]`);
@@ -42,8 +44,14 @@ export async function exploreTests(t) {
     await waitState(page, "ready", 120_000);
     const err = await errorText(page);
     assert(!err, `branch failed: ${err}`);
-    const branch = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => ({ id: t.id, logprob: t.logprob, logprobSum: t.logprobSum })));
-    assertEq(JSON.stringify(branch.slice(0, at).map((x) => x.id)), JSON.stringify(main.slice(0, at).map((x) => x.id)), "the shared prefix");
+    const branch = await page.evaluate(() =>
+      window.nexttokenApp.tokens.map((t) => ({ id: t.id, logprob: t.logprob, logprobSum: t.logprobSum })),
+    );
+    assertEq(
+      JSON.stringify(branch.slice(0, at).map((x) => x.id)),
+      JSON.stringify(main.slice(0, at).map((x) => x.id)),
+      "the shared prefix",
+    );
     assertEq(branch[at].id, alt, "the chosen token");
     // KV reuse: all of the branched prompt but its last position came from the cache.
     const stats = await statsOf(page);
@@ -66,7 +74,11 @@ export async function exploreTests(t) {
       },
       { ids: [...promptIds, ...main.slice(0, at).map((x) => x.id), alt], n: N - 1 },
     );
-    assertEq(JSON.stringify(branch.slice(at + 1).map((x) => x.id)), JSON.stringify(fresh), "the branch after the chosen token vs a fresh generation");
+    assertEq(
+      JSON.stringify(branch.slice(at + 1).map((x) => x.id)),
+      JSON.stringify(fresh),
+      "the branch after the chosen token vs a fresh generation",
+    );
     // The chain rule over the branch: log P is the sum of its tokens' log-probabilities.
     const sum = branch.reduce((a, x) => a + x.logprob, 0);
     assert(Math.abs(branch.at(-1).logprobSum - sum) < 1e-6, `log P ${branch.at(-1).logprobSum} vs ${sum}`);
@@ -79,7 +91,10 @@ export async function exploreTests(t) {
     const columns = await page.locator("#branches .compare > div").count();
     assertEq(columns, 2, "compared side by side");
     const notes = await page.locator("#branches .compare .note").allTextContents();
-    assert(notes.every((n) => /log P -?\d+\.\d{3}, perplexity \d/.test(n)), `comparison: ${notes}`);
+    assert(
+      notes.every((n) => /log P -?\d+\.\d{3}, perplexity \d/.test(n)),
+      `comparison: ${notes}`,
+    );
     await screenshots(page, t.outDir, `view-branches-${mode}`);
   });
 }
@@ -102,13 +117,22 @@ export async function samplerViewTests(t) {
     page.on("request", (r) => requests.push(r.url()));
     const kept = async () => {
       await page.waitForTimeout(150);
-      return page.evaluate(() => Object.fromEntries([...document.querySelectorAll(".sampler-bars li")].map((li) => [li.querySelector("code").textContent, Number(li.dataset.kept)])));
+      return page.evaluate(() =>
+        Object.fromEntries(
+          [...document.querySelectorAll(".sampler-bars li")].map((li) => [
+            li.querySelector("code").textContent,
+            Number(li.dataset.kept),
+          ]),
+        ),
+      );
     };
     const set = async (values) => {
-      for (const [key, value] of Object.entries(values)) await view.locator(`input[data-key="${key}"]`).fill(String(value));
+      for (const [key, value] of Object.entries(values))
+        await view.locator(`input[data-key="${key}"]`).fill(String(value));
     };
     const close = (got, want, what) => {
-      for (const [k, v] of Object.entries(want)) assert(Math.abs((got[k] ?? -1) - v) < 1e-4, `${what}: ${JSON.stringify(got)} vs ${JSON.stringify(want)}`);
+      for (const [k, v] of Object.entries(want))
+        assert(Math.abs((got[k] ?? -1) - v) < 1e-4, `${what}: ${JSON.stringify(got)} vs ${JSON.stringify(want)}`);
     };
     await set({ temperature: 1, topK: 0, topP: 1, minP: 0, repeatPenalty: 1 });
     close(await kept(), { '"cat"': 0.6, '"dog"': 0.4 }, "temperature 1");
@@ -122,7 +146,11 @@ export async function samplerViewTests(t) {
     close(await kept(), { '"cat"': 1, '"dog"': 0 }, "min-p 0.7 (0.4 < 0.42)");
     await set({ minP: 0, temperature: 0 });
     close(await kept(), { '"cat"': 1, '"dog"': 0 }, "temperature 0 (greedy)");
-    assertEq(JSON.stringify(requests.filter((u) => /\.json|\.gguf/.test(u))), "[]", "the model was fetched or run again");
+    assertEq(
+      JSON.stringify(requests.filter((u) => /\.json|\.gguf/.test(u))),
+      "[]",
+      "the model was fetched or run again",
+    );
     await screenshots(page, t.outDir, `view-sampler-${mode}`);
   });
 }
@@ -137,7 +165,12 @@ export async function scoreViewTests(t) {
     await page.fill("#candidates", "the sun is warm </s>\nthe moon ate seven </s>");
     await page.click("#score-btn");
     await page.locator("#score-out .verdict").waitFor({ state: "visible" });
-    const scored = await page.evaluate(() => [...document.querySelectorAll("#score-out .scored")].map((d) => ({ ...d.dataset, heat: d.querySelectorAll(".heat .tok").length })));
+    const scored = await page.evaluate(() =>
+      [...document.querySelectorAll("#score-out .scored")].map((d) => ({
+        ...d.dataset,
+        heat: d.querySelectorAll(".heat .tok").length,
+      })),
+    );
     assertEq(scored.length, 2, "candidates scored");
     assertEq(Number(scored[0].perplexity).toFixed(2), "1.28", "perplexity of the confident sentence");
     assertEq(Number(scored[1].perplexity).toFixed(2), "3.79", "perplexity of the confused sentence");
@@ -147,9 +180,20 @@ export async function scoreViewTests(t) {
     // A typed candidate continues the prompt as generation would have: a word after a word gets its space.
     const joins = await page.evaluate(async () => {
       const { continuationText } = await import("/views.js");
-      return [["The capital of France is", "Paris"], ["Once upon a time", ", there"], ["Hello ", "world"], ["", "the"], ["日本", "語"], ["x", " y"]].map(([p, c]) => continuationText(p, c));
+      return [
+        ["The capital of France is", "Paris"],
+        ["Once upon a time", ", there"],
+        ["Hello ", "world"],
+        ["", "the"],
+        ["日本", "語"],
+        ["x", " y"],
+      ].map(([p, c]) => continuationText(p, c));
     });
-    assertEq(JSON.stringify(joins), JSON.stringify([" Paris", ", there", "world", "the", "語", " y"]), "candidate joins");
+    assertEq(
+      JSON.stringify(joins),
+      JSON.stringify([" Paris", ", there", "world", "the", "語", " y"]),
+      "candidate joins",
+    );
     // 400 digits after "digits": log P = 400 ln 0.1, with no underflow (the candidate typed without its space).
     await page.fill("#prompt", "digits");
     await page.fill("#candidates", "7 ".repeat(400).trim());
@@ -182,7 +226,10 @@ export async function beamViewTests(t) {
     assert(/"a bird", P = 0\.36/.test(view.best), `best beam: ${view.best}`);
     assert(/"the cat", P = 0\.33/.test(view.greedy), `greedy: ${view.greedy}`);
     assertEq(view.pruned.length, 2, `pruned: ${JSON.stringify(view.pruned)}`);
-    assert(view.pruned.some((p) => /"dog"\s+P = 0\.27/.test(p)) && view.pruned.some((p) => /"fish"\s+P = 0\.04/.test(p)), `pruned: ${JSON.stringify(view.pruned)}`);
+    assert(
+      view.pruned.some((p) => /"dog"\s+P = 0\.27/.test(p)) && view.pruned.some((p) => /"fish"\s+P = 0\.04/.test(p)),
+      `pruned: ${JSON.stringify(view.pruned)}`,
+    );
     assertEq(view.bestPath.length, 3, `best path: ${JSON.stringify(view.bestPath)}`);
     await screenshots(page, t.outDir, `view-beam-${mode}`);
   });

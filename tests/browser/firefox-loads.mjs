@@ -22,7 +22,12 @@ const { serve } = await import("./serve.mjs");
 const server = await serve(www, 0, {}, {});
 const base = `http://127.0.0.1:${server.address().port}`;
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-firefox-"));
-const browser = await puppeteer.launch({ browser: "firefox", executablePath: firefoxPath, headless: true, userDataDir: profile });
+const browser = await puppeteer.launch({
+  browser: "firefox",
+  executablePath: firefoxPath,
+  headless: true,
+  userDataDir: profile,
+});
 let stuck = 0;
 try {
   const page = await browser.newPage();

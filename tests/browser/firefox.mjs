@@ -25,7 +25,10 @@ if (!fs.existsSync(firefoxPath)) {
   process.exit(1);
 }
 if (!fs.existsSync(path.join(here, "node_modules", "puppeteer-core"))) {
-  const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], { cwd: here, stdio: "inherit" });
+  const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], {
+    cwd: here,
+    stdio: "inherit",
+  });
   if (r.status !== 0) process.exit(1);
 }
 const { default: puppeteer } = await import("puppeteer-core");
@@ -41,17 +44,25 @@ async function test(name, fn) {
     console.log(`ok    [firefox] ${name} (${Date.now() - t0} ms)`);
   } catch (e) {
     failed++;
-    console.log(`FAIL  [firefox] ${name}\n      ${String(e && e.stack ? e.stack : e).split("\n").slice(0, 6).join("\n      ")}`);
+    console.log(
+      `FAIL  [firefox] ${name}\n      ${String(e?.stack ? e.stack : e)
+        .split("\n")
+        .slice(0, 6)
+        .join("\n      ")}`,
+    );
   }
 }
 const assert = (cond, message) => {
   if (!cond) throw new Error(message);
 };
-const assertEq = (got, want, what) => assert(got === want, `${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
+const assertEq = (got, want, what) =>
+  assert(got === want, `${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
 
 /** The native CLI: the newer of the release and debug builds. */
 function nativeBin() {
-  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) => fs.existsSync(p));
+  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) =>
+    fs.existsSync(p),
+  );
   built.sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
   const bin = process.env.NEXTTOKEN_BIN || built[0];
   assert(bin, "no native CLI: run cargo build");
@@ -60,7 +71,27 @@ function nativeBin() {
 
 const PROMPT = "In the beginning";
 const N = 24;
-const cli = spawnSync(nativeBin(), ["generate", "--model", path.join(www, "models/default.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N), "--backend", "cpu", "--isa", "scalar", "--threads", "1"], { encoding: "utf8" });
+const cli = spawnSync(
+  nativeBin(),
+  [
+    "generate",
+    "--model",
+    path.join(www, "models/default.gguf"),
+    "--prompt",
+    PROMPT,
+    "--temperature",
+    "0",
+    "--max-tokens",
+    String(N),
+    "--backend",
+    "cpu",
+    "--isa",
+    "scalar",
+    "--threads",
+    "1",
+  ],
+  { encoding: "utf8" },
+);
 if (cli.status !== 0) {
   console.log(`the CLI failed: ${cli.stderr}\n0 passed, 1 failed`);
   process.exit(1);
@@ -76,7 +107,12 @@ const stopServer = async () => {
 };
 
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-firefox-"));
-const browser = await puppeteer.launch({ browser: "firefox", executablePath: firefoxPath, headless: true, userDataDir: profile });
+const browser = await puppeteer.launch({
+  browser: "firefox",
+  executablePath: firefoxPath,
+  headless: true,
+  userDataDir: profile,
+});
 const page = await browser.newPage();
 // Firefox on a loaded 2-core CI machine sometimes takes over a minute to start the first page
 // (a 62 s first test was seen): puppeteer's 30 s navigation default then fails a working page.
@@ -103,13 +139,21 @@ async function waitState(want, timeout = 120_000) {
     throw new Error(`waiting for state ${JSON.stringify(want)}: ${e.message}; the page: ${where}`);
   }
 }
-const errorText = () => page.evaluate(() => (document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent));
+const errorText = () =>
+  page.evaluate(() =>
+    document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent,
+  );
 
 async function generateDefault(label) {
   await waitState(["ready", "error"]);
   assertEq(await errorText(), "", `${label}: error shown`);
   await page.evaluate((n) => {
-    for (const [id, v] of [["temperature", "0"], ["max-tokens", String(n)], ["beams", "1"]]) document.getElementById(id).value = v;
+    for (const [id, v] of [
+      ["temperature", "0"],
+      ["max-tokens", String(n)],
+      ["beams", "1"],
+    ])
+      document.getElementById(id).value = v;
   }, N);
   await page.click("#generate");
   await waitState("ready");
@@ -119,9 +163,13 @@ async function generateDefault(label) {
 
 /** Cross-origin isolated (serve.mjs): the threads build, its pool started by the page, one thread a core. */
 async function assertThreads(label) {
-  const { backend, cores } = await page.evaluate(() => ({ backend: window.nexttokenApp.stats.backend, cores: navigator.hardwareConcurrency }));
+  const { backend, cores } = await page.evaluate(() => ({
+    backend: window.nexttokenApp.stats.backend,
+    cores: navigator.hardwareConcurrency,
+  }));
   const threads = Number((/(\d+) threads?/.exec(backend) || [])[1] || 1);
-  if (cores > 1 && fs.existsSync(path.join(www, "pkg-threads", "nexttoken_bg.wasm"))) assertEq(threads, cores, `${label}: CPU threads (${backend})`);
+  if (cores > 1 && fs.existsSync(path.join(www, "pkg-threads", "nexttoken_bg.wasm")))
+    assertEq(threads, cores, `${label}: CPU threads (${backend})`);
 }
 
 try {
@@ -153,15 +201,23 @@ try {
     await page.goto(`${base}/?prompt=${encodeURIComponent(PROMPT)}`);
     await waitState(["ready", "error"]);
     await page.evaluate(() => navigator.serviceWorker.ready);
-    const cached = await page.evaluate(async () => (await (await import("./model-cache.js")).listCached()).map((r) => r.url));
-    assert(cached.some((u) => u.endsWith("/models/default.gguf")), `model not cached: ${JSON.stringify(cached)}`);
+    const cached = await page.evaluate(async () =>
+      (await (await import("./model-cache.js")).listCached()).map((r) => r.url),
+    );
+    assert(
+      cached.some((u) => u.endsWith("/models/default.gguf")),
+      `model not cached: ${JSON.stringify(cached)}`,
+    );
     await stopServer();
     try {
       await page.reload();
       const text = await generateDefault("offline");
       assertEq(text, expected, "offline greedy text");
       await assertThreads("offline");
-      assert(/cache/.test(await page.evaluate(() => window.nexttokenApp.stats.download || "")), "offline: not loaded from the cache");
+      assert(
+        /cache/.test(await page.evaluate(() => window.nexttokenApp.stats.download || "")),
+        "offline: not loaded from the cache",
+      );
     } finally {
       server = await serve(www, port, {}, {});
     }

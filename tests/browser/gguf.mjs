@@ -13,8 +13,14 @@ const SIZES = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12
 function parse(buf) {
   const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   let o = 0;
-  const u32 = () => ((o += 4), view.getUint32(o - 4, true));
-  const u64 = () => ((o += 8), Number(view.getBigUint64(o - 8, true)));
+  const u32 = () => {
+    o += 4;
+    return view.getUint32(o - 4, true);
+  };
+  const u64 = () => {
+    o += 8;
+    return Number(view.getBigUint64(o - 8, true));
+  };
   const str = () => {
     const n = u64();
     o += n;

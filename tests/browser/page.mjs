@@ -18,7 +18,10 @@ export async function pageTests(t) {
         else await page.locator("#cat .product").waitFor({ state: "visible", timeout: 30_000 });
         const width = await page.evaluate(() => document.documentElement.scrollWidth);
         assert(width <= 390, `${url}: the page is ${width} px wide at 390 px`);
-        await page.screenshot({ path: path.join(outDir, `phone${url.startsWith("/?") ? "-app" : "-embed"}.png`), fullPage: true });
+        await page.screenshot({
+          path: path.join(outDir, `phone${url.startsWith("/?") ? "-app" : "-embed"}.png`),
+          fullPage: true,
+        });
       }
       // The threads build falls back to one thread where it is missing (NO_THREADS): that warning is expected.
       const unexpected = noise.filter((n) => !/threads build unavailable|pkg-threads/.test(n));
@@ -34,8 +37,15 @@ export async function pageTests(t) {
       await page.goto(`${base}/?nosw&model=lesson-toy`);
       await waitLoaded(page);
       const stats = await statsOf(page);
-      assert(/words/.test(stats["model size"]) && !/MB/.test(stats["model size"]), `model size: ${stats["model size"]}`);
-      for (const [id, value, name] of [["#temperature", "-1", "temperature"], ["#top-p", "2", "top-p"], ["#beams", "0", "beams"]]) {
+      assert(
+        /words/.test(stats["model size"]) && !/MB/.test(stats["model size"]),
+        `model size: ${stats["model size"]}`,
+      );
+      for (const [id, value, name] of [
+        ["#temperature", "-1", "temperature"],
+        ["#top-p", "2", "top-p"],
+        ["#beams", "0", "beams"],
+      ]) {
         const before = await page.inputValue(id);
         await page.fill(id, value);
         await page.click("#generate");
@@ -47,7 +57,10 @@ export async function pageTests(t) {
       await page.click("#generate");
       await waitState(page, "ready");
       const after = await statsOf(page);
-      assert(!after.decode && /table lookup/.test(after.speed || ""), `speed stats for a table: ${JSON.stringify(after)}`);
+      assert(
+        !after.decode && /table lookup/.test(after.speed || ""),
+        `speed stats for a table: ${JSON.stringify(after)}`,
+      );
       assert(/end token/.test(after.stopped || ""), `stop reason in words: ${after.stopped}`);
       // The beam lesson: the picker leaves the prompt empty; 2 beams find "a bird".
       await page.selectOption("#model-select", "lesson-beam");

@@ -28,7 +28,10 @@ fs.mkdirSync(outDir, { recursive: true });
 
 if (!fs.existsSync(path.join(here, "node_modules", "playwright-core"))) {
   console.log("installing npm packages in tests/browser …");
-  const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], { cwd: here, stdio: "inherit" });
+  const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], {
+    cwd: here,
+    stdio: "inherit",
+  });
   if (r.status !== 0) {
     console.log("npm install failed\n0 passed, 1 failed");
     process.exit(1);
@@ -68,7 +71,12 @@ async function test(name, fn) {
   } catch (e) {
     failed++;
     failures.push(name);
-    console.log(`FAIL  ${name}\n      ${String(e && e.stack ? e.stack : e).split("\n").slice(0, 6).join("\n      ")}`);
+    console.log(
+      `FAIL  ${name}\n      ${String(e?.stack ? e.stack : e)
+        .split("\n")
+        .slice(0, 6)
+        .join("\n      ")}`,
+    );
   }
 }
 
@@ -76,7 +84,8 @@ function assert(cond, message) {
   if (!cond) throw new Error(message);
 }
 function assertEq(got, want, what) {
-  if (got !== want) throw new Error(`${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
+  if (got !== want)
+    throw new Error(`${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -93,14 +102,15 @@ if (!fs.existsSync(chromiumPath)) {
 }
 
 const fixtures = fs.mkdtempSync(path.join(os.tmpdir(), "nexttoken-browser-"));
-const haveShared = fs.existsSync(path.join(shared, "stories260K-f32.gguf")) && fs.existsSync(path.join(shared, "tokenizer.json"));
+const haveShared =
+  fs.existsSync(path.join(shared, "stories260K-f32.gguf")) && fs.existsSync(path.join(shared, "tokenizer.json"));
 if (!haveShared) {
   const msg = `!!! SKIPPED: ${shared} is absent: the stories260K tests cannot run !!!`;
   if (process.env.NEXTTOKEN_REQUIRE_SHARED) {
     console.log(`${msg} (NEXTTOKEN_REQUIRE_SHARED is set)\n0 passed, 1 failed`);
     process.exit(1);
   }
-  console.log("\n" + "!".repeat(msg.length) + "\n" + msg + "\n" + "!".repeat(msg.length) + "\n");
+  console.log(`\n${"!".repeat(msg.length)}\n${msg}\n${"!".repeat(msg.length)}\n`);
 } else {
   fs.copyFileSync(path.join(shared, "stories260K-f32.gguf"), path.join(fixtures, "stories260K-f32.gguf"));
   fs.copyFileSync(path.join(shared, "tokenizer.json"), path.join(fixtures, "tokenizer.json"));
@@ -109,18 +119,23 @@ if (!haveShared) {
   fs.writeFileSync(path.join(fixtures, "truncated.gguf"), whole.subarray(0, Math.floor(whole.length * 0.6)));
 }
 // llama.cpp's tokenizer vectors: a vocabulary-only GGUF, tests.inp and tests.out per folder.
-const haveTokenizerTests = TOKENIZER_FOLDERS.every((name) => ["tests.inp", "tests.out", `ggml-vocab-${name}.gguf`].every((f) => fs.existsSync(path.join(tokenizerTests, name, f))));
+const haveTokenizerTests = TOKENIZER_FOLDERS.every((name) =>
+  ["tests.inp", "tests.out", `ggml-vocab-${name}.gguf`].every((f) => fs.existsSync(path.join(tokenizerTests, name, f))),
+);
 if (!haveTokenizerTests) {
   const msg = `!!! SKIPPED: ${tokenizerTests}/{${TOKENIZER_FOLDERS.join(",")}} incomplete: the tokenizer-vector tests cannot run !!!`;
   if (process.env.NEXTTOKEN_REQUIRE_SHARED) {
     console.log(`${msg} (NEXTTOKEN_REQUIRE_SHARED is set)\n0 passed, 1 failed`);
     process.exit(1);
   }
-  console.log("\n" + "!".repeat(msg.length) + "\n" + msg + "\n" + "!".repeat(msg.length) + "\n");
+  console.log(`\n${"!".repeat(msg.length)}\n${msg}\n${"!".repeat(msg.length)}\n`);
 } else {
   for (const name of TOKENIZER_FOLDERS) {
     fs.mkdirSync(path.join(fixtures, "tokenizer-tests", name), { recursive: true });
-    fs.copyFileSync(path.join(tokenizerTests, name, `ggml-vocab-${name}.gguf`), path.join(fixtures, "tokenizer-tests", name, "vocab.gguf"));
+    fs.copyFileSync(
+      path.join(tokenizerTests, name, `ggml-vocab-${name}.gguf`),
+      path.join(fixtures, "tokenizer-tests", name, "vocab.gguf"),
+    );
   }
 }
 /** A folder's vectors as tests/tokenizer_parity.rs reads them: [text, expected ids]. */
@@ -131,7 +146,10 @@ function tokenizerVectors(name) {
   const expected = out.replace(/\r?\n$/, "").split(/\r?\n/);
   // The .inp file ends with a separator, so the split leaves one empty string at the end.
   const texts = inp.split("\n__ggml_vocab_test__\n").slice(0, expected.length);
-  assert(texts.length === expected.length && texts.length >= 40, `${name}: ${texts.length} texts for ${expected.length} expected lines`);
+  assert(
+    texts.length === expected.length && texts.length >= 40,
+    `${name}: ${texts.length} texts for ${expected.length} expected lines`,
+  );
   return texts.map((t, i) => [t, expected[i].split(/\s+/).filter(Boolean).map(Number)]);
 }
 
@@ -143,7 +161,10 @@ const haveDefaultModel = fs.existsSync(path.join(www, "models", "default.gguf"))
 if (haveDefaultModel) {
   const bytes = fs.readFileSync(path.join(www, "models", "default.gguf"));
   fs.writeFileSync(path.join(ggufOnly, "default.gguf"), bytes);
-  fs.writeFileSync(path.join(ggufOnly, "no-tokenizer.gguf"), ggufWithout(bytes, (key) => key.startsWith("tokenizer.")));
+  fs.writeFileSync(
+    path.join(ggufOnly, "no-tokenizer.gguf"),
+    ggufWithout(bytes, (key) => key.startsWith("tokenizer.")),
+  );
 }
 
 // A table model whose words, joined, are an HTML injection.
@@ -167,7 +188,9 @@ fs.writeFileSync(
 // The wasm threads build (./build.sh; NO_THREADS=1 skips it): required unless skipped on purpose.
 const haveThreadsBuild = fs.existsSync(path.join(www, "pkg-threads", "nexttoken_bg.wasm"));
 if (!haveThreadsBuild && !process.env.NO_THREADS) {
-  console.log("www/pkg-threads/ is missing: run ./build.sh (or set NO_THREADS=1 to test without the threads build)\n0 passed, 1 failed");
+  console.log(
+    "www/pkg-threads/ is missing: run ./build.sh (or set NO_THREADS=1 to test without the threads build)\n0 passed, 1 failed",
+  );
   process.exit(1);
 }
 
@@ -176,21 +199,47 @@ const N_TOKENS = 32;
 let expected = null;
 if (haveShared) {
   const bin = nativeBin();
-  const r = spawnSync(bin, ["generate", "--model", path.join(fixtures, "stories260K-f32.gguf"), "--prompt", PROMPT, "--temperature", "0", "--max-tokens", String(N_TOKENS), "--backend", "cpu", "--exact"], { encoding: "utf8" });
+  const r = spawnSync(
+    bin,
+    [
+      "generate",
+      "--model",
+      path.join(fixtures, "stories260K-f32.gguf"),
+      "--prompt",
+      PROMPT,
+      "--temperature",
+      "0",
+      "--max-tokens",
+      String(N_TOKENS),
+      "--backend",
+      "cpu",
+      "--exact",
+    ],
+    { encoding: "utf8" },
+  );
   assert(r.status === 0, `the CLI failed: ${r.stderr}`);
   assert(r.stdout.startsWith(PROMPT), `the CLI's output does not start with the prompt: ${r.stdout}`);
   expected = r.stdout.slice(PROMPT.length).replace(/\n$/, "");
-  console.log(`native CLI (${path.relative(repo, bin)}), greedy ${N_TOKENS} tokens: ${JSON.stringify(PROMPT + expected)}`);
+  console.log(
+    `native CLI (${path.relative(repo, bin)}), greedy ${N_TOKENS} tokens: ${JSON.stringify(PROMPT + expected)}`,
+  );
 }
 
 // A chat model: a synthetic Qwen2 shape whose GGUF carries llama.cpp's Qwen2 vocabulary and
 // chat template (tests/browser/chat.mjs).
 if (haveTokenizerTests) {
-  makeChatFixture({ dir: path.join(fixtures, "chat"), bin: nativeBin(), vocabGguf: path.join(tokenizerTests, "qwen2", "ggml-vocab-qwen2.gguf") });
+  makeChatFixture({
+    dir: path.join(fixtures, "chat"),
+    bin: nativeBin(),
+    vocabGguf: path.join(tokenizerTests, "qwen2", "ggml-vocab-qwen2.gguf"),
+  });
 }
 
 // A synthetic model of about 36 MB (tests/browser/stream.mjs): the weights' place in memory shows.
-const bigModel = !process.env.FILTER || /MB model/.test(process.env.FILTER) ? makeBigModel({ dir: path.join(fixtures, "big"), bin: nativeBin() }) : null;
+const bigModel =
+  !process.env.FILTER || /MB model/.test(process.env.FILTER)
+    ? makeBigModel({ dir: path.join(fixtures, "big"), bin: nativeBin() })
+    : null;
 
 // The server: www/, the fixtures under /test/, and a download that breaks off half way. Requests
 // for anything but the GGUF files in /test/gguf-only/ (a tokenizer.json beside them) are counted.
@@ -198,7 +247,8 @@ let interruptedHits = 0;
 const ggufOnlyOthers = [];
 const handler = (req, res) => {
   if (faulty.handler(req, res)) return true;
-  if (req.url.startsWith("/test/gguf-only/") && !/^\/test\/gguf-only\/[\w-]+\.gguf$/.test(req.url)) ggufOnlyOthers.push(req.url);
+  if (req.url.startsWith("/test/gguf-only/") && !/^\/test\/gguf-only\/[\w-]+\.gguf$/.test(req.url))
+    ggufOnlyOthers.push(req.url);
   if (req.url.startsWith("/test/interrupted.gguf")) {
     // A real model's first megabyte (on WebGPU its header is read and its first tensors go to
     // the GPU before the connection drops), of the whole file's length.
@@ -232,7 +282,9 @@ async function waitState(page, want, timeout = 60_000) {
   await page.waitForFunction((w) => [].concat(w).includes(document.body.dataset.state), want, { timeout });
 }
 async function errorText(page) {
-  return page.evaluate(() => (document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent));
+  return page.evaluate(() =>
+    document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent,
+  );
 }
 async function waitLoaded(page, timeout = 60_000) {
   await waitState(page, ["ready", "error"], timeout);
@@ -253,7 +305,9 @@ async function watchTokens(page) {
     window.__counts = [];
     const out = document.getElementById("output-tokens");
     window.__obs?.disconnect();
-    window.__obs = new MutationObserver(() => window.__counts.push([out.childElementCount, out.textContent.length, document.body.dataset.state]));
+    window.__obs = new MutationObserver(() =>
+      window.__counts.push([out.childElementCount, out.textContent.length, document.body.dataset.state]),
+    );
     window.__obs.observe(out, { childList: true });
   });
 }
@@ -265,7 +319,9 @@ async function generateAndCheck(page, label, { screenshot } = {}) {
   await page.click("#generate");
   if (screenshot) {
     // Mid-generation: as soon as a few tokens are out.
-    await page.waitForFunction(() => document.getElementById("output-tokens").childElementCount >= 3, null, { timeout: 60_000 });
+    await page.waitForFunction(() => document.getElementById("output-tokens").childElementCount >= 3, null, {
+      timeout: 60_000,
+    });
     await page.screenshot({ path: screenshot, fullPage: true });
   }
   await waitState(page, "ready", 120_000);
@@ -275,7 +331,10 @@ async function generateAndCheck(page, label, { screenshot } = {}) {
   assertEq(text, expected, `${label}: greedy text differs from the native CLI's`);
   const counts = await page.evaluate(() => window.__counts);
   const partial = counts.filter(([n, len, st]) => n > 0 && len < expected.length && st === "generating");
-  assert(partial.length >= 5, `${label}: tokens did not arrive incrementally (DOM updates while generating: ${JSON.stringify(counts.slice(0, 10))})`);
+  assert(
+    partial.length >= 5,
+    `${label}: tokens did not arrive incrementally (DOM updates while generating: ${JSON.stringify(counts.slice(0, 10))})`,
+  );
   return text;
 }
 
@@ -286,7 +345,15 @@ let webgpuAdapter = false; // this Chromium exposes a WebGPU adapter (the first 
 async function runConfig(mode) {
   const webgpu = mode === "webgpu";
   console.log(`\n== Chromium ${webgpu ? "with WebGPU (--enable-unsafe-webgpu)" : "without WebGPU (CPU fallback)"} ==`);
-  const args = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"];
+  const args = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+  ];
   if (webgpu) args.push("--enable-unsafe-webgpu", "--use-angle=swiftshader", "--enable-features=Vulkan");
   const browser = await chromium.launch({ executablePath: chromiumPath, args, headless: true });
   const context = await browser.newContext({ serviceWorkers: "allow", viewport: { width: 1200, height: 900 } });
@@ -323,13 +390,20 @@ async function runConfig(mode) {
             async ({ name, vectors }) => {
               const wasm = await import("/pkg/nexttoken.js");
               await wasm.default();
-              const gguf = new Uint8Array(await (await fetch(`/test/tokenizer-tests/${name}/vocab.gguf`)).arrayBuffer());
+              const gguf = new Uint8Array(
+                await (await fetch(`/test/tokenizer-tests/${name}/vocab.gguf`)).arrayBuffer(),
+              );
               const t0 = performance.now();
               let all;
               try {
-                all = wasm.tokenizeEachWithGguf(gguf, vectors.map(([text]) => text)).map((ids) => Array.from(ids));
+                all = wasm
+                  .tokenizeEachWithGguf(
+                    gguf,
+                    vectors.map(([text]) => text),
+                  )
+                  .map((ids) => Array.from(ids));
               } catch (e) {
-                return { error: String(e && e.message ? e.message : e) };
+                return { error: String(e?.message ? e.message : e) };
               }
               const ms = performance.now() - t0;
               const mismatches = [];
@@ -338,7 +412,8 @@ async function runConfig(mode) {
               });
               const longest = vectors.reduce((a, b) => (b[0].length > a[0].length ? b : a));
               const one = Array.from(wasm.tokenizeWithGguf(gguf, longest[0]));
-              if (JSON.stringify(one) !== JSON.stringify(longest[1])) mismatches.push({ text: longest[0], got: one, want: longest[1], single: true });
+              if (JSON.stringify(one) !== JSON.stringify(longest[1]))
+                mismatches.push({ text: longest[0], got: one, want: longest[1], single: true });
               return { mismatches, ms, n: all.length };
             },
             { name, vectors },
@@ -350,7 +425,10 @@ async function runConfig(mode) {
           assertEq(r.n, vectors.length, `${name}: results`);
           const wrong = r.mismatches.filter((m) => !m.single).length;
           lines.push(`${name}: ${vectors.length - wrong} of ${vectors.length} match (${r.ms.toFixed(0)} ms)`);
-          for (const m of r.mismatches.slice(0, 3)) failures.push(`${name}${m.single ? " (tokenizeWithGguf)" : ""} ${JSON.stringify(m.text)}: got ${JSON.stringify(m.got)}, want ${JSON.stringify(m.want)}`);
+          for (const m of r.mismatches.slice(0, 3))
+            failures.push(
+              `${name}${m.single ? " (tokenizeWithGguf)" : ""} ${JSON.stringify(m.text)}: got ${JSON.stringify(m.got)}, want ${JSON.stringify(m.want)}`,
+            );
         }
         console.log(`      ${lines.join("\n      ")}`);
         assert(failures.length === 0, `vectors differ:\n${failures.join("\n")}`);
@@ -366,7 +444,7 @@ async function runConfig(mode) {
         try {
           return { summary: wasm.kernelSelfTest() };
         } catch (e) {
-          return { error: String(e && e.message ? e.message : e) };
+          return { error: String(e?.message ? e.message : e) };
         }
       });
       assert(!r.error, `kernel self-test failed: ${r.error}`);
@@ -392,12 +470,23 @@ async function runConfig(mode) {
                   if (e.shadowRoot) roots.push(e.shadowRoot);
                   if (!e.hidden) continue;
                   const display = getComputedStyle(e).display;
-                  if (display !== "none" || e.getClientRects().length) seen.add(`${e.id ? "#" + e.id : e.tagName.toLowerCase() + "." + e.className} (display: ${display}, state ${document.body?.dataset.state})`);
+                  if (display !== "none" || e.getClientRects().length)
+                    seen.add(
+                      `${e.id ? `#${e.id}` : `${e.tagName.toLowerCase()}.${e.className}`} (display: ${display}, state ${document.body?.dataset.state})`,
+                    );
                 }
               }
             };
-            window.__checkHidden = () => (check(), { shown: [...seen], checks });
-            new MutationObserver(check).observe(document, { subtree: true, childList: true, attributes: true, attributeFilter: ["hidden", "class", "data-state"] });
+            window.__checkHidden = () => {
+              check();
+              return { shown: [...seen], checks };
+            };
+            new MutationObserver(check).observe(document, {
+              subtree: true,
+              childList: true,
+              attributes: true,
+              attributeFilter: ["hidden", "class", "data-state"],
+            });
           });
           const verify = async (when, atLeast) => {
             const r = await p.evaluate(() => window.__checkHidden());
@@ -408,8 +497,26 @@ async function runConfig(mode) {
           // Idle, loading, ready (the lesson table), generating, scoring.
           await p.goto(`${base}/?nosw&model=lesson-toy&prompt=${encodeURIComponent("the cat sat")}`);
           await waitLoaded(p);
-          for (const id of ["custom-row", "chat-input", "send", "regenerate", "edit-last", "clear-chat", "conversation", "rendered", "progress", "cancel-load", "error", "retry", "score-out"]) {
-            assertEq(await p.evaluate((id) => document.getElementById(id).hidden, id), true, `#${id} hidden when the lesson table is loaded`);
+          for (const id of [
+            "custom-row",
+            "chat-input",
+            "send",
+            "regenerate",
+            "edit-last",
+            "clear-chat",
+            "conversation",
+            "rendered",
+            "progress",
+            "cancel-load",
+            "error",
+            "retry",
+            "score-out",
+          ]) {
+            assertEq(
+              await p.evaluate((id) => document.getElementById(id).hidden, id),
+              true,
+              `#${id} hidden when the lesson table is loaded`,
+            );
           }
           let n = await verify("lesson table loaded", 2);
           await setSettings(p, { maxTokens: 8 });
@@ -426,7 +533,9 @@ async function runConfig(mode) {
           n = await verify("after picker changes", n + 1);
           assert(!(await p.isVisible("#model-url")), "the custom row stayed visible");
           // The error state (404): the message shows, Retry does not (not retryable).
-          await p.goto(`${base}/?nosw&model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+          await p.goto(
+            `${base}/?nosw&model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`,
+          );
           await waitState(p, ["error", "ready"]);
           assert(await p.isVisible("#error"), "no error shown for a 404 model");
           await verify("error state", 2);
@@ -448,22 +557,45 @@ async function runConfig(mode) {
           try {
             const fast = await nt.load("/models/default.gguf", opts);
             const exact = await nt.load("/models/default.gguf", { ...opts, exact: true, threads: 1 });
-            const cpuExact = await nt.load("/models/default.gguf", { ...opts, backend: "cpu", exact: true, threads: 1 });
+            const cpuExact = await nt.load("/models/default.gguf", {
+              ...opts,
+              backend: "cpu",
+              exact: true,
+              threads: 1,
+            });
             let text = "";
             for await (const t of nt.generate("In the beginning", { temperature: 0, maxTokens: 8 })) text += t.text;
             const pick = (i) => ({ backend: i.backend, detail: i.backendDetail, threads: i.threads });
-            return { fast: pick(fast), exact: pick(exact), cpuExact: pick(cpuExact), text, isolated: crossOriginIsolated };
+            return {
+              fast: pick(fast),
+              exact: pick(exact),
+              cpuExact: pick(cpuExact),
+              text,
+              isolated: crossOriginIsolated,
+            };
           } finally {
             nt.terminate();
           }
         });
-        console.log(`      default: ${r.fast.detail}\n      exact, 1 thread: ${r.exact.detail}\n      backend cpu, exact, 1 thread: ${r.cpuExact.detail}`);
+        console.log(
+          `      default: ${r.fast.detail}\n      exact, 1 thread: ${r.exact.detail}\n      backend cpu, exact, 1 thread: ${r.cpuExact.detail}`,
+        );
         for (const k of ["fast", "exact", "cpuExact"]) assertEq(r[k].backend, "cpu", `${k}: backend`);
         const pool = r.fast.threads;
-        assert(new RegExp(`simd128 int8 kernels, ${pool} threads?\\)$`).test(r.fast.detail), `the default is not the fast path on the pool's ${pool} thread(s): ${r.fast.detail}`);
-        if (haveThreadsBuild && r.isolated && os.cpus().length > 1) assert(pool > 1, `expected the threads build's pool, got ${pool} thread(s)`);
-        assert(/exact reference kernels, 1 thread\)$/.test(r.exact.detail), `exact, 1 thread not reported: ${r.exact.detail}`);
-        assert(/^CPU backend chosen \((WebAssembly, )?exact reference kernels, 1 thread\)$/.test(r.cpuExact.detail), `backend cpu, exact, 1 thread: ${r.cpuExact.detail}`);
+        assert(
+          new RegExp(`simd128 int8 kernels, ${pool} threads?\\)$`).test(r.fast.detail),
+          `the default is not the fast path on the pool's ${pool} thread(s): ${r.fast.detail}`,
+        );
+        if (haveThreadsBuild && r.isolated && os.cpus().length > 1)
+          assert(pool > 1, `expected the threads build's pool, got ${pool} thread(s)`);
+        assert(
+          /exact reference kernels, 1 thread\)$/.test(r.exact.detail),
+          `exact, 1 thread not reported: ${r.exact.detail}`,
+        );
+        assert(
+          /^CPU backend chosen \((WebAssembly, )?exact reference kernels, 1 thread\)$/.test(r.cpuExact.detail),
+          `backend cpu, exact, 1 thread: ${r.cpuExact.detail}`,
+        );
         assert(r.text.length > 0, "the exact path generated nothing");
       });
     }
@@ -475,19 +607,25 @@ async function runConfig(mode) {
         const stats = await statsOf(page);
         console.log(`      backend: ${stats.backend}`);
         if (webgpu) {
-          if (webgpuAdapter || process.env.NEXTTOKEN_REQUIRE_WEBGPU) assert(/WebGPU/.test(stats.backend), `expected WebGPU, got ${stats.backend}`);
+          if (webgpuAdapter || process.env.NEXTTOKEN_REQUIRE_WEBGPU)
+            assert(/WebGPU/.test(stats.backend), `expected WebGPU, got ${stats.backend}`);
         } else {
           assert(/CPU/.test(stats.backend), `expected the CPU fallback, got ${stats.backend}`);
           // The page is cross-origin isolated (serve.mjs): the threads build, one thread a core.
-          const env = await page.evaluate(() => ({ isolated: crossOriginIsolated, cores: navigator.hardwareConcurrency }));
+          const env = await page.evaluate(() => ({
+            isolated: crossOriginIsolated,
+            cores: navigator.hardwareConcurrency,
+          }));
           assert(env.isolated, "the page is not cross-origin isolated");
           const threads = Number((/(\d+) threads?/.exec(stats.backend) || [])[1]);
           if (haveThreadsBuild && env.cores > 1) assertEq(threads, env.cores, `CPU threads (${stats.backend})`);
-          else console.log(`      (one thread: ${haveThreadsBuild ? `${env.cores} core` : "no www/pkg-threads build"})`);
+          else
+            console.log(`      (one thread: ${haveThreadsBuild ? `${env.cores} core` : "no www/pkg-threads build"})`);
         }
         await generateAndCheck(page, mode, { screenshot: path.join(outDir, `mid-generation-${mode}.png`) });
         const s = await statsOf(page);
-        for (const key of ["time to first token", "prefill", "decode", "backend", "load time"]) assert(s[key], `stat ${key} missing: ${JSON.stringify(s)}`);
+        for (const key of ["time to first token", "prefill", "decode", "backend", "load time"])
+          assert(s[key], `stat ${key} missing: ${JSON.stringify(s)}`);
         console.log(`      TTFT ${s["time to first token"]}, prefill ${s.prefill}, decode ${s.decode}`);
       });
 
@@ -498,7 +636,10 @@ async function runConfig(mode) {
           await waitLoaded(page);
           const stats = await statsOf(page);
           console.log(`      backend: ${stats.backend}`);
-          assert(/^CPU/.test(stats.backend) && /CPU emulating a GPU/.test(stats.backend), `auto on SwiftShader: ${stats.backend}`);
+          assert(
+            /^CPU/.test(stats.backend) && /CPU emulating a GPU/.test(stats.backend),
+            `auto on SwiftShader: ${stats.backend}`,
+          );
           await generateAndCheck(page, `${mode} auto`);
         });
 
@@ -519,7 +660,7 @@ async function runConfig(mode) {
                 const pick = (i) => ({ backend: i.backend, reason: i.backendReason, backendMs: i.timings.backendMs });
                 return { first: pick(first), second: pick(second), text };
               } catch (e) {
-                return { error: String(e && e.message ? e.message : e) };
+                return { error: String(e?.message ? e.message : e) };
               } finally {
                 nt.terminate();
               }
@@ -528,12 +669,19 @@ async function runConfig(mode) {
           );
           await p.close();
           assert(!r.error, r.error);
-          console.log(`      first load: ${r.first.backend}, ${r.first.reason} (${r.first.backendMs?.toFixed(0)} ms)\n      second: ${r.second.backend}, ${r.second.reason}`);
-          const verdict = /^auto: .* decodes at \d+ tok\/s, the CPU path at \d+ tok\/s \(estimated from its measured rate\): the (GPU|CPU path) runs it$/;
+          console.log(
+            `      first load: ${r.first.backend}, ${r.first.reason} (${r.first.backendMs?.toFixed(0)} ms)\n      second: ${r.second.backend}, ${r.second.reason}`,
+          );
+          const verdict =
+            /^auto: .* decodes at \d+ tok\/s, the CPU path at \d+ tok\/s \(estimated from its measured rate\): the (GPU|CPU path) runs it$/;
           assert(verdict.test(r.first.reason), `first load's reason: ${r.first.reason}`);
           const gpuKept = / the GPU runs it$/.test(r.first.reason);
           assertEq(r.first.backend, gpuKept ? "webgpu" : "cpu", "the backend the verdict names");
-          assert(r.second.reason.startsWith(r.first.reason) && /remembered for this model and adapter\)$/.test(r.second.reason), `second load's reason: ${r.second.reason}`);
+          assert(
+            r.second.reason.startsWith(r.first.reason) &&
+              /remembered for this model and adapter\)$/.test(r.second.reason),
+            `second load's reason: ${r.second.reason}`,
+          );
           assertEq(r.second.backend, r.first.backend, "the remembered backend");
           assertEq(r.text, expected, "greedy text after auto's choice");
         });
@@ -549,16 +697,27 @@ async function runConfig(mode) {
               const changes = [];
               nt.onBackendChange = (info) => changes.push(info.backend);
               try {
-                const info = await nt.load("/test/stories260K-f32.gguf", { tokenizer: "/test/tokenizer.json", backend: "gpu", exact: true });
+                const info = await nt.load("/test/stories260K-f32.gguf", {
+                  tokenizer: "/test/tokenizer.json",
+                  backend: "gpu",
+                  exact: true,
+                });
                 let text = "";
                 let count = 0;
                 for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: n })) {
                   text += t.text;
                   if (++count === 5) nt.worker.postMessage({ type: "simulate-gpu-loss", slot: nt.slot });
                 }
-                return { before: info.backend, after: nt.info.backend, reason: nt.info.backendReason, changes, text, count };
+                return {
+                  before: info.backend,
+                  after: nt.info.backend,
+                  reason: nt.info.backendReason,
+                  changes,
+                  text,
+                  count,
+                };
               } catch (e) {
-                return { error: String(e && e.message ? e.message : e) };
+                return { error: String(e?.message ? e.message : e) };
               } finally {
                 nt.terminate();
               }
@@ -571,7 +730,12 @@ async function runConfig(mode) {
           assertEq(r.before, "webgpu", "loaded on");
           assertEq(r.after, "cpu", "after the loss");
           assertEq(JSON.stringify(r.changes), JSON.stringify(["cpu"]), "onBackendChange calls");
-          assert(/^WebGPU was lost \(.*GPU device lost.*\) after \d+ tokens: the model moved to the CPU path$/.test(r.reason), `reason: ${r.reason}`);
+          assert(
+            /^WebGPU was lost \(.*GPU device lost.*\) after \d+ tokens: the model moved to the CPU path$/.test(
+              r.reason,
+            ),
+            `reason: ${r.reason}`,
+          );
           assertEq(r.count, N_TOKENS, "tokens streamed in all");
           assertEq(r.text, expected, "the text across the loss vs the native CLI");
         });
@@ -581,7 +745,7 @@ async function runConfig(mode) {
         await test(`[${mode}] a page that is not cross-origin isolated runs one thread (pkg/), same greedy text`, async () => {
           const plain = await browser.newPage();
           try {
-            await plain.goto(base + modelUrl + "&isolate=0");
+            await plain.goto(`${base + modelUrl}&isolate=0`);
             await waitLoaded(plain);
             assertEq(await plain.evaluate(() => crossOriginIsolated), false, "crossOriginIsolated");
             const stats = await statsOf(plain);
@@ -596,7 +760,8 @@ async function runConfig(mode) {
       await test(`[${mode}] per-token inspection shows probability, alternatives, log P and perplexity`, async () => {
         await page.click('#output-tokens .tok[data-i="3"]');
         const txt = await page.textContent("#inspect");
-        for (const w of ["P(token | before)", "log P so far", "perplexity so far", "Most likely at this step"]) assert(txt.includes(w), `inspector lacks ${w}: ${txt}`);
+        for (const w of ["P(token | before)", "log P so far", "perplexity so far", "Most likely at this step"])
+          assert(txt.includes(w), `inspector lacks ${w}: ${txt}`);
         const alts = await page.locator("#inspect .alternatives li").count();
         assertEq(alts, 5, "alternatives shown");
       });
@@ -620,8 +785,13 @@ async function runConfig(mode) {
       await test(`[${mode}] second visit with the network blocked loads from the cache (service worker + Cache API)`, async () => {
         // The service worker must control the page and the model must be in the cache.
         await page.evaluate(() => navigator.serviceWorker.ready);
-        const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).map((r) => r.url));
-        assert(cached.some((u) => u.endsWith("/test/stories260K-f32.gguf")), `model not cached: ${JSON.stringify(cached)}`);
+        const cached = await page.evaluate(async () =>
+          (await (await import("/model-cache.js")).listCached()).map((r) => r.url),
+        );
+        assert(
+          cached.some((u) => u.endsWith("/test/stories260K-f32.gguf")),
+          `model not cached: ${JSON.stringify(cached)}`,
+        );
         await stopServer();
         const blocked = [];
         await context.route("**/*", (route) => {
@@ -645,18 +815,27 @@ async function runConfig(mode) {
       });
 
       await test(`[${mode}] a truncated model gives a clear error and the page keeps working`, async () => {
-        await page.goto(`${base}/?model=${encodeURIComponent("/test/truncated.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+        await page.goto(
+          `${base}/?model=${encodeURIComponent("/test/truncated.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`,
+        );
         await waitState(page, ["error", "ready"]);
         const err = await errorText(page);
         console.log(`      error shown: ${err}`);
-        assert(/truncat|past the end|end of (the )?file|too short|bytes/i.test(err), `unclear error: ${JSON.stringify(err)}`);
-        const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).map((r) => r.url));
+        assert(
+          /truncat|past the end|end of (the )?file|too short|bytes/i.test(err),
+          `unclear error: ${JSON.stringify(err)}`,
+        );
+        const cached = await page.evaluate(async () =>
+          (await (await import("/model-cache.js")).listCached()).map((r) => r.url),
+        );
         assert(!cached.some((u) => u.endsWith("truncated.gguf")), "the unusable file was kept in the cache");
         await useLessonToy(page);
       });
 
       await test(`[${mode}] a 404 model URL gives a clear error and the page keeps working`, async () => {
-        await page.goto(`${base}/?model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+        await page.goto(
+          `${base}/?model=${encodeURIComponent("/test/no-such-model.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`,
+        );
         await waitState(page, ["error", "ready"]);
         const err = await errorText(page);
         console.log(`      error shown: ${err}`);
@@ -665,7 +844,9 @@ async function runConfig(mode) {
       });
 
       await test(`[${mode}] an interrupted download says so, offers Retry, and keeps only a partial entry (never loaded as a model)`, async () => {
-        await page.goto(`${base}/?model=${encodeURIComponent("/test/interrupted.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`);
+        await page.goto(
+          `${base}/?model=${encodeURIComponent("/test/interrupted.gguf")}&tokenizer=${encodeURIComponent("/test/tokenizer.json")}`,
+        );
         await waitState(page, ["error", "ready"]);
         const err = await errorText(page);
         console.log(`      error shown: ${err}`);
@@ -675,20 +856,29 @@ async function runConfig(mode) {
         await page.click("#retry");
         await waitState(page, ["error", "ready"]);
         assert(interruptedHits > before, "Retry did not download again");
-        const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).filter((r) => r.url.includes("interrupted")));
-        assert(cached.every((r) => !r.complete), `a partial download was stored as complete: ${JSON.stringify(cached)}`);
+        const cached = await page.evaluate(async () =>
+          (await (await import("/model-cache.js")).listCached()).filter((r) => r.url.includes("interrupted")),
+        );
+        assert(
+          cached.every((r) => !r.complete),
+          `a partial download was stored as complete: ${JSON.stringify(cached)}`,
+        );
         await useLessonToy(page);
       });
 
       await test(`[${mode}] cached-models list shows the model with its size, and Delete removes it`, async () => {
         await page.goto(`${base}/?model=lesson-toy`);
         await waitLoaded(page);
-        await page.waitForFunction(() => document.querySelector("#cache-list")?.textContent.includes("stories260K-f32.gguf"));
+        await page.waitForFunction(() =>
+          document.querySelector("#cache-list")?.textContent.includes("stories260K-f32.gguf"),
+        );
         const row = page.locator("#cache-list li", { hasText: "stories260K-f32.gguf" });
         const txt = await row.textContent();
         assert(/1\.05 MB/.test(txt), `size not shown: ${txt}`);
         await row.locator("button").click();
-        await page.waitForFunction(() => !document.querySelector("#cache-list").textContent.includes("stories260K-f32.gguf"));
+        await page.waitForFunction(
+          () => !document.querySelector("#cache-list").textContent.includes("stories260K-f32.gguf"),
+        );
       });
     }
 
@@ -705,7 +895,26 @@ async function runConfig(mode) {
       await waitLoaded(page);
       const gpu = !/^CPU/.test((await statsOf(page)).backend);
       const how = gpu ? ["--exact"] : ["--isa", "scalar", "--threads", "1"];
-      const r = spawnSync(bin, ["generate", "--model", path.join(www, "models/default.gguf"), "--tokenizer", path.join(www, "models/default-tokenizer.json"), "--prompt", "In the beginning", "--temperature", "0", "--max-tokens", "24", "--backend", "cpu", ...how], { encoding: "utf8" });
+      const r = spawnSync(
+        bin,
+        [
+          "generate",
+          "--model",
+          path.join(www, "models/default.gguf"),
+          "--tokenizer",
+          path.join(www, "models/default-tokenizer.json"),
+          "--prompt",
+          "In the beginning",
+          "--temperature",
+          "0",
+          "--max-tokens",
+          "24",
+          "--backend",
+          "cpu",
+          ...how,
+        ],
+        { encoding: "utf8" },
+      );
       assert(r.status === 0, `the CLI failed on the default model: ${r.stderr}`);
       const want = r.stdout.slice("In the beginning".length).replace(/\n$/, "");
       assertEq(await page.inputValue("#model-select"), "default", "model picked on a first visit");
@@ -740,7 +949,9 @@ async function runConfig(mode) {
       const prompt = "In the beginning";
       const n = 24;
       ggufOnlyOthers.length = 0;
-      await page.goto(`${base}/?model=${encodeURIComponent("/test/gguf-only/default.gguf")}&prompt=${encodeURIComponent(prompt)}`);
+      await page.goto(
+        `${base}/?model=${encodeURIComponent("/test/gguf-only/default.gguf")}&prompt=${encodeURIComponent(prompt)}`,
+      );
       await waitLoaded(page);
       const gpu = !/^CPU/.test((await statsOf(page)).backend);
       assertEq(await page.inputValue("#tokenizer-url"), "", "tokenizer URL field");
@@ -750,9 +961,30 @@ async function runConfig(mode) {
       try {
         fs.copyFileSync(path.join(ggufOnly, "default.gguf"), path.join(dir, "x.gguf"));
         const how = gpu ? ["--exact"] : ["--isa", "scalar", "--threads", "1"];
-        const r = spawnSync(nativeBin(), ["generate", "--model", path.join(dir, "x.gguf"), "--prompt", prompt, "--temperature", "0", "--max-tokens", String(n), "--backend", "cpu", "--json", ...how], { encoding: "utf8" });
+        const r = spawnSync(
+          nativeBin(),
+          [
+            "generate",
+            "--model",
+            path.join(dir, "x.gguf"),
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            String(n),
+            "--backend",
+            "cpu",
+            "--json",
+            ...how,
+          ],
+          { encoding: "utf8" },
+        );
         assert(r.status === 0, `the CLI failed: ${r.stderr}`);
-        const lines = r.stdout.trim().split("\n").map((l) => JSON.parse(l));
+        const lines = r.stdout
+          .trim()
+          .split("\n")
+          .map((l) => JSON.parse(l));
         want = { ids: lines.filter((l) => "id" in l).map((l) => l.id), summary: lines.at(-1) };
       } finally {
         fs.rmSync(dir, { recursive: true, force: true });
@@ -765,7 +997,11 @@ async function runConfig(mode) {
       const got = await page.evaluate(() => window.nexttokenApp.tokens.map((t) => t.id));
       assertEq(JSON.stringify(got), JSON.stringify(want.ids), "greedy ids vs the native CLI's");
       assertEq(await outputText(page), want.summary.text, "greedy text vs the native CLI's");
-      assertEq((await statsOf(page))["prompt tokens"], String(want.summary.prompt_tokens), "prompt tokens (BOS included) vs the native CLI's");
+      assertEq(
+        (await statsOf(page))["prompt tokens"],
+        String(want.summary.prompt_tokens),
+        "prompt tokens (BOS included) vs the native CLI's",
+      );
       assertEq(JSON.stringify(ggufOnlyOthers), "[]", "requests beside the GGUF (a tokenizer.json looked for)");
       console.log(`      ${JSON.stringify(prompt + want.summary.text)} (${want.summary.prompt_tokens} prompt tokens)`);
     });
@@ -782,9 +1018,16 @@ async function runConfig(mode) {
       assert(await page.isVisible("#error"), "the error is not visible");
       await useLessonToy(page);
       // The model was never looked at: it stays cached, and with a tokenizer.json it loads.
-      const cached = await page.evaluate(async () => (await (await import("/model-cache.js")).listCached()).map((r) => r.url));
-      assert(cached.some((u) => u.endsWith(url)), `the GGUF was dropped from the cache: ${JSON.stringify(cached)}`);
-      await page.goto(`${base}/?model=${encodeURIComponent(url)}&tokenizer=${encodeURIComponent("/models/default-tokenizer.json")}&prompt=${encodeURIComponent("In the beginning")}`);
+      const cached = await page.evaluate(async () =>
+        (await (await import("/model-cache.js")).listCached()).map((r) => r.url),
+      );
+      assert(
+        cached.some((u) => u.endsWith(url)),
+        `the GGUF was dropped from the cache: ${JSON.stringify(cached)}`,
+      );
+      await page.goto(
+        `${base}/?model=${encodeURIComponent(url)}&tokenizer=${encodeURIComponent("/models/default-tokenizer.json")}&prompt=${encodeURIComponent("In the beginning")}`,
+      );
       await waitLoaded(page);
       assertEq((await statsOf(page)).download, "from cache", "download");
       await setSettings(page, { maxTokens: 8 });
@@ -801,21 +1044,73 @@ async function runConfig(mode) {
         const dir = path.join(fixtures, "split");
         fs.mkdirSync(dir);
         const config = path.join(dir, "config.json");
-        fs.writeFileSync(config, JSON.stringify({ model_type: "llama", vocab_size: 512, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, intermediate_size: 96, max_position_embeddings: 64 }));
-        for (const args of [["--out", path.join(dir, "whole.gguf")], ["--out", path.join(dir, "m.gguf"), "--split", "3"]]) {
-          const r = spawnSync(nativeBin(), ["synth", "--config", config, "--type", "q8_0", "--seed", "5", ...args], { encoding: "utf8" });
+        fs.writeFileSync(
+          config,
+          JSON.stringify({
+            model_type: "llama",
+            vocab_size: 512,
+            hidden_size: 64,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            intermediate_size: 96,
+            max_position_embeddings: 64,
+          }),
+        );
+        for (const args of [
+          ["--out", path.join(dir, "whole.gguf")],
+          ["--out", path.join(dir, "m.gguf"), "--split", "3"],
+        ]) {
+          const r = spawnSync(nativeBin(), ["synth", "--config", config, "--type", "q8_0", "--seed", "5", ...args], {
+            encoding: "utf8",
+          });
           assert(r.status === 0, `synth failed: ${r.stderr}`);
         }
         const part = (k) => path.join(dir, `m-0000${k}-of-00003.gguf`);
-        for (const [name, k] of [["missing", 1], ["missing", 3], ["swapped", 1], ["swapped", 3], ["swapped", 2]]) {
+        for (const [name, k] of [
+          ["missing", 1],
+          ["missing", 3],
+          ["swapped", 1],
+          ["swapped", 3],
+          ["swapped", 2],
+        ]) {
           fs.mkdirSync(path.join(dir, name), { recursive: true });
-          fs.copyFileSync(part(k), path.join(dir, name, `m-0000${name === "swapped" && k > 1 ? 5 - k : k}-of-00003.gguf`));
+          fs.copyFileSync(
+            part(k),
+            path.join(dir, name, `m-0000${name === "swapped" && k > 1 ? 5 - k : k}-of-00003.gguf`),
+          );
         }
         const prompt = "Hello";
         const n = 12;
-        const cli = spawnSync(nativeBin(), ["generate", "--model", path.join(dir, "whole.gguf"), "--prompt", prompt, "--temperature", "0", "--max-tokens", String(n), "--backend", "cpu", "--json", "--isa", "scalar", "--threads", "1"], { encoding: "utf8" });
+        const cli = spawnSync(
+          nativeBin(),
+          [
+            "generate",
+            "--model",
+            path.join(dir, "whole.gguf"),
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            String(n),
+            "--backend",
+            "cpu",
+            "--json",
+            "--isa",
+            "scalar",
+            "--threads",
+            "1",
+          ],
+          { encoding: "utf8" },
+        );
         assert(cli.status === 0, `the CLI failed: ${cli.stderr}`);
-        const want = cli.stdout.trim().split("\n").map((l) => JSON.parse(l)).filter((l) => "id" in l).map((l) => l.id);
+        const want = cli.stdout
+          .trim()
+          .split("\n")
+          .map((l) => JSON.parse(l))
+          .filter((l) => "id" in l)
+          .map((l) => l.id);
 
         await page.goto(`${base}/?nosw&model=lesson-toy`);
         const r = await page.evaluate(
@@ -825,7 +1120,10 @@ async function runConfig(mode) {
             const run = async (url) => {
               const parts = new Set();
               try {
-                const info = await nt.load(url, { backend: "cpu", onProgress: (p) => parts.add(`${p.part} of ${p.parts}`) });
+                const info = await nt.load(url, {
+                  backend: "cpu",
+                  onProgress: (p) => parts.add(`${p.part} of ${p.parts}`),
+                });
                 const ids = [];
                 for await (const t of nt.generate(prompt, { temperature: 0, maxTokens: n })) ids.push(t.id);
                 return { ids, parts: [...parts], fromCache: info.timings.fromCache, parameters: info.parameters };
@@ -833,7 +1131,10 @@ async function runConfig(mode) {
                 return { error: e.message, parts: [...parts] };
               }
             };
-            const cached = async () => (await (await import("/model-cache.js")).listCached()).map((q) => new URL(q.url).pathname).filter((u) => u.startsWith("/test/split/"));
+            const cached = async () =>
+              (await (await import("/model-cache.js")).listCached())
+                .map((q) => new URL(q.url).pathname)
+                .filter((u) => u.startsWith("/test/split/"));
             try {
               const whole = await run("/test/split/whole.gguf");
               const split = await run("/test/split/m-00001-of-00003.gguf");
@@ -849,20 +1150,42 @@ async function runConfig(mode) {
           { prompt, n },
         );
         for (const k of ["whole", "split", "again"]) assert(!r[k].error, `${k}: ${r[k].error}`);
-        assertEq(JSON.stringify(r.whole.ids), JSON.stringify(want), "greedy ids of the unsplit file vs the native CLI's");
-        assertEq(JSON.stringify(r.split.ids), JSON.stringify(want), "greedy ids of the split model vs the unsplit file's");
+        assertEq(
+          JSON.stringify(r.whole.ids),
+          JSON.stringify(want),
+          "greedy ids of the unsplit file vs the native CLI's",
+        );
+        assertEq(
+          JSON.stringify(r.split.ids),
+          JSON.stringify(want),
+          "greedy ids of the split model vs the unsplit file's",
+        );
         assertEq(r.split.parameters, r.whole.parameters, "parameters");
         assertEq(JSON.stringify(r.split.parts), JSON.stringify(["1 of 3", "2 of 3", "3 of 3"]), "progress by part");
-        assertEq(JSON.stringify(r.cachedParts.filter((u) => /m-0000\d-of-00003/.test(u)).sort()), JSON.stringify([1, 2, 3].map((k) => `/test/split/m-0000${k}-of-00003.gguf`)), "the parts cached, each on its own");
+        assertEq(
+          JSON.stringify(r.cachedParts.filter((u) => /m-0000\d-of-00003/.test(u)).sort()),
+          JSON.stringify([1, 2, 3].map((k) => `/test/split/m-0000${k}-of-00003.gguf`)),
+          "the parts cached, each on its own",
+        );
         assertEq(r.again.fromCache, true, "a second load reads every part from the cache");
         assertEq(JSON.stringify(r.again.ids), JSON.stringify(want), "greedy ids from the cached parts");
-        console.log(`      ${want.length} greedy ids equal; errors shown:\n        ${r.missing.error}\n        ${r.swapped.error}`);
-        assert(/404/.test(r.missing.error) && /m-00002-of-00003\.gguf/.test(r.missing.error), `missing part: unclear error ${JSON.stringify(r.missing.error)}`);
-        assert(/part 2 of 3/.test(r.swapped.error) && /out of order/.test(r.swapped.error), `swapped parts: unclear error ${JSON.stringify(r.swapped.error)}`);
+        console.log(
+          `      ${want.length} greedy ids equal; errors shown:\n        ${r.missing.error}\n        ${r.swapped.error}`,
+        );
+        assert(
+          /404/.test(r.missing.error) && /m-00002-of-00003\.gguf/.test(r.missing.error),
+          `missing part: unclear error ${JSON.stringify(r.missing.error)}`,
+        );
+        assert(
+          /part 2 of 3/.test(r.swapped.error) && /out of order/.test(r.swapped.error),
+          `swapped parts: unclear error ${JSON.stringify(r.swapped.error)}`,
+        );
         const broken = r.cachedAfter.filter((u) => /\/(missing|swapped)\//.test(u));
         assertEq(JSON.stringify(broken), "[]", "parts of the broken sets left in the cache");
         // The page, from part 1's URL (the parts now cached).
-        await page.goto(`${base}/?nosw&model=${encodeURIComponent("/test/split/m-00001-of-00003.gguf")}&prompt=${encodeURIComponent(prompt)}`);
+        await page.goto(
+          `${base}/?nosw&model=${encodeURIComponent("/test/split/m-00001-of-00003.gguf")}&prompt=${encodeURIComponent(prompt)}`,
+        );
         await waitLoaded(page);
         await setSettings(page, { maxTokens: n });
         await page.click("#generate");
@@ -894,7 +1217,7 @@ async function runConfig(mode) {
           try {
             return { gpu: await run({ backend: "gpu" }), cpu: await run({ backend: "cpu", exact: true }) };
           } catch (e) {
-            return { error: String(e && e.message ? e.message : e) };
+            return { error: String(e?.message ? e.message : e) };
           }
         });
         assert(!r.error, r.error);
@@ -903,11 +1226,16 @@ async function runConfig(mode) {
         assertEq(r.gpu.summary.backend, "webgpu", "beam search computed by");
         assertEq(r.cpu.score.backend, "cpu", "CPU score computed by");
         // Natively (lavapipe, f16 KV cache) the two differ by about 4e-4 nats per token.
-        const close = (a, b, what, tolerance = 5e-3) => assert(Math.abs(a - b) < tolerance, `${what}: webgpu ${a} vs cpu ${b}`);
+        const close = (a, b, what, tolerance = 5e-3) =>
+          assert(Math.abs(a - b) < tolerance, `${what}: webgpu ${a} vs cpu ${b}`);
         assertEq(r.gpu.score.tokens.length, r.cpu.score.tokens.length, "scored tokens");
         r.gpu.score.tokens.forEach((t, i) => close(t.logprob, r.cpu.score.tokens[i].logprob, `score token ${i}`));
         close(r.gpu.score.logprob, r.cpu.score.logprob, "total log P", 2e-2);
-        assertEq(JSON.stringify(r.gpu.tokens.map((t) => t.id)), JSON.stringify(r.cpu.tokens.map((t) => t.id)), "best beam");
+        assertEq(
+          JSON.stringify(r.gpu.tokens.map((t) => t.id)),
+          JSON.stringify(r.cpu.tokens.map((t) => t.id)),
+          "best beam",
+        );
         r.gpu.tokens.forEach((t, i) => close(t.logprob, r.cpu.tokens[i].logprob, `beam token ${i}`));
         assertEq(r.gpu.summary.text, r.cpu.summary.text, "beam text");
       });
@@ -916,7 +1244,20 @@ async function runConfig(mode) {
     await beamViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, outDir });
     await scoreViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, outDir });
     await samplerViewTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, outDir });
-    await exploreTests({ test, assert, assertEq, page, base, mode, waitLoaded, waitState, errorText, statsOf, haveDefaultModel, outDir });
+    await exploreTests({
+      test,
+      assert,
+      assertEq,
+      page,
+      base,
+      mode,
+      waitLoaded,
+      waitState,
+      errorText,
+      statsOf,
+      haveDefaultModel,
+      outDir,
+    });
 
     await pageTests({ test, assert, assertEq, browser, base, mode, waitLoaded, waitState, errorText, statsOf, outDir });
 
@@ -926,13 +1267,53 @@ async function runConfig(mode) {
 
     // A model bigger than the quota the storage test leaves after the app shell: the chat fixture (16 MB).
     const bigModelUrl = fs.existsSync(path.join(fixtures, "chat", "chat.gguf")) ? "/test/chat/chat.gguf" : null;
-    await downloadTests({ test, assert, assertEq, page, base, mode, server: faulty, waitState, errorText, browser, bigModelUrl });
+    await downloadTests({
+      test,
+      assert,
+      assertEq,
+      page,
+      base,
+      mode,
+      server: faulty,
+      waitState,
+      errorText,
+      browser,
+      bigModelUrl,
+    });
 
     await streamTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), www, fixtures, bigModel });
 
-    await chatTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), fixtures, outDir, tmp: fixtures, waitLoaded, waitState, errorText, statsOf });
+    await chatTests({
+      test,
+      assert,
+      assertEq,
+      page,
+      base,
+      mode,
+      bin: nativeBin(),
+      fixtures,
+      outDir,
+      tmp: fixtures,
+      waitLoaded,
+      waitState,
+      errorText,
+      statsOf,
+    });
 
-    await structuredTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), tmp: fixtures, waitLoaded, waitState, errorText, www });
+    await structuredTests({
+      test,
+      assert,
+      assertEq,
+      page,
+      base,
+      mode,
+      bin: nativeBin(),
+      tmp: fixtures,
+      waitLoaded,
+      waitState,
+      errorText,
+      www,
+    });
 
     await test(`[${mode}] model output with HTML is shown as text; no script runs`, async () => {
       await page.goto(`${base}/?model=${encodeURIComponent("/test/xss.json")}&prompt=`);
@@ -944,7 +1325,11 @@ async function runConfig(mode) {
       await page.waitForTimeout(300);
       const text = await outputText(page);
       assert(text.includes("<img src=x onerror=window.__xss=1>"), `output text: ${text}`);
-      const r = await page.evaluate(() => ({ xss: window.__xss, imgs: document.querySelectorAll("main img").length, scripts: document.querySelectorAll("main script").length }));
+      const r = await page.evaluate(() => ({
+        xss: window.__xss,
+        imgs: document.querySelectorAll("main img").length,
+        scripts: document.querySelectorAll("main script").length,
+      }));
       assertEq(JSON.stringify(r), JSON.stringify({ imgs: 0, scripts: 0 }), "injected elements or script effects");
     });
 
@@ -971,7 +1356,10 @@ async function runConfig(mode) {
       const beamEls = page.locator('next-token[model="models/lesson-beam.json"]');
       await beamEls.nth(0).locator(".run").click();
       await beamEls.nth(1).locator(".run").click();
-      for (const [i, text, p] of [[0, "the cat", 0.33], [1, "a bird", 0.36]]) {
+      for (const [i, text, p] of [
+        [0, "the cat", 0.33],
+        [1, "a bird", 0.36],
+      ]) {
         const prod = beamEls.nth(i).locator(".product");
         await prod.waitFor({ state: "visible", timeout: 30_000 });
         const line = await prod.textContent();
@@ -979,22 +1367,30 @@ async function runConfig(mode) {
       }
       // The beam element (view="beam") draws the tree; the scoring lesson scores once on screen.
       await beamEls.nth(1).locator(".beam-greedy").waitFor({ timeout: 30_000 });
-      assert(/"a bird", P = 0\.36/.test(await beamEls.nth(1).locator(".beam-best").textContent()), "the lesson's beam tree");
+      assert(
+        /"a bird", P = 0\.36/.test(await beamEls.nth(1).locator(".beam-best").textContent()),
+        "the lesson's beam tree",
+      );
       await page.locator("#score").scrollIntoViewIfNeeded();
       await page.locator("#score .verdict").waitFor({ timeout: 30_000 });
-      const ppl = await page.locator("#score .scored").evaluateAll((d) => d.map((x) => Number(x.dataset.perplexity).toFixed(2)));
+      const ppl = await page
+        .locator("#score .scored")
+        .evaluateAll((d) => d.map((x) => Number(x.dataset.perplexity).toFixed(2)));
       assertEq(ppl.join(" "), "1.28 3.79", "the scoring lesson's perplexities");
       await page.screenshot({ path: path.join(outDir, `embed-${mode}.png`), fullPage: true });
     });
   } finally {
-    if (failed && consoleLines.length) fs.writeFileSync(path.join(outDir, `console-${mode}.log`), consoleLines.join("\n"));
+    if (failed && consoleLines.length)
+      fs.writeFileSync(path.join(outDir, `console-${mode}.log`), consoleLines.join("\n"));
     await browser.close();
   }
 }
 
 /** The native CLI: NEXTTOKEN_BIN, else the newer of the release and debug builds (a stale one misleads). */
 function nativeBin() {
-  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) => fs.existsSync(p));
+  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) =>
+    fs.existsSync(p),
+  );
   built.sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
   const bin = [process.env.NEXTTOKEN_BIN, ...built].filter(Boolean).find((p) => fs.existsSync(p));
   assert(bin, "no native CLI (target/release/nexttoken or target/debug/nexttoken): run cargo build --release");

@@ -30,10 +30,15 @@ const TYPES = {
 
 /** Start serving. `mounts` maps URL prefixes ("/shared/") to extra folders; `handler(req, res)`
  * may answer a request itself (returning true). Resolves to the server. */
-export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet = true, handler = null, isolate = true, cors = true, headers: extra = {} } = {}) {
+export function serve(
+  root,
+  port = 0,
+  mounts = {},
+  { host = "127.0.0.1", quiet = true, handler = null, isolate = true, cors = true, headers: extra = {} } = {},
+) {
   root = path.resolve(root);
   const server = http.createServer((req, res) => {
-    if (handler && handler(req, res)) return;
+    if (handler?.(req, res)) return;
     let url;
     try {
       url = new URL(req.url, "http://x");
@@ -46,7 +51,7 @@ export function serve(root, port = 0, mounts = {}, { host = "127.0.0.1", quiet =
     for (const [prefix, dir] of Object.entries(mounts)) {
       if (pathname.startsWith(prefix)) {
         base = path.resolve(dir);
-        pathname = "/" + pathname.slice(prefix.length);
+        pathname = `/${pathname.slice(prefix.length)}`;
         break;
       }
     }

@@ -12,9 +12,23 @@ import path from "node:path";
 export function makeBigModel({ dir, bin }) {
   fs.mkdirSync(dir, { recursive: true });
   const config = path.join(dir, "config.json");
-  fs.writeFileSync(config, JSON.stringify({ model_type: "llama", vocab_size: 8192, hidden_size: 512, num_hidden_layers: 8, num_attention_heads: 8, num_key_value_heads: 4, intermediate_size: 1536, max_position_embeddings: 256 }));
+  fs.writeFileSync(
+    config,
+    JSON.stringify({
+      model_type: "llama",
+      vocab_size: 8192,
+      hidden_size: 512,
+      num_hidden_layers: 8,
+      num_attention_heads: 8,
+      num_key_value_heads: 4,
+      intermediate_size: 1536,
+      max_position_embeddings: 256,
+    }),
+  );
   const out = path.join(dir, "big.gguf");
-  const r = spawnSync(bin, ["synth", "--config", config, "--type", "q8_0", "--seed", "11", "--out", out], { encoding: "utf8" });
+  const r = spawnSync(bin, ["synth", "--config", config, "--type", "q8_0", "--seed", "11", "--out", out], {
+    encoding: "utf8",
+  });
   if (r.status !== 0) throw new Error(`synth failed: ${r.stderr}`);
   return out;
 }
@@ -23,21 +37,37 @@ export function makeBigModel({ dir, bin }) {
 export function makeWideHeadModel({ dir, bin }) {
   fs.mkdirSync(dir, { recursive: true });
   const config = path.join(dir, "wide-config.json");
-  fs.writeFileSync(config, JSON.stringify({ model_type: "llama", vocab_size: 300, hidden_size: 576, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 64, max_position_embeddings: 64 }));
+  fs.writeFileSync(
+    config,
+    JSON.stringify({
+      model_type: "llama",
+      vocab_size: 300,
+      hidden_size: 576,
+      num_hidden_layers: 1,
+      num_attention_heads: 2,
+      num_key_value_heads: 1,
+      intermediate_size: 64,
+      max_position_embeddings: 64,
+    }),
+  );
   const out = path.join(dir, "wide-heads.gguf");
-  const r = spawnSync(bin, ["synth", "--config", config, "--type", "q8_0", "--seed", "3", "--out", out], { encoding: "utf8" });
+  const r = spawnSync(bin, ["synth", "--config", config, "--type", "q8_0", "--seed", "3", "--out", out], {
+    encoding: "utf8",
+  });
   if (r.status !== 0) throw new Error(`synth failed: ${r.stderr}`);
   return out;
 }
 
 /** Per-token logprobs of `text` by the native CLI (CPU backend; `how`: --exact or the scalar kernels). */
 function cliScore(bin, model, text, how) {
-  const r = spawnSync(bin, ["score", "--model", model, "--text", text, "--json", "--backend", "cpu", ...how], { encoding: "utf8" });
+  const r = spawnSync(bin, ["score", "--model", model, "--text", text, "--json", "--backend", "cpu", ...how], {
+    encoding: "utf8",
+  });
   if (r.status !== 0) throw new Error(`the CLI failed: ${r.stderr}`);
   return JSON.parse(r.stdout);
 }
 
-export async function streamTests({ test, assert, assertEq, browser, base, mode, bin, www, fixtures, bigModel }) {
+export async function streamTests({ test, assert, assertEq, browser, base, mode, bin, fixtures, bigModel }) {
   const webgpu = mode === "webgpu";
 
   if (webgpu) {
@@ -55,11 +85,21 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
             const score = await engine.score(text);
             const session = engine.start("In the beginning", { temperature: 0, maxTokens: 8, topLogprobs: 3 });
             const tokens = [];
-            for (let t; (t = await session.next()) !== null; ) tokens.push({ id: t.id, logprob: t.logprob, top: t.top.map((a) => [a.id, a.logprob]) });
+            for (let t; (t = await session.next()) !== null; )
+              tokens.push({ id: t.id, logprob: t.logprob, top: t.top.map((a) => [a.id, a.logprob]) });
             session.free();
             const info = engine.info();
             engine.free();
-            return { score: score.tokens.map((t) => t.logprob), tokens, info: { backend: info.backend, loadPath: info.loadPath, held: info.weightsInWasmBytes, bytes: info.bytes } };
+            return {
+              score: score.tokens.map((t) => t.logprob),
+              tokens,
+              info: {
+                backend: info.backend,
+                loadPath: info.loadPath,
+                held: info.weightsInWasmBytes,
+                bytes: info.bytes,
+              },
+            };
           };
           try {
             // Streamed: the first 2000 bytes one at a time (the header arrives in pieces), then
@@ -75,7 +115,9 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
             const uploaded = await run(await wasm.Engine.loadGguf(sink, tokenizer, { backend: "gpu", maxSeq: 256 }));
             const sink2 = new wasm.ByteSink(gguf.length);
             sink2.push(gguf);
-            const cpu = await run(await wasm.Engine.loadGguf(sink2, tokenizer, { backend: "cpu", exact: true, maxSeq: 256 }));
+            const cpu = await run(
+              await wasm.Engine.loadGguf(sink2, tokenizer, { backend: "cpu", exact: true, maxSeq: 256 }),
+            );
             // A stream that ends early is an error, not a hang or a half-loaded model.
             const cut = new wasm.GgufStream(choice, gguf.length, tokenizer, {});
             cut.push(gguf.subarray(0, gguf.length - 5000));
@@ -88,20 +130,51 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
             choice.free();
             return { streamed, uploaded, cpu, truncated, size: gguf.length };
           } catch (e) {
-            return { error: String(e && e.message ? e.message : e) };
+            return { error: String(e?.message ? e.message : e) };
           }
         });
         assert(!r.error, r.error);
-        assertEq(JSON.stringify(r.streamed.info), JSON.stringify({ backend: "webgpu", loadPath: "streamed", held: 0, bytes: r.size }), "streamed engine's info");
-        assertEq(JSON.stringify(r.uploaded.info), JSON.stringify({ backend: "webgpu", loadPath: "wasm", held: 0, bytes: r.size }), "uploaded engine's info (its bytes released)");
-        assertEq(JSON.stringify(r.cpu.info), JSON.stringify({ backend: "cpu", loadPath: "wasm", held: r.size, bytes: r.size }), "CPU engine's info");
-        assertEq(JSON.stringify(r.streamed.score), JSON.stringify(r.uploaded.score), "score logprobs, streamed vs uploaded");
-        assertEq(JSON.stringify(r.streamed.tokens), JSON.stringify(r.uploaded.tokens), "greedy tokens, logprobs and alternatives, streamed vs uploaded");
+        assertEq(
+          JSON.stringify(r.streamed.info),
+          JSON.stringify({ backend: "webgpu", loadPath: "streamed", held: 0, bytes: r.size }),
+          "streamed engine's info",
+        );
+        assertEq(
+          JSON.stringify(r.uploaded.info),
+          JSON.stringify({ backend: "webgpu", loadPath: "wasm", held: 0, bytes: r.size }),
+          "uploaded engine's info (its bytes released)",
+        );
+        assertEq(
+          JSON.stringify(r.cpu.info),
+          JSON.stringify({ backend: "cpu", loadPath: "wasm", held: r.size, bytes: r.size }),
+          "CPU engine's info",
+        );
+        assertEq(
+          JSON.stringify(r.streamed.score),
+          JSON.stringify(r.uploaded.score),
+          "score logprobs, streamed vs uploaded",
+        );
+        assertEq(
+          JSON.stringify(r.streamed.tokens),
+          JSON.stringify(r.uploaded.tokens),
+          "greedy tokens, logprobs and alternatives, streamed vs uploaded",
+        );
         // The f16 KV cache where the device has shader-f16: about 4e-4 nats per token natively.
-        r.streamed.score.forEach((l, i) => assert(Math.abs(l - r.cpu.score[i]) < 5e-3, `score token ${i}: webgpu ${l} vs cpu ${r.cpu.score[i]}`));
-        assertEq(JSON.stringify(r.streamed.tokens.map((t) => t.id)), JSON.stringify(r.cpu.tokens.map((t) => t.id)), "greedy ids, streamed vs exact CPU");
-        assert(/ended after .* truncated|inside or before tensor/.test(r.truncated || ""), `a stream cut short: ${r.truncated}`);
-        console.log(`      ${r.streamed.score.length} scored and ${r.streamed.tokens.length} generated tokens equal; cut short: ${r.truncated}`);
+        r.streamed.score.forEach((l, i) =>
+          assert(Math.abs(l - r.cpu.score[i]) < 5e-3, `score token ${i}: webgpu ${l} vs cpu ${r.cpu.score[i]}`),
+        );
+        assertEq(
+          JSON.stringify(r.streamed.tokens.map((t) => t.id)),
+          JSON.stringify(r.cpu.tokens.map((t) => t.id)),
+          "greedy ids, streamed vs exact CPU",
+        );
+        assert(
+          /ended after .* truncated|inside or before tensor/.test(r.truncated || ""),
+          `a stream cut short: ${r.truncated}`,
+        );
+        console.log(
+          `      ${r.streamed.score.length} scored and ${r.streamed.tokens.length} generated tokens equal; cut short: ${r.truncated}`,
+        );
       } finally {
         await p.close();
       }
@@ -126,16 +199,30 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
           await deleteCached("/test/big/big.gguf");
           // A fresh worker: its wasm memory, after a small model, is the baseline.
           const nt = new NextToken();
-          const pick = (i) => ({ backend: i.backend, loadPath: i.loadPath, held: i.weightsInWasmBytes, memory: i.wasmMemoryBytes, bytes: i.bytes, fromCache: !!i.timings.fromCache, ms: Math.round(i.timings.downloadMs + i.timings.initMs) });
+          const pick = (i) => ({
+            backend: i.backend,
+            loadPath: i.loadPath,
+            held: i.weightsInWasmBytes,
+            memory: i.wasmMemoryBytes,
+            bytes: i.bytes,
+            fromCache: !!i.timings.fromCache,
+            ms: Math.round(i.timings.downloadMs + i.timings.initMs),
+          });
           try {
             const base = pick(await nt.load("/models/lesson-toy.json"));
             const loads = [];
             for (let k = 0; k < 2; k++) {
               // WebGPU by name: "auto" takes the CPU path where the only adapter is SwiftShader.
-              const info = pick(await nt.load("/test/big/big.gguf", { maxSeq: 64, exact: true, backend: webgpu ? "gpu" : "auto" }));
+              const info = pick(
+                await nt.load("/test/big/big.gguf", { maxSeq: 64, exact: true, backend: webgpu ? "gpu" : "auto" }),
+              );
               const t0 = performance.now();
               const score = await nt.score(text);
-              loads.push({ ...info, score: score.tokens.map((t) => t.logprob), scoreMs: Math.round(performance.now() - t0) });
+              loads.push({
+                ...info,
+                score: score.tokens.map((t) => t.logprob),
+                scoreMs: Math.round(performance.now() - t0),
+              });
             }
             return { base, loads };
           } catch (e) {
@@ -148,22 +235,40 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
         { text, webgpu },
       );
       assert(!r.error, r.error);
-      const mb = (n) => (n / 2 ** 20).toFixed(1) + " MiB";
+      const mb = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
       const lines = [];
       for (const [k, load] of r.loads.entries()) {
         const grew = load.memory - r.base.memory;
-        lines.push(`load ${k + 1} (${load.fromCache ? "cache" : "network"}, ${load.ms} ms, score ${load.scoreMs} ms): ${load.loadPath}, weightsInWasmBytes ${load.held}, wasm memory ${mb(r.base.memory)} -> ${mb(load.memory)} (+${mb(grew)}) for a ${mb(size)} file`);
+        lines.push(
+          `load ${k + 1} (${load.fromCache ? "cache" : "network"}, ${load.ms} ms, score ${load.scoreMs} ms): ${load.loadPath}, weightsInWasmBytes ${load.held}, wasm memory ${mb(r.base.memory)} -> ${mb(load.memory)} (+${mb(grew)}) for a ${mb(size)} file`,
+        );
         assertEq(load.fromCache, k === 1, `load ${k + 1} from the cache`);
         assertEq(load.bytes, size, "model size");
         if (webgpu) {
-          assertEq(`${load.backend} ${load.loadPath} ${load.held}`, "webgpu streamed 0", `load ${k + 1}: backend, load path, weights in wasm memory`);
-          assert(grew < size / 4, `load ${k + 1}: wasm memory grew by ${mb(grew)}, a quarter of the ${mb(size)} file or more`);
+          assertEq(
+            `${load.backend} ${load.loadPath} ${load.held}`,
+            "webgpu streamed 0",
+            `load ${k + 1}: backend, load path, weights in wasm memory`,
+          );
+          assert(
+            grew < size / 4,
+            `load ${k + 1}: wasm memory grew by ${mb(grew)}, a quarter of the ${mb(size)} file or more`,
+          );
         } else {
-          assertEq(`${load.backend} ${load.loadPath} ${load.held}`, `cpu wasm ${size}`, `load ${k + 1}: backend, load path, weights in wasm memory`);
-          assert(load.memory - r.base.memory >= size, `the CPU path's wasm memory grew by ${mb(grew)}, less than the ${mb(size)} file`);
+          assertEq(
+            `${load.backend} ${load.loadPath} ${load.held}`,
+            `cpu wasm ${size}`,
+            `load ${k + 1}: backend, load path, weights in wasm memory`,
+          );
+          assert(
+            load.memory - r.base.memory >= size,
+            `the CPU path's wasm memory grew by ${mb(grew)}, less than the ${mb(size)} file`,
+          );
         }
         assertEq(load.score.length, want.length, "scored tokens");
-        load.score.forEach((l, i) => assert(Math.abs(l - want[i]) < 5e-3, `load ${k + 1}, token ${i}: ${l} vs the CLI's ${want[i]}`));
+        load.score.forEach((l, i) =>
+          assert(Math.abs(l - want[i]) < 5e-3, `load ${k + 1}, token ${i}: ${l} vs the CLI's ${want[i]}`),
+        );
       }
       console.log(`      ${lines.join("\n      ")}`);
     } finally {
@@ -195,7 +300,14 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
               const info = await nt.load(url, { exact: true, allowSoftwareGpu: true });
               const score = await nt.score("Hi there");
               const cached = (await listCached()).filter((c) => c.url.endsWith(url)).map((c) => c.complete);
-              return { gpuError, backend: info.backend, detail: info.backendDetail, fromCache: info.timings.fromCache, score: score.tokens.map((t) => t.logprob), cached };
+              return {
+                gpuError,
+                backend: info.backend,
+                detail: info.backendDetail,
+                fromCache: info.timings.fromCache,
+                score: score.tokens.map((t) => t.logprob),
+                cached,
+              };
             } catch (e) {
               return { error: e.message };
             } finally {
@@ -206,7 +318,7 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
         );
         assert(!r.error, r.error);
         assert(/GPU: head size 288 exceeds/.test(r.gpuError || ""), `backend "gpu": ${r.gpuError}`);
-        assertEq(r.backend, "cpu", "backend with \"auto\"");
+        assertEq(r.backend, "cpu", 'backend with "auto"');
         assert(/^WebGPU failed \(.*head size 288.*\); running on the CPU/.test(r.detail), `backendDetail: ${r.detail}`);
         assertEq(JSON.stringify(r.cached), "[true]", "the file stays cached (whole) after the GPU refused it");
         r.score.forEach((l, i) => assert(Math.abs(l - want[i]) < 1e-3, `token ${i}: ${l} vs the CLI's ${want[i]}`));
@@ -228,7 +340,12 @@ export async function streamTests({ test, assert, assertEq, browser, base, mode,
         try {
           let error = null;
           try {
-            await nt.load({ url: "/models/default.gguf", tokenizer: "/models/default-tokenizer.json", kind: "gguf", sha256: "0".repeat(64) });
+            await nt.load({
+              url: "/models/default.gguf",
+              tokenizer: "/models/default-tokenizer.json",
+              kind: "gguf",
+              sha256: "0".repeat(64),
+            });
           } catch (e) {
             error = e.message;
           }

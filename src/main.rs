@@ -71,10 +71,16 @@ fn main() -> ExitCode {
     quiet_device_select();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate(args) => {
-            load(&args.model).and_then(|m| generate_with(&*m.model, &*m.vocab, &args))
-        }
-        Command::Chat(args) => load(&args.model)
+        // The sampling options are checked before the model loads: a typo fails at once.
+        Command::Generate(args) => args
+            .sampling
+            .options()
+            .and_then(|_| load(&args.model))
+            .and_then(|m| generate_with(&*m.model, &*m.vocab, &args)),
+        Command::Chat(args) => args
+            .sampling
+            .options()
+            .and_then(|_| load(&args.model))
             .and_then(|m| chat_with(&*m.model, &*m.vocab, &args, m.template()?.clone())),
         Command::Score(args) => {
             load(&args.model).and_then(|m| score_with(&*m.model, &*m.vocab, &args))

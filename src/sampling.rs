@@ -77,7 +77,14 @@ impl SamplerConfig {
     /// negative or not finite, top-p or min-p outside [0, 1], a repetition penalty that is not
     /// a finite number above 0. The generation constructors call it, so every front end does.
     pub fn validate(&self) -> Result<()> {
+        self.validate_as(|field| field.to_string())
+    }
+
+    /// [`validate`](SamplerConfig::validate), the option named as a front end spells it
+    /// (`spell("top_p")` is `--top-p` on the command line).
+    pub fn validate_as(&self, spell: impl Fn(&str) -> String) -> Result<()> {
         let bad = |name: &str, value: f32, want: &str| {
+            let name = spell(name);
             Err(Error::Input(format!("{name} = {value} is out of range: it must be {want}")))
         };
         let t = self.temperature;
@@ -104,6 +111,32 @@ impl SamplerConfig {
 /// T = 1e-39, 1/T is infinite and 0 × inf = NaN made every weight NaN: the least likely token
 /// came out every step).
 pub const GREEDY_BELOW: f32 = 1e-6;
+
+/// The temperature the page, the `<next-token>` element and the CLI start from: a little
+/// sharper than the model's own distribution (1, [`SamplerConfig`]'s default), which small
+/// models make rambling.
+pub const FRONT_END_TEMPERATURE: f32 = 0.8;
+
+/// The largest seed [`fresh_seed`] draws: 2^53 - 1, so JavaScript numbers hold every seed
+/// exactly and a seed a page reports can be typed back in.
+pub const MAX_FRESH_SEED: u64 = (1 << 53) - 1;
+
+/// A seed nobody chose, for a front end given none (each run draws anew; a fixed seed
+/// reproduces a run): natively from the OS's randomness that seeds std's hash maps and the
+/// clock, in the browser from `Math.random`. At most [`MAX_FRESH_SEED`].
+pub fn fresh_seed() -> u64 {
+    #[cfg(not(target_arch = "wasm32"))]
+    let drawn = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        h.write_u128(now.map_or(0, |d| d.as_nanos()));
+        h.finish()
+    };
+    #[cfg(target_arch = "wasm32")]
+    let drawn = (js_sys::Math::random() * MAX_FRESH_SEED as f64) as u64;
+    drawn & MAX_FRESH_SEED
+}
 
 /// The error for a row of logits holding NaN or +inf (a NaN or infinite weight, or an overflow
 /// in the forward pass): nothing can be chosen or scored from it. `position` is the index in

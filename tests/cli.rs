@@ -589,11 +589,23 @@ fn option_ranges_are_checked() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let note = format!("--threads 1000: this machine has {cores} cores; using {cores}");
     assert!(String::from_utf8_lossy(&o.stderr).contains(&note), "{o:?}");
-    fails_with(&gen(&["--temperature=-1"]), "temperature = -1 is out of range");
-    fails_with(&gen(&["--temperature", "NaN"]), "temperature = NaN");
-    fails_with(&gen(&["--top-p", "1.5"]), "top_p = 1.5");
-    fails_with(&gen(&["--min-p=-0.5"]), "min_p = -0.5");
-    fails_with(&gen(&["--repeat-penalty", "0"]), "repeat_penalty = 0");
+    // Each error names the option as it is typed, whichever way a negative number is written,
+    // and comes before any output (the prompt is not echoed first).
+    for (args, message) in [
+        (&["--temperature=-1"][..], "--temperature = -1 is out of range"),
+        (&["--temperature", "-1"], "--temperature = -1 is out of range"),
+        (&["--temperature", "NaN"], "--temperature = NaN"),
+        (&["--top-p", "1.5"], "--top-p = 1.5"),
+        (&["--min-p=-0.5"], "--min-p = -0.5"),
+        (&["--min-p", "-0.5"], "--min-p = -0.5"),
+        (&["--repeat-penalty", "0"], "--repeat-penalty = 0"),
+        (&["--top-k", "-3"], "'--top-k <TOP_K>'"),
+        (&["--max-tokens", "-1"], "'--max-tokens <MAX_TOKENS>'"),
+    ] {
+        let args = gen(&[&["--prompt", "In the"][..], args].concat());
+        fails_with(&args, message);
+        assert!(nexttoken(&args).stdout.is_empty(), "{args:?} printed before its error");
+    }
     // Temperatures that overflowed 1/T are greedy: the same ids as temperature 0.
     let greedy = stdout(&nexttoken(&gen(&["--temperature", "0", "--json"])));
     let tiny = stdout(&nexttoken(&gen(&["--temperature", "1e-40", "--json", "--seed", "3"])));
@@ -951,4 +963,58 @@ fn the_fast_path_holds_the_weights_once() {
     eprintln!("peak RSS / file: fast {fast:.2}, exact {exact:.2}");
     assert!(fast <= 1.2, "the fast path peaked at {fast:.2} times the file");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without `--seed` each run draws a fresh seed and prints it with the stats; that seed, or any
+/// fixed one, reproduces the text. Text mode says why generation stopped (here: the context
+/// filled before `--max-tokens`).
+#[test]
+fn seeds_are_fresh_unless_given_and_text_mode_says_why_it_stopped() {
+    let run = |extra: &[&str]| {
+        let args = [
+            &["generate", "--backend", "cpu", "--prompt", "And the", "--max-tokens", "24"][..],
+            extra,
+        ]
+        .concat();
+        let o = nexttoken(&args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let seed = err
+            .split("; seed ")
+            .nth(1)
+            .map(|s| s.split(|c: char| !c.is_ascii_digit()).next().unwrap().to_string());
+        (stdout(&o), seed, err)
+    };
+    let (a, seed_a, _) = run(&["--temperature", "1"]);
+    let (b, seed_b, _) = run(&["--temperature", "1"]);
+    let (seed_a, seed_b) = (seed_a.expect("no seed printed"), seed_b.expect("no seed printed"));
+    assert!(
+        seed_a != seed_b && a != b,
+        "two runs without --seed: {a:?} {b:?} (seeds {seed_a}, {seed_b})"
+    );
+    let (again, seed_again, _) = run(&["--temperature", "1", "--seed", &seed_a]);
+    assert_eq!((again, seed_again), (a, Some(seed_a)), "the printed seed reproduces the run");
+    let (c, _, _) = run(&["--seed", "7"]);
+    let (d, _, _) = run(&["--seed", "7"]);
+    assert_eq!(c, d, "--seed 7 twice (the default temperature)");
+    // Greedy draws nothing: no seed to print.
+    let (_, seed, _) = run(&["--temperature", "0"]);
+    assert_eq!(seed, None);
+    // The context (16 tokens) fills before --max-tokens 24: said in text mode, not only in --json.
+    let (_, _, err) = run(&["--temperature", "0", "--context", "16"]);
+    assert!(err.contains("stopped: the context is full"), "{err}");
+    let (_, _, err) = run(&["--temperature", "0"]);
+    assert!(err.contains("stopped: max_tokens were generated"), "{err}");
+}
+
+/// `bench` runs the embedded model when no `--model` is given.
+#[test]
+fn bench_defaults_to_the_embedded_model() {
+    let o = nexttoken(&["bench", "--contexts", "16", "--prefill", "16", "--steps", "2", "--json"]);
+    let report: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(report["model"], "embedded default (www/models/default.gguf)");
+    assert_eq!(report["results"][0]["backend"], "cpu", "{report}");
+    // The embedded model's size, as `info` reports it from the file.
+    let info = stdout(&nexttoken(&["info"]));
+    let params = report["parameters"].as_u64().unwrap();
+    assert!(params > 0 && info.contains(&params.to_string()), "{params} not in:\n{info}");
 }

@@ -71,7 +71,10 @@ async function initPicker() {
   if (params.get("backend")) $("backend").value = params.get("backend");
   if (params.get("prompt") !== null) $("prompt").value = params.get("prompt");
   onPickerChange(params.get("prompt") === null);
-  select.addEventListener("change", () => onPickerChange(true));
+  select.addEventListener("change", () => {
+    onPickerChange(true);
+    loadPicked();
+  });
   $("load").addEventListener("click", () => loadSelected());
   // Small models load by themselves; the big catalog downloads wait for the button.
   const spec = selectedSpec();
@@ -102,6 +105,27 @@ function onPickerChange(setPrompt) {
       ? "Any GGUF (llama, qwen2, gpt2) by URL or as a Hugging Face reference (hf:owner/repo/file.gguf or owner/repo:file.gguf; split files by their first part): its own tokenizer and chat template are used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS."
       : "");
   if (setPrompt && entry) $("prompt").value = entry.prompt ?? (entry.kind === "table" ? "the" : "Once upon a time");
+}
+
+/**
+ * After the reader picks a model: what is picked is what runs. A lesson table, the default model
+ * or a model already in the cache loads at once; a download waits for the Load button, and until
+ * then Generate and Score are off, with the status saying why (the loaded model's numbers must
+ * never be read as the picked one's).
+ */
+async function loadPicked() {
+  const spec = selectedSpec();
+  if (!spec || spec.error) return; // a custom URL not typed yet: the Load button reports it
+  if (pickedIsLoaded()) {
+    $("generate").disabled = $("score-btn").disabled = false;
+    $("status").textContent = `${spec.name || spec.url} is loaded.`;
+    return;
+  }
+  const local = spec.kind === "table" || spec.id === "default";
+  if (local || (await isCached(spec.url).catch(() => false))) return loadSelected();
+  $("generate").disabled = $("score-btn").disabled = true;
+  const loaded = loadedSpec ? ` (${loadedSpec.name || loadedSpec.url} is still loaded)` : "";
+  $("status").textContent = `Press Load to download ${spec.name || spec.url}: Generate and Score wait for it${loaded}.`;
 }
 
 async function loadSelected() {
@@ -155,6 +179,8 @@ async function loadModel(spec) {
       onWarning: (message) => showError(message, false, "warning"),
     });
     loadedSpec = spec;
+    // Beam search settings belong to the model they were tried on: a new model starts sampling.
+    $("beams").value = "1";
     const ms = performance.now() - t0;
     status.textContent = `Loaded ${spec.name || spec.url} in ${(ms / 1000).toFixed(2)} s.`;
     stats = {
@@ -195,7 +221,15 @@ async function loadModel(spec) {
   } catch (e) {
     status.textContent = "";
     showError(e.message, e.retryable);
-    setState(loadedSpec ? "error" : "error");
+    // The old model is gone with the failed load: nothing on the page may act on it.
+    loadedSpec = null;
+    tokens = [];
+    branches = [];
+    compared = [];
+    renderBranches();
+    $("inspect").replaceChildren(el("p", { className: "note", textContent: "No model is loaded." }));
+    $("beam-view").hidden = true;
+    setState("error");
   } finally {
     progress.hidden = true;
     $("load").disabled = false;
@@ -239,6 +273,8 @@ function hideError() {
 /** The decoding settings; a field outside its range is an error naming it (not silently used). */
 function options() {
   for (const input of document.querySelectorAll("#settings input[type=number]")) {
+    // An empty seed is a fresh draw each run (the stats show the seed drawn).
+    if (input.id === "seed" && input.value === "" && input.checkValidity()) continue;
     if (input.value === "" || !input.checkValidity()) {
       const name = input.closest("label")?.firstChild.textContent.trim() || input.id;
       $("settings").open = true;
@@ -255,7 +291,7 @@ function options() {
     repeatPenalty: num("repeat-penalty"),
     repeatWindow: num("repeat-window"),
     maxTokens: num("max-tokens"),
-    seed: num("seed"),
+    seed: $("seed").value === "" ? undefined : num("seed"),
     beams: num("beams"),
     lengthNormalise: $("length-normalise").checked,
     stop: $("stop")
@@ -360,8 +396,23 @@ function constraintStat(s) {
 }
 let constraintUsed = null;
 
+/**
+ * Bring the output into view when it starts low on the screen (on a laptop it is below the
+ * settings): it is what changes when Generate or Score is pressed.
+ */
+function showOutput() {
+  if ($("out-panel").getBoundingClientRect().top > window.innerHeight * 0.6)
+    $("out-panel").scrollIntoView({ block: "start", behavior: "smooth" });
+}
+
+/** Whether the model in the picker is the one loaded (Generate and Score run only then). */
+function pickedIsLoaded() {
+  const spec = selectedSpec();
+  return !!loadedSpec && !!spec && loadedSpec.url === spec.url && loadedSpec.tokenizer === spec.tokenizer;
+}
+
 async function runGenerate() {
-  if (!loadedSpec) return;
+  if (!pickedIsLoaded()) return;
   hideError();
   const prompt = $("prompt").value;
   const out = $("output-tokens");
@@ -373,6 +424,8 @@ async function runGenerate() {
   branches = [];
   compared = [];
   renderBranches();
+  $("inspect").replaceChildren(el("p", { className: "note", textContent: "Click a generated token." }));
+  showOutput();
   setState("generating");
   $("generate").disabled = true;
   $("stop-btn").disabled = false;
@@ -435,6 +488,8 @@ function summaryStats(s) {
     }
     stats.stopped = STOP_REASONS[s.stopReason] || s.stopReason;
     stats["structured output"] = constraintStat(s);
+    // The seed the sampler drew with: typed into the seed field, it reproduces the run.
+    stats.seed = s.seed !== undefined ? String(s.seed) : "";
   } else {
     stats.stopped = STOP_REASONS.Aborted;
   }
@@ -463,7 +518,10 @@ function inspect(i) {
   for (const s of document.querySelectorAll(".tok.selected")) s.classList.remove("selected");
   document.querySelector(`.tok[data-i="${i}"]`)?.classList.add("selected");
   const box = $("inspect");
+  // One numbering: "token N" counts the output from 1 (as the branch labels do); the position
+  // counts the whole sequence from 0, prompt included (what the model's KV cache indexes).
   const rows = [
+    ["output token", `${i + 1} of ${tokens.length}`],
     ["token", JSON.stringify(t.token)],
     ["id", String(t.id)],
     ["text", JSON.stringify(t.text)],
@@ -472,7 +530,7 @@ function inspect(i) {
     ["log P so far", t.logprobSum.toFixed(4)],
     ["P so far", Math.exp(t.logprobSum).toPrecision(4)],
     ["perplexity so far", t.perplexity.toFixed(3)],
-    ["position", String(t.position)],
+    ["position", `${t.position} in the sequence (the prompt is 0–${t.position - i - 1})`],
   ];
   const dl = el("dl", { className: "stats" });
   for (const [k, v] of rows) dl.append(el("dt", { textContent: k }), el("dd", { textContent: v }));
@@ -561,6 +619,8 @@ async function branchFrom(i, alt) {
     $("generate").disabled = false;
     $("stop-btn").disabled = true;
     renderBranches();
+    // The inspector follows the text: it shows the token the branch put in place of the old one.
+    if (shownBranch === branches.indexOf(branch)) inspect(i);
   }
 }
 
@@ -574,6 +634,8 @@ function showBranch(k) {
   for (const [j, span] of [...$("output-tokens").children].entries())
     if (j < b.at && b.parent !== null) span.classList.add("shared");
   renderBranches();
+  // The inspector described a token of the branch shown before.
+  $("inspect").replaceChildren(el("p", { className: "note", textContent: "Click a generated token." }));
 }
 
 function branchSummary(b) {
@@ -640,7 +702,9 @@ let compared = [];
 // candidate is more likely, with and without length normalisation.
 
 async function runScore() {
+  if (!pickedIsLoaded()) return;
   hideError();
+  showOutput();
   const prompt = $("prompt").value;
   const candidates = $("candidates")
     .value.split("\n")
@@ -722,7 +786,7 @@ function tokenSpanAt(t, i) {
 
 async function sendMessage() {
   const text = $("message").value.trim();
-  if (!text || !loadedSpec) return;
+  if (!text || !pickedIsLoaded()) return;
   conversation.push({ role: "user", content: text });
   $("message").value = "";
   await runReply();

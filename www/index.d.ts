@@ -87,6 +87,7 @@ export interface GenerateOptions {
   minP?: number;
   repeatPenalty?: number;
   repeatWindow?: number;
+  /** Fixes the draws: the same seed and options give the same text. Without one each run draws a fresh seed (the summary's `seed`). */
   seed?: number;
   stop?: string[];
   /** Alternatives per token (default 5, at most 20). */
@@ -116,12 +117,14 @@ export type Constraint =
   | { type: "regex"; pattern: string }
   | { type: "grammar"; lark: string };
 
-/** A step's most likely tokens with their raw logits, best first. */
+/** A step's most likely tokens with their raw logits, best first (under a constraint: of the tokens it allowed). */
 export interface Candidates {
   ids: number[];
   logits: number[];
   /** The first 20 candidates alone as text. */
   pieces: string[];
+  /** The log-sum-exp of the step's whole row of logits: a candidate's probability as the model gives it (a token's `prob`) is `Math.exp(logit - logsumexp)`. */
+  logsumexp: number;
 }
 
 /** A beam search's tree: every extension it considered, with the total log P of the hypothesis. */
@@ -175,6 +178,8 @@ export interface Summary {
   backend: "table" | "cpu" | "webgpu";
   /** Under a constraint: ms compiling it, then ms over its steps. */
   constraint?: { buildMs: number; stepsMs: number; steps: number };
+  /** The seed the sampler drew with (given, or drawn for this run): pass it as `seed` to reproduce the run. Absent for beam search. */
+  seed?: number;
   wallMs: number;
   promptIds: number[];
   messages?: ChatMessage[];
@@ -183,7 +188,8 @@ export interface Summary {
 }
 
 export interface Score {
-  tokens: { id: number; token: string; prob: number; logprob: number }[];
+  /** `piece`: the text the token adds to the scored text (the pieces, joined, are the text; "" for a byte that completes a character only with a later token). */
+  tokens: { id: number; token: string; piece: string; prob: number; logprob: number }[];
   logprob: number;
   probability: number;
   avgNll: number;

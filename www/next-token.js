@@ -86,6 +86,8 @@ h3 { font-size: .9rem; margin: .5rem 0 .2rem; }
 .sliders { display: grid; gap: .2rem; font-size: .85rem; }
 .sliders label { display: grid; grid-template-columns: 6.5rem minmax(0, 1fr) 3rem; gap: .4rem; align-items: center; color: var(--_muted); }
 .beam-tree, .beam-tree ul { list-style: none; padding-left: 1.1rem; margin: .1rem 0; font-family: ui-monospace, monospace; font-size: .85rem; }
+.beam-tree { max-height: 32rem; overflow: auto; overscroll-behavior: contain; }
+.beam-tree ul.unindented { padding-left: .35rem; border-left: 1px dotted var(--_muted); }
 .beam-tree { padding-left: 0; }
 .beam-tree li.pruned { color: var(--_muted); text-decoration: line-through; }
 .beam-tree li.best { font-weight: 600; color: var(--_accent); }

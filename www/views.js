@@ -105,9 +105,10 @@ export function samplerPanel(nt, t, current, history, keys = SAMPLER_SLIDERS.map
         "Grey: the model's probability. Blue: the probability the draw uses after these settings (0 = removed). Over this step's 64 most likely tokens.",
     }),
   );
-  // The model's own probabilities of the candidates: P = exp(logit - logsumexp), the
-  // logsumexp recovered from the most likely token's reported probability.
-  const lse = t.candidates.logits[0] - Math.log(t.top[0].prob);
+  // The model's own probabilities of the candidates: P = exp(logit - logsumexp) over the step's
+  // whole row, as the token's `prob` (under a constraint the candidates are the allowed tokens,
+  // and the draw renormalises over those: the blue bars).
+  const lse = t.candidates.logsumexp;
   let pending = 0;
   async function update() {
     const ticket = ++pending;
@@ -131,6 +132,7 @@ export function samplerPanel(nt, t, current, history, keys = SAMPLER_SLIDERS.map
         drawn,
       );
       li.dataset.id = id;
+      li.dataset.prob = p.toFixed(6);
       li.dataset.kept = q.toFixed(6);
       chart.append(li);
     });
@@ -148,7 +150,12 @@ export function beamTreeNodes({ nodes, best }, bestText) {
   const onBest = new Set();
   for (let at = best; at !== null && at !== undefined; at = nodes[at].parent) onBest.add(at);
   const lists = new Map([[null, el("ul", { className: "beam-tree" })]]);
+  // A search of many steps nests as deep as it ran: past INDENTED_LEVELS the levels stop moving
+  // right (each still starts a new list), and the tree scrolls inside its box (style.css).
+  const INDENTED_LEVELS = 8;
+  const depth = new Map([[null, 0]]);
   nodes.forEach((n, k) => {
+    depth.set(k, depth.get(n.parent ?? null) + 1);
     const label = `${JSON.stringify(n.piece)}  P = ${Math.exp(n.logprob).toFixed(2)}${n.finished ? " (ended)" : ""}`;
     const li = el("li", {
       className: [n.kept ? "kept" : "pruned", onBest.has(k) ? "best" : ""].join(" ").trim(),
@@ -157,7 +164,7 @@ export function beamTreeNodes({ nodes, best }, bestText) {
     li.title = n.kept
       ? `kept at step ${n.step + 1}: log P = ${n.logprob.toFixed(3)}`
       : `pruned at step ${n.step + 1}: not among the best beams`;
-    const children = el("ul");
+    const children = el("ul", { className: depth.get(k) >= INDENTED_LEVELS ? "unindented" : "" });
     li.append(children);
     lists.set(k, children);
     lists.get(n.parent ?? null).append(li);
@@ -197,7 +204,11 @@ export function scoredText(label, r) {
   const heat = el("p", { className: "output heat" });
   for (const t of r.tokens) {
     const bits = -t.logprob / Math.LN2;
-    const span = el("span", { className: "tok", textContent: t.token.replace(/^▁|^Ġ/, " ") });
+    // The token's text as it stands in the scored text; one that makes none (an end token, a
+    // byte completed by a later token) shows its spelling, set apart.
+    const span = t.piece
+      ? el("span", { className: "tok", textContent: t.piece })
+      : el("span", { className: "tok silent", textContent: `${heat.textContent ? " " : ""}${t.token}` });
     span.style.backgroundColor = surprisalColor(bits);
     span.title = `${JSON.stringify(t.token)}: P = ${t.prob.toPrecision(4)}, surprisal ${bits.toFixed(2)} bits`;
     heat.append(span);

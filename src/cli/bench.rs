@@ -26,8 +26,9 @@ use nexttoken::{Error, LanguageModel, Result, Vocab};
 /// The `bench` command's options (its command-line arguments).
 #[derive(clap::Args)]
 pub struct BenchOptions {
+    /// A GGUF file. Default: the embedded model (www/models/default.gguf).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu", "both"])]
     pub backend: String,
     /// CPU threads (0 = every core).
@@ -187,11 +188,29 @@ fn constrained<M: LanguageModel>(
     }))
 }
 
-/// The tokenizer for a constraint: `--tokenizer`, else the GGUF's own.
+/// The model `--model` names, or the embedded one.
+fn open_model(o: &BenchOptions) -> Result<Model> {
+    match &o.model {
+        Some(path) => Model::open(path),
+        None => super::load::embedded_model(),
+    }
+}
+
+/// What the report calls the model.
+fn model_name(o: &BenchOptions) -> String {
+    match &o.model {
+        Some(path) => path.display().to_string(),
+        None => "embedded default (www/models/default.gguf)".into(),
+    }
+}
+
+/// The tokenizer for a constraint: `--tokenizer`, else the GGUF's own (the embedded model's
+/// tokenizer.json for it).
 fn bench_tokenizer(o: &BenchOptions, model: &Model) -> Result<HfTokenizer> {
-    let tokenizer = match &o.tokenizer {
-        Some(path) => HfTokenizer::from_file(path)?,
-        None => HfTokenizer::from_gguf(&Gguf::parse(&model.storage)?)?,
+    let tokenizer = match (&o.tokenizer, &o.model) {
+        (Some(path), _) => HfTokenizer::from_file(path)?,
+        (None, None) => super::load::embedded_tokenizer()?,
+        (None, Some(_)) => HfTokenizer::from_gguf(&Gguf::parse(&model.storage)?)?,
     };
     tokenizer.check_fits(model.config.n_vocab)?;
     Ok(tokenizer)
@@ -262,7 +281,7 @@ pub fn peak_rss() -> Option<u64> {
 
 pub fn run(o: &BenchOptions) -> Result<()> {
     // Contexts and prompts beyond the model's own context are clamped to fit it.
-    let n_ctx = Model::open(&o.model)?.config.n_ctx;
+    let n_ctx = open_model(o)?.config.n_ctx;
     let fit = |n: usize| n.min(n_ctx.saturating_sub(o.steps + 1)).max(1);
     let o = &BenchOptions {
         model: o.model.clone(),
@@ -290,7 +309,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     let mut params = 0usize;
     for backend in backends {
         let t = Instant::now();
-        let model = Model::open(&o.model)?;
+        let model = open_model(o)?;
         model_bytes = model.tensors.iter().map(|t| t.size_bytes).sum();
         params = model.parameter_count();
         // With --constraint: the spec and the tokenizer its allowed sets are made for.
@@ -355,7 +374,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r
         };
         if per_token == 0 {
-            per_token = CpuModel::new(Model::open(&o.model)?).weight_bytes_per_token();
+            per_token = CpuModel::new(open_model(o)?).weight_bytes_per_token();
         }
         r["backend"] = json!(backend);
         let eff: serde_json::Map<String, Value> = r["decode_tok_s"]
@@ -375,7 +394,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     let host = nexttoken::cpu::kernels::HostCpu::detect();
     let out = json!({
         "cpu": {"vendor": host.vendor, "model": host.model, "features": host.features},
-        "model": o.model.display().to_string(),
+        "model": model_name(o),
         "parameters": params,
         "model_bytes": model_bytes,
         "weight_bytes_per_token": per_token,
@@ -391,7 +410,7 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     let mib = |b: f64| b / (1 << 20) as f64;
     let gbs = |b: f64| b / 1e9;
     println!("cpu            {host}");
-    println!("model          {}", o.model.display());
+    println!("model          {}", model_name(o));
     println!("parameters     {params}, tensors {:.1} MiB", mib(model_bytes as f64));
     println!("weights/token  {:.1} MiB read per decode step", mib(per_token as f64));
     println!("memcpy         {:.1} GB/s (256 MiB copy, read + write)", gbs(memcpy));

@@ -12,7 +12,7 @@ use nexttoken::constraint::ConstraintSpec;
 use nexttoken::generate::{
     self, prompt_ids, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason,
 };
-use nexttoken::sampling::SamplerConfig;
+use nexttoken::sampling::{fresh_seed, SamplerConfig, FRONT_END_TEMPERATURE};
 use nexttoken::{Error, LanguageModel, Result, Vocab};
 
 use super::load::{read_text, ModelArgs};
@@ -26,7 +26,7 @@ pub(crate) struct GenerateArgs {
     #[command(flatten)]
     pub(crate) sampling: SamplingArgs,
     /// Beam search with this many beams (1 = off); the best beam is printed.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub(crate) beams: usize,
     /// Divide a beam's log P by its length when ranking beams.
     #[arg(long)]
@@ -36,27 +36,30 @@ pub(crate) struct GenerateArgs {
 /// The sampling and stopping options `generate` and `chat` share.
 #[derive(Args)]
 pub(crate) struct SamplingArgs {
-    #[arg(long, default_value_t = GenerateOptions::default().max_tokens)]
+    #[arg(long, default_value_t = GenerateOptions::default().max_tokens, allow_negative_numbers = true)]
     pub(crate) max_tokens: usize,
-    /// 0 means greedy (always the most likely token).
-    #[arg(long, default_value_t = SamplerConfig::default().temperature)]
+    /// Divides the logits before the draw: below 1 sharpens, above 1 flattens; 0 is greedy
+    /// (always the most likely token). The default is the page's and the element's.
+    #[arg(long, default_value_t = FRONT_END_TEMPERATURE, allow_negative_numbers = true)]
     pub(crate) temperature: f32,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = SamplerConfig::default().top_k)]
+    #[arg(long, default_value_t = SamplerConfig::default().top_k, allow_negative_numbers = true)]
     pub(crate) top_k: usize,
     /// Keep the smallest set of tokens whose probabilities sum to P (1 = off).
-    #[arg(long, default_value_t = SamplerConfig::default().top_p)]
+    #[arg(long, default_value_t = SamplerConfig::default().top_p, allow_negative_numbers = true)]
     pub(crate) top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0 = off).
-    #[arg(long, default_value_t = SamplerConfig::default().min_p)]
+    #[arg(long, default_value_t = SamplerConfig::default().min_p, allow_negative_numbers = true)]
     pub(crate) min_p: f32,
     /// Penalise tokens seen in the last --repeat-window tokens (1 = off).
-    #[arg(long, default_value_t = SamplerConfig::default().repeat_penalty)]
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_penalty, allow_negative_numbers = true)]
     pub(crate) repeat_penalty: f32,
-    #[arg(long, default_value_t = SamplerConfig::default().repeat_window)]
+    #[arg(long, default_value_t = SamplerConfig::default().repeat_window, allow_negative_numbers = true)]
     pub(crate) repeat_window: usize,
-    #[arg(long, default_value_t = SamplerConfig::default().seed)]
-    pub(crate) seed: u64,
+    /// Fixes the draws: the same seed and options give the same text. Default: a fresh seed each
+    /// run (printed with the stats, so a run can be repeated).
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
     /// Stop when the text contains this string (repeatable; not with a constraint).
     #[arg(long = "stop")]
     pub(crate) stop: Vec<String>,
@@ -119,8 +122,10 @@ pub(crate) fn check_complete(stop: StopReason, max_tokens: usize) -> Result<()> 
 }
 
 impl SamplingArgs {
+    /// The options, checked (an error names the flag), so nothing is printed before an option
+    /// is refused.
     pub(crate) fn options(&self) -> Result<GenerateOptions> {
-        Ok(GenerateOptions {
+        let opts = GenerateOptions {
             max_tokens: self.max_tokens,
             sampler: SamplerConfig {
                 temperature: self.temperature,
@@ -129,13 +134,15 @@ impl SamplingArgs {
                 min_p: self.min_p,
                 repeat_penalty: self.repeat_penalty,
                 repeat_window: self.repeat_window,
-                seed: self.seed,
+                seed: self.seed.unwrap_or_else(fresh_seed),
                 ..SamplerConfig::default()
             },
             stop_strings: self.stop.clone(),
             constraint: self.constraint.spec()?,
             ..GenerateOptions::default()
-        })
+        };
+        opts.sampler.validate_as(|field| format!("--{}", field.replace('_', "-")))?;
+        Ok(opts)
     }
 }
 
@@ -229,11 +236,13 @@ fn generate_to<M: LanguageModel>(
     }
 
     let opts = args.sampling.options()?;
+    let seed = (!opts.sampler.is_greedy()).then_some(opts.sampler.seed);
+    // Made (options and constraint checked) before the prompt is echoed: an error comes alone.
+    let mut generation = Generation::new(model, vocab, &ids, opts)?;
     if !args.model.json {
         write!(out, "{}", args.prompt).map_err(write_err)?;
         out.flush().map_err(write_err)?;
     }
-    let mut generation = Generation::new(model, vocab, &ids, opts)?;
     while let Some(ev) = generation.step()? {
         if args.model.json {
             let mut line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
@@ -255,19 +264,24 @@ fn generate_to<M: LanguageModel>(
             "decode_tok_s": s.decode_tokens_per_second(),
             "ttft_ms": s.ttft_ms,
             "stop_reason": format!("{:?}", s.stop_reason),
+            "seed": seed,
             "text": s.text,
         });
         writeln!(out, "{summary}").map_err(write_err)?;
     } else {
         writeln!(out).map_err(write_err)?;
+        let seed = seed.map(|seed| format!("; seed {seed}")).unwrap_or_default();
         eprintln!(
-            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s{}",
+            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s{seed}{}",
             s.prompt_tokens,
             s.generated_tokens,
             s.prefill_tokens_per_second(),
             s.decode_tokens_per_second(),
             constrained_note(&generation, &s),
         );
+        if !generation.is_constrained() {
+            eprintln!("stopped: {}", s.stop_reason.describe());
+        }
     }
     check_complete(s.stop_reason, args.sampling.max_tokens)
 }

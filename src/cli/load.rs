@@ -31,7 +31,7 @@ pub(crate) struct ModelArgs {
     pub(crate) backend: String,
     /// Longest sequence (prompt + generated) to allocate the KV cache for; capped by the model's
     /// own context. Real models advertise contexts of 32k-128k tokens that a demo never needs.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub(crate) context: usize,
     /// Print JSON instead of text.
     #[arg(long)]
@@ -41,7 +41,7 @@ pub(crate) struct ModelArgs {
     #[arg(long)]
     pub(crate) exact: bool,
     /// CPU backend: threads (0 = every core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub(crate) threads: usize,
     /// CPU backend, fast path: the kernels' instruction set (scalar, avx2, avx512vnni, neon; default: the best
     /// this machine has). `--isa scalar` computes what the wasm build does, up to summation order.
@@ -114,7 +114,7 @@ fn load_tokenizer(args: &ModelArgs, header: &Gguf) -> Result<HfTokenizer> {
         return HfTokenizer::from_file(file);
     }
     let Some(path) = &args.model else {
-        return HfTokenizer::from_bytes(DEFAULT_TOKENIZER);
+        return embedded_tokenizer();
     };
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let candidates = [
@@ -144,7 +144,17 @@ const DEFAULT_TOKENIZER: &[u8] = include_bytes!("../../www/models/default-tokeni
 
 pub(crate) fn default_model() -> Result<Model> {
     eprintln!("model: embedded default (www/models/default.gguf, KJV Bible, 2M parameters)");
+    embedded_model()
+}
+
+/// The embedded model, without the note.
+pub(crate) fn embedded_model() -> Result<Model> {
     Model::from_storage(Storage::Static(DEFAULT_GGUF))
+}
+
+/// The embedded model's tokenizer.
+pub(crate) fn embedded_tokenizer() -> Result<HfTokenizer> {
+    HfTokenizer::from_bytes(DEFAULT_TOKENIZER)
 }
 
 /// The text of a JSON file the user named (a table model, a conversation): a regular file of at

@@ -582,6 +582,7 @@ pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay 
         let (text, _) = stream.take(vocab, &[], last);
         events.push(TokenEvent {
             candidates: Vec::new(),
+            candidates_logsumexp: f64::NAN,
             removed: Vec::new(),
             id: token.id,
             text,

@@ -98,6 +98,10 @@ pub struct TokenEvent {
     /// Under a constraint, the most likely of the tokens it allowed (what the sampler chose
     /// from).
     pub candidates: Vec<(u32, f32)>,
+    /// The log-sum-exp of the step's whole row of logits (the plain softmax's normaliser), when
+    /// there are `candidates`: a candidate's probability as the model gives it (the token's
+    /// `prob`, constrained or not) is `exp(logit - candidates_logsumexp)`. NaN otherwise.
+    pub candidates_logsumexp: f64,
     /// Under a constraint: the tokens it removed at this step from among the model's most likely
     /// (the first `max(alternatives, keep_candidates)` of the plain distribution), with their
     /// plain-softmax probabilities, most likely first. Empty without a constraint.
@@ -562,6 +566,7 @@ where
                 None => top_n(&self.logits, self.opts.keep_candidates),
             };
             event.candidates.retain(|&(_, logit)| logit.is_finite());
+            event.candidates_logsumexp = logsumexp(&self.logits);
         }
         Ok(event)
     }
@@ -634,6 +639,7 @@ where
         let keep = self.opts.keep_candidates.min(top.ids.len());
         let ranked = top.ids[..keep].iter().copied().zip(top.logits[..keep].iter().copied());
         event.candidates = ranked.filter(|&(_, logit)| logit.is_finite()).collect();
+        event.candidates_logsumexp = top.logsumexp;
         Ok(event)
     }
 
@@ -667,6 +673,7 @@ where
         let ranked =
             top.allowed.ids[..keep].iter().copied().zip(top.allowed.logits[..keep].iter().copied());
         event.candidates = ranked.filter(|&(_, logit)| logit.is_finite()).collect();
+        event.candidates_logsumexp = lse;
         Ok(event)
     }
 
@@ -748,6 +755,7 @@ where
 
         Ok(TokenEvent {
             candidates: Vec::new(),
+            candidates_logsumexp: f64::NAN,
             removed: Vec::new(),
             id: pick.id,
             text,
@@ -884,6 +892,11 @@ where
     /// Time to first token; `None` before it.
     pub fn ttft_ms(&self) -> Option<f64> {
         self.ttft_ms
+    }
+
+    /// The sampler's settings (the seed a run drew, for one).
+    pub fn sampler_config(&self) -> &SamplerConfig {
+        self.sampler.config()
     }
 
     /// The totals, once generation has stopped.

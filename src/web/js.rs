@@ -6,7 +6,9 @@ use wasm_bindgen::prelude::*;
 
 use crate::chat::Message;
 use crate::constraint::ConstraintSpec;
-use crate::generate::{BeamOptions, GenerateOptions, GenerationSummary, Score, TokenEvent};
+use crate::generate::{
+    BeamOptions, GenerateOptions, GenerationSummary, Score, TextStream, TokenEvent,
+};
 use crate::sampling::SamplerConfig;
 use crate::Vocab;
 
@@ -96,8 +98,12 @@ pub(super) struct GenOptions {
 }
 
 impl GenOptions {
+    /// The options given; without a `seed`, one drawn now (each run draws anew; the summary
+    /// reports it, so a run can be reproduced).
     pub fn parse(options: JsValue) -> Result<GenOptions, JsError> {
-        from_js(options, "generation options")
+        let mut opts: GenOptions = from_js(options, "generation options")?;
+        opts.seed.get_or_insert_with(|| crate::sampling::fresh_seed() as f64);
+        Ok(opts)
     }
 
     /// What was given over the library's defaults.
@@ -228,6 +234,9 @@ struct CandidatesOut {
     /// The first [`SHOWN_CANDIDATES`] candidates alone as text (what a view labels; decoding
     /// all of them would cost every decode step more than the view ever shows).
     pieces: Vec<String>,
+    /// The log-sum-exp of the step's whole row of logits: a candidate's probability as the
+    /// model gives it (the token events' `prob`) is `exp(logit - logsumexp)`, constrained or not.
+    logsumexp: f64,
 }
 
 /// `id` decoded alone; special tokens (which decode to nothing) as spelled.
@@ -284,6 +293,7 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
                 .take(SHOWN_CANDIDATES)
                 .map(|&(id, _)| piece(vocab, id))
                 .collect(),
+            logsumexp: ev.candidates_logsumexp,
         }),
     }
 }
@@ -349,6 +359,10 @@ pub(super) struct SummaryOut {
     /// steps; absent without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     constraint: Option<ConstraintTimeOut>,
+    /// The seed the sampler drew with (the one given, or the one drawn for this run: give it
+    /// back as `seed` to reproduce the run); absent for beam search, which draws nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -363,9 +377,12 @@ pub(super) fn summary_out(
     s: GenerationSummary,
     backend: &'static str,
     constraint: Option<ConstraintTimeOut>,
+    seed: Option<u64>,
 ) -> SummaryOut {
     SummaryOut {
         constraint,
+        // A JS number (a seed given past 2^53 is reported rounded, as JS held it).
+        seed: seed.map(|s| s as f64),
         prompt_tokens: s.prompt_tokens,
         reused_tokens: s.reused_tokens,
         generated_tokens: s.generated_tokens,
@@ -385,6 +402,10 @@ pub(super) fn summary_out(
 struct ScoredOut {
     id: u32,
     token: String,
+    /// The text this token adds to the scored text (as generation would stream it: a word's
+    /// space included; "" for a byte that only completes a character with a later token, or
+    /// a token that makes no text): the pieces, concatenated, are the text.
+    piece: String,
     prob: f64,
     logprob: f64,
 }
@@ -408,14 +429,15 @@ pub(super) fn score_out(
     score: &Score,
     backend: &'static str,
 ) -> ScoreOut {
+    let mut text = TextStream::new(vocab, &ids[..1]);
     let tokens = ids[1..]
         .iter()
         .zip(&score.token_logprobs)
-        .map(|(&id, &lp)| ScoredOut {
-            id,
-            token: vocab.token_text(id),
-            prob: lp.exp(),
-            logprob: lp,
+        .enumerate()
+        .map(|(i, (&id, &lp))| {
+            text.push(id);
+            let (piece, _) = text.take(vocab, &[], i + 2 == ids.len());
+            ScoredOut { id, token: vocab.token_text(id), piece, prob: lp.exp(), logprob: lp }
         })
         .collect();
     ScoreOut {

@@ -216,6 +216,14 @@ impl Stepper {
         crate::lm::block_on(self.next())
     }
 
+    /// The seed a sampling run draws with.
+    fn seed(&self) -> Option<u64> {
+        match self {
+            Stepper::Sample(g) => Some(g.sampler_config().seed),
+            Stepper::Beam(_) => None,
+        }
+    }
+
     /// A constrained sampling run's time on its constraint.
     fn constraint_time(&self) -> Option<js::ConstraintTimeOut> {
         match self {
@@ -364,6 +372,7 @@ impl Session {
                 summary,
                 backend_name(gen.model()),
                 gen.constraint_time(),
+                gen.seed(),
             )),
             None => Ok(JsValue::NULL),
         }

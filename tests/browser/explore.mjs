@@ -53,6 +53,18 @@ export async function exploreTests(t) {
       "the shared prefix",
     );
     assertEq(branch[at].id, alt, "the chosen token");
+    // The inspector follows the text: it now describes the token the branch put there, numbered
+    // as the branch label numbers it.
+    const inspected = await page.evaluate(() =>
+      Object.fromEntries(
+        [...document.querySelectorAll("#inspect dl.stats dt")].map((dt) => [
+          dt.textContent,
+          dt.nextSibling.textContent,
+        ]),
+      ),
+    );
+    assertEq(inspected.id, String(alt), "the inspector after the branch");
+    assert(inspected["output token"]?.startsWith(`${at + 1} of`), `inspector numbering: ${JSON.stringify(inspected)}`);
     // KV reuse: all of the branched prompt but its last position came from the cache.
     const stats = await statsOf(page);
     const reused = /reused (\d+) of (\d+)/.exec(stats["KV cache"]).slice(1).map(Number);
@@ -169,12 +181,15 @@ export async function scoreViewTests(t) {
       [...document.querySelectorAll("#score-out .scored")].map((d) => ({
         ...d.dataset,
         heat: d.querySelectorAll(".heat .tok").length,
+        words: d.querySelector(".heat").textContent,
       })),
     );
     assertEq(scored.length, 2, "candidates scored");
     assertEq(Number(scored[0].perplexity).toFixed(2), "1.28", "perplexity of the confident sentence");
     assertEq(Number(scored[1].perplexity).toFixed(2), "3.79", "perplexity of the confused sentence");
     assertEq(scored[0].heat, 5, "heat map tokens");
+    // The heat map reads as the text (the table's words with their spaces, not "thesuniswarm</s>").
+    assertEq(scored[0].words.trim(), "the sun is warm </s>", "the heat map's text");
     const verdict = await page.textContent("#score-out .verdict");
     assert(/Most likely: "the sun is warm <\/s>"/.test(verdict), `verdict: ${verdict}`);
     // A typed candidate continues the prompt as generation would have: a word after a word gets its space.

@@ -77,6 +77,162 @@ export async function pageTests(t) {
     }
   });
 
+  await test(`[${mode}] what is picked is what runs: the perplexity lesson picked after the default loads and scores 1.28 / 3.79; beams reset to 1; a download waits for Load with Generate and Score off`, async () => {
+    const page = await browser.newPage();
+    try {
+      await page.goto(`${base}/?nosw&model=default`);
+      await waitLoaded(page);
+      await page.fill("#beams", "3");
+      await page.selectOption("#model-select", "lesson-perplexity");
+      await page.waitForFunction(
+        () => document.body.dataset.state === "ready" && /^Lesson: log P/.test(window.nexttokenApp.stats.model ?? ""),
+        null,
+        { timeout: 60_000 },
+      );
+      assertEq(await page.inputValue("#beams"), "1", "beams after a model change");
+      assert(/^Loaded Lesson: log P/.test(await page.textContent("#status")), "the status names the lesson");
+      await page.fill("#prompt", "");
+      await page.locator("#candidates-box summary").click();
+      await page.fill("#candidates", "the sun is warm </s>\nthe moon ate seven </s>");
+      await page.click("#score-btn");
+      await page.locator("#score-out .verdict").waitFor({ state: "visible" });
+      const perplexities = await page.evaluate(() =>
+        [...document.querySelectorAll("#score-out .scored")].map((d) => Number(d.dataset.perplexity).toFixed(2)),
+      );
+      assertEq(JSON.stringify(perplexities), JSON.stringify(["1.28", "3.79"]), "the lesson's perplexities");
+      // A model that must be downloaded (none is, offline here): nothing runs on the old one meanwhile.
+      await page.selectOption("#model-select", "smollm2-135m");
+      await page.waitForFunction(() => document.getElementById("generate").disabled, null, { timeout: 10_000 });
+      assert(await page.locator("#score-btn").isDisabled(), "Score stays on for a model that is not loaded");
+      assert(/Press Load/.test(await page.textContent("#status")), `status: ${await page.textContent("#status")}`);
+      // Back to the loaded lesson: on again, without loading it again.
+      await page.selectOption("#model-select", "lesson-perplexity");
+      await page.waitForFunction(() => !document.getElementById("generate").disabled, null, { timeout: 10_000 });
+    } finally {
+      await page.close();
+    }
+  });
+
+  await test(`[${mode}] a long beam search on the default model stays in its box: the tree scrolls, the page neither grows by its length nor scrolls sideways`, async () => {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    try {
+      await page.goto(`${base}/?nosw&model=default`);
+      await waitLoaded(page);
+      await page.fill("#prompt", "And the");
+      await page.fill("#temperature", "0");
+      await page.fill("#beams", "2");
+      await page.fill("#max-tokens", "80");
+      await page.click("#generate");
+      await waitState(page, "ready", 120_000);
+      const err = await errorText(page);
+      assert(!err, `beam search failed: ${err}`);
+      await page.locator("#beam-view .beam-tree").waitFor({ state: "visible" });
+      const box = await page.evaluate(() => {
+        const tree = document.querySelector("#beam-view .beam-tree");
+        return {
+          rows: tree.querySelectorAll("li").length,
+          height: tree.getBoundingClientRect().height,
+          scrollHeight: tree.scrollHeight,
+          pageWidth: document.documentElement.scrollWidth,
+          rem: parseFloat(getComputedStyle(document.documentElement).fontSize),
+        };
+      });
+      assert(box.rows > 60 && box.scrollHeight > box.height, `a tree this long should scroll: ${JSON.stringify(box)}`);
+      assert(box.height <= 32 * box.rem + 1, `the tree is ${box.height} px tall: ${JSON.stringify(box)}`);
+      assert(box.pageWidth <= 1280, `the page scrolls sideways: ${JSON.stringify(box)}`);
+    } finally {
+      await page.close();
+    }
+  });
+
+  await test(`[${mode}] layout at 1280×900 and 390×844: the output is in view after Generate, no sideways scrolling, the token/stats column beside the panels at the top (below the output on a phone)`, async () => {
+    for (const [width, height] of [
+      [1280, 900],
+      [390, 844],
+    ]) {
+      const page = await browser.newPage({ viewport: { width, height } });
+      try {
+        await page.goto(`${base}/?nosw&model=default`);
+        await waitLoaded(page);
+        await page.fill("#temperature", "0");
+        await page.fill("#max-tokens", "24");
+        await page.click("#generate");
+        await waitState(page, "ready");
+        await page.waitForTimeout(600); // the smooth scroll to the output
+        await page.screenshot({ path: path.join(outDir, `layout-${width}x${height}.png`) });
+        const at = await page.evaluate(() => {
+          const box = (id) => document.getElementById(id).getBoundingClientRect();
+          const out = box("out-panel");
+          const seenOut = { top: out.top, bottom: out.bottom };
+          // The columns measured from the top of the page (the inspector is sticky when scrolled).
+          window.scrollTo(0, 0);
+          const [model, inspect, cache] = ["model-panel", "inspect-panel", "cache-panel"].map(box);
+          return {
+            out: seenOut,
+            pageWidth: document.documentElement.scrollWidth,
+            scrollY: window.scrollY,
+            model: { top: model.top + window.scrollY, right: model.right },
+            inspect: { top: inspect.top + window.scrollY, left: inspect.left },
+            outTop: box("out-panel").top + window.scrollY,
+            cacheTop: cache.top + window.scrollY,
+          };
+        });
+        const seen = Math.min(at.out.bottom, height) - Math.max(at.out.top, 0);
+        assert(seen > 80, `${width}×${height}: the output is out of view after Generate: ${JSON.stringify(at)}`);
+        assert(at.pageWidth <= width, `${width}×${height}: the page is ${at.pageWidth} px wide`);
+        if (width > 800) {
+          assert(
+            Math.abs(at.inspect.top - at.model.top) < 2,
+            `the token/stats column starts at the top: ${JSON.stringify(at)}`,
+          );
+          assert(
+            at.inspect.left > at.model.right,
+            `the token/stats column is beside the panels: ${JSON.stringify(at)}`,
+          );
+        } else {
+          assert(at.outTop < at.inspect.top && at.inspect.top < at.cacheTop, `phone order: ${JSON.stringify(at)}`);
+        }
+      } finally {
+        await page.close();
+      }
+    }
+  });
+
+  await test(`[${mode}] an empty seed draws anew each Generate (the stats show the seed drawn); a seed, or the seed shown, reproduces the text`, async () => {
+    const page = await browser.newPage();
+    try {
+      await page.goto(`${base}/?nosw&model=default`);
+      await waitLoaded(page);
+      assertEq(await page.inputValue("#seed"), "", "the seed field starts empty");
+      await page.fill("#temperature", "1");
+      await page.fill("#max-tokens", "24");
+      await page.fill("#prompt", "And the");
+      const run = async () => {
+        await page.click("#generate");
+        await waitState(page, "ready");
+        const err = await errorText(page);
+        assert(!err, `generation failed: ${err}`);
+        return { text: await page.textContent("#output-tokens"), seed: (await statsOf(page)).seed };
+      };
+      const a = await run();
+      const b = await run();
+      assert(/^\d+$/.test(a.seed ?? "") && /^\d+$/.test(b.seed ?? ""), `seeds in the stats: ${a.seed}, ${b.seed}`);
+      assert(
+        a.seed !== b.seed && a.text !== b.text,
+        `two runs without a seed gave the same: ${JSON.stringify([a, b])}`,
+      );
+      await page.fill("#seed", a.seed);
+      const again = await run();
+      assertEq(again.text, a.text, "the seed a run drew, typed in, gives its text again");
+      await page.fill("#seed", "7");
+      const [c, d] = [await run(), await run()];
+      assertEq(c.text, d.text, "seed 7 twice");
+      assertEq(c.seed, "7", "the stats' seed");
+    } finally {
+      await page.close();
+    }
+  });
+
   await test(`[${mode}] the sampling lesson draws anew each run (no fixed seed)`, async () => {
     const page = await browser.newPage();
     try {

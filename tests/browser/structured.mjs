@@ -75,6 +75,18 @@ export async function structuredTests(t) {
       (await page.locator("#inspect .alternatives li.removed").count()) > 0,
       "the inspector marked no removed alternative",
     );
+    // The sampler view of that step gives the chosen token the probability the inspector gives
+    // it (the model's, over the whole row), though the candidates are the allowed tokens only.
+    await page.locator(".sampler-view .sampler-bars li").first().waitFor({ state: "visible" });
+    const sampler = await page.evaluate((i) => {
+      const t = window.nexttokenApp.tokens[i];
+      const li = document.querySelector(`.sampler-view .sampler-bars li[data-id="${t.id}"]`);
+      return { inspector: t.prob, view: li ? Number(li.dataset.prob) : null };
+    }, got.removed);
+    assert(
+      sampler.view !== null && Math.abs(sampler.view - sampler.inspector) < 1e-4,
+      `sampler view P ${sampler.view} vs the inspector's ${sampler.inspector}`,
+    );
     if (mode === "cpu") {
       const schema = path.join(tmp, "character.schema.json");
       fs.writeFileSync(schema, JSON.stringify(CHARACTER));

@@ -17,7 +17,7 @@
 // at byte w_byte0 (packed tensors share a buffer). VEC holds the model's small vectors (norm
 // weights and biases, projection biases) at the offsets in Params. A workgroup of WG = 256
 // threads computes R = WG / team rows: a team of `team` threads per row (a power of two, 8 to
-// 128, Rust's choice: `ops::matvec_team`) splits the row's chunks of 32, and the team's sums are
+// 128, Rust's choice: `dispatch::matvec_team`) splits the row's chunks of 32, and the team's sums are
 // reduced in workgroup memory. Rows per workgroup trade the work each workgroup repeats
 // (staging and norming the activations) against the chain of loads each thread waits on; on a
 // real GPU both, not the weight bytes, are what these products cost. Loops over chunk elements

@@ -29,8 +29,8 @@ use nexttoken::gguf::Gguf;
 #[path = "gpu/host.rs"]
 mod host;
 use host::Elementwise;
+use nexttoken::gpu::dispatch::RopeMode;
 use nexttoken::gpu::kernels::Kernels;
-use nexttoken::gpu::ops::RopeMode;
 use nexttoken::gpu::{is_device_lost, GpuContext, GpuModel, GpuOptions, GpuStream, NO_ADAPTER};
 use nexttoken::lm::block_on;
 use nexttoken::model::{Arch, Model};
@@ -363,7 +363,7 @@ fn matmul_tiled_every_tile_type_and_layout() {
 
 fn matmul_tiled_cases(k: &Kernels, f16: bool, tol: f32) {
     use crate::host::TiledCase;
-    use nexttoken::gpu::ops::Tile;
+    use nexttoken::gpu::dispatch::Tile;
     let round = |v: f32| if f16 { half::f16::from_f32(v).to_f32() } else { v };
     let mut rng = Rng(12);
     let mut worst = 0f32;
@@ -653,7 +653,7 @@ fn attention_prefill_flash_every_shape() {
             }
             let shape = (n_head, n_head_kv, head_dim);
             let want = attention_oracle(&q, &kc, &vc, shape, pos0);
-            let shape = nexttoken::gpu::ops::AttentionShape { n_head, n_head_kv, head_dim };
+            let shape = nexttoken::gpu::dispatch::AttentionShape { n_head, n_head_kv, head_dim };
             let got = host::attention_with(&k, &q, [&kc, &vc], shape, pos0, true, f16_kv).unwrap();
             check_close(
                 &format!(
@@ -1267,7 +1267,7 @@ fn prefill_dispatches_per_layer() {
 /// same scalar types (so the words land where the shader reads them).
 #[test]
 fn kernel_parameter_structs_match_their_shaders() {
-    use nexttoken::gpu::ops::*;
+    use nexttoken::gpu::dispatch::*;
     let structs: &[(&str, &[(&str, &str)])] = &[
         (MatvecParams::SHADER, MatvecParams::FIELDS),
         (TiledParams::SHADER, TiledParams::FIELDS),

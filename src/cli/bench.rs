@@ -345,7 +345,8 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             }
             // The reference for the weights' read rate: a plain kernel reading a buffer.
             let kernels = nexttoken::gpu::kernels::Kernels::new(gm.context().clone());
-            r["read_bytes_s"] = json!(nexttoken::gpu::ops::read_bandwidth(&kernels, 256 << 20, 8)?);
+            r["read_bytes_s"] =
+                json!(nexttoken::gpu::dispatch::read_bandwidth(&kernels, 256 << 20, 8)?);
             r["note"] = json!("readback is the full logits row (the LanguageModel API); forward_greedy reads 4 bytes, forward_topk 8k+8");
             r
         } else {

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use super::kernels::{readback, Pass, Timestamps, Timing, MAX_TOP_K};
-use super::ops::{
+use super::dispatch::{
     self, AttentionShape, Columns, Epilogue, Fused, GpuTensor, Heads, KvBuffers, Lookup, Matvec,
     NormIn, NormOp, Out, QkvOut, RopeMode, RopeOut, Rows, TiledOpts, Tokens, TopkBuffers,
 };
+use super::kernels::{readback, Pass, Timestamps, Timing, MAX_TOP_K};
 
 use super::model::{GpuModel, GpuState, GpuStats, NormAt, Output, Runtime};
 use crate::model::{Ffn, Norm, NormWeights, RopeStyle};
@@ -36,7 +36,7 @@ impl GpuModel {
         let (cand, pick) = (rt.cand.clone().expect("made"), rt.pick.clone().expect("made"));
         let pick_all = rt.pick_all.clone().expect("made");
         let mask_buf = rt.mask.clone().expect("made");
-        ctx.queue.write_buffer(&step, 0, &ops::step_words(pos0, tokens));
+        ctx.queue.write_buffer(&step, 0, &dispatch::step_words(pos0, tokens));
         if let Some(words) = mask {
             let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             ctx.queue.write_buffer(&mask_buf, 0, &bytes);
@@ -96,22 +96,24 @@ impl GpuModel {
                     match output {
                         Output::Logits { .. } => pass.copy(&s.logits, 0, &rb, 0, row_bytes),
                         Output::TopK { k } => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, k, &picks, false);
+                            dispatch::topk(&mut pass, &s.logits, 0, vocab, k, &picks, false);
                             pass.copy(&pick, 0, &rb, 0, out_len as u64);
                         }
                         Output::TopKAllowed { k, shown } => {
-                            ops::topk_masked(&mut pass, &s.logits, 0, vocab, k, &picks);
+                            dispatch::topk_masked(&mut pass, &s.logits, 0, vocab, k, &picks);
                             let first = ((2 + 2 * k) * 4) as u64;
                             pass.copy(&pick, 0, &rb, 0, first);
-                            ops::topk(&mut pass, &s.logits, 0, vocab, shown, &picks_all, false);
+                            dispatch::topk(
+                                &mut pass, &s.logits, 0, vocab, shown, &picks_all, false,
+                            );
                             pass.copy(&pick_all, 0, &rb, first, out_len as u64 - first);
                         }
                         Output::Greedy => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, false);
+                            dispatch::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, false);
                             pass.copy(&pick, 8, &rb, 0, 4);
                         }
                         Output::Chain { steps } => {
-                            ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
+                            dispatch::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
                             pass.copy(&pick, 8, &rb, 0, 4);
                             // Each further step reads its token and position from the step buffer
                             // the previous pick wrote.
@@ -119,7 +121,7 @@ impl GpuModel {
                                 let next = Tokens { step: &step, start: 0, n: 1 };
                                 self.encode_layers(&mut pass, state, &fused, next, max_seen);
                                 self.encode_logits(&mut pass, &fused, 0, 1);
-                                ops::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
+                                dispatch::topk(&mut pass, &s.logits, 0, vocab, 1, &picks, true);
                                 pass.copy(&pick, 8, &rb, 4 * i as u64, 4);
                             }
                         }
@@ -154,15 +156,15 @@ impl GpuModel {
                 b
             };
             rt.table = Some(mk(rt, "rope table", (self.max_seq * half.max(1) * 8) as u64));
-            rt.step = Some(mk(rt, "step", ((ops::STEP_IDS + self.max_seq) * 4) as u64));
+            rt.step = Some(mk(rt, "step", ((dispatch::STEP_IDS + self.max_seq) * 4) as u64));
             rt.cand = Some(mk(
                 rt,
                 "top-k candidates",
-                (ops::topk_scratch_words(self.model.config.n_vocab) * 4) as u64,
+                (dispatch::topk_scratch_words(self.model.config.n_vocab) * 4) as u64,
             ));
             rt.pick = Some(mk(rt, "top-k", ((2 + 2 * MAX_TOP_K) * 4) as u64));
             rt.pick_all = Some(mk(rt, "top-k of all", ((2 + 2 * MAX_TOP_K) * 4) as u64));
-            let mask_words = ops::mask_words(self.model.config.n_vocab);
+            let mask_words = dispatch::mask_words(self.model.config.n_vocab);
             rt.mask = Some(mk(rt, "allowed tokens", (mask_words * 4) as u64));
         }
         if rows > rt.table_rows && half > 0 {
@@ -185,21 +187,21 @@ impl GpuModel {
         let s = &self.scratch;
         let out = Out { buf: &s.logits, stride: c.n_vocab, col0: 0 };
         let rows = Rows { buf: &s.x, row0, n };
-        if ops::fits_matvec(n) {
+        if dispatch::fits_matvec(n) {
             let m = Matvec {
                 norm: Some(self.norm_in(self.output_norm)),
                 bias: None,
                 epilogue: Epilogue::Store,
             };
-            ops::matvec(pass, &self.weights.output, rows, out, m, fused);
+            dispatch::matvec(pass, &self.weights.output, rows, out, m, fused);
         } else if c.norm == Norm::Rms {
             let rms_norm = Some((self.output_norm.weight, c.norm_eps));
             let opts = TiledOpts { rms_norm, ..TiledOpts::default() };
-            ops::matmul_tiled_with(pass, &self.weights.output, None, rows, out, fused, opts);
+            dispatch::matmul_tiled_with(pass, &self.weights.output, None, rows, out, fused, opts);
         } else {
             self.norm(pass, &self.weights.output_norm, row0 + n);
             let rows = Rows { buf: &s.h, row0, n };
-            ops::matmul(pass, &self.weights.output, None, rows, out, fused);
+            dispatch::matmul(pass, &self.weights.output, None, rows, out, fused);
         }
     }
 
@@ -215,7 +217,7 @@ impl GpuModel {
         // A LayerNorm without a bias adds zeros.
         let bias = Some(w.bias.as_ref().map_or(&s.zeros, |b| b.buffer()));
         let op = NormOp { kind: c.norm, eps: c.norm_eps, weight: w.weight.buffer(), bias };
-        ops::norm(pass, op, &s.x, c.n_embd, n, &s.h);
+        dispatch::norm(pass, op, &s.x, c.n_embd, n, &s.h);
     }
 
     /// Record the layers for `tokens`, leaving the final residual stream in `scratch.x`.
@@ -248,7 +250,7 @@ impl GpuModel {
             RopeStyle::HalfSplit => RopeMode::HalfSplit,
             RopeStyle::None => RopeMode::Copy,
         };
-        let few = ops::fits_matvec(len);
+        let few = dispatch::fits_matvec(len);
         let rows = |buf| Rows { buf, row0: 0, n: len };
         let out = |buf, stride, col0| Out { buf, stride, col0 };
         let bias = |b: Option<usize>, row0: usize| b.map(|o| o + row0);
@@ -267,19 +269,19 @@ impl GpuModel {
         let product = |pass: &mut Pass<'a>, t: &'a GpuTensor, b, x, rms_norm: Option<_>, y| {
             if rms_norm.is_some() {
                 let opts = TiledOpts { rms_norm, ..TiledOpts::default() };
-                ops::matmul_tiled_with(pass, t, b, rows(x), y, fused, opts);
+                dispatch::matmul_tiled_with(pass, t, b, rows(x), y, fused, opts);
             } else {
-                ops::matmul(pass, t, b, rows(x), y, fused);
+                dispatch::matmul(pass, t, b, rows(x), y, fused);
             }
         };
         // A product whose output is added to the residual stream (in the product's epilogue).
         let residual = |pass: &mut Pass<'a>, t: &'a GpuTensor, x, b: Option<usize>| {
-            ops::matmul_add(pass, t, bias(b, 0), rows(x), out(&s.x, e, 0), fused);
+            dispatch::matmul_add(pass, t, bias(b, 0), rows(x), out(&s.x, e, 0), fused);
         };
 
-        ops::embedding(pass, &w.token_embd, tokens, Lookup::Ids, &s.x);
+        dispatch::embedding(pass, &w.token_embd, tokens, Lookup::Ids, &s.x);
         if let Some(pe) = &w.pos_embd {
-            ops::embedding(pass, pe, tokens, Lookup::Positions, &s.x);
+            dispatch::embedding(pass, pe, tokens, Lookup::Positions, &s.x);
         }
         for ((l, lw), plan) in w.layers.iter().enumerate().zip(&self.plans) {
             let kv = KvBuffers { kv: &state.kv[l], v_base: state.v_base(), f16: h16 };
@@ -302,7 +304,7 @@ impl GpuModel {
                         bias: bias(plan.qkv_bias, *row0),
                         epilogue: Epilogue::Qkv(qkv),
                     };
-                    ops::matvec(pass, t, rows(&s.x), out(&s.q, q_dim, 0), m, fused);
+                    dispatch::matvec(pass, t, rows(&s.x), out(&s.q, q_dim, 0), m, fused);
                 }
             } else {
                 let (x, rms) = normed(pass, &lw.attn_norm, plan.attn_norm);
@@ -313,7 +315,7 @@ impl GpuModel {
                 let rope = |pass: &mut Pass<'a>, mode, col0, n_head, y| {
                     let x = Columns { buf: &s.qkv, stride: qkv_w, col0 };
                     let heads = Heads { n: n_head, dim: c.head_dim, rotated: c.rope_dims };
-                    ops::rope(pass, mode, x, fused.table, tokens, heads, y);
+                    dispatch::rope(pass, mode, x, fused.table, tokens, heads, y);
                 };
                 let q_out = RopeOut { buf: &s.q, row0: 0, at_pos: false, f16: false };
                 rope(pass, mode, 0, c.n_head, q_out);
@@ -322,7 +324,9 @@ impl GpuModel {
                 let v_out = RopeOut { buf: kv.kv, row0: state.v_rows, at_pos: true, f16: h16 };
                 rope(pass, RopeMode::Copy, q_dim + kv_dim, c.n_head_kv, v_out);
             }
-            ops::attention(pass, &s.q, kv, tokens, shape, self.chunk, max_seen, &s.chunks, &s.attn);
+            dispatch::attention(
+                pass, &s.q, kv, tokens, shape, self.chunk, max_seen, &s.chunks, &s.attn,
+            );
             residual(pass, &lw.attn_output.weight, &s.attn, plan.attn_output_bias);
 
             // Feed-forward block.
@@ -332,12 +336,12 @@ impl GpuModel {
                     if few && plan.gate_bias.is_none() && plan.up_bias.is_none() =>
                 {
                     let m = Matvec { norm, bias: None, epilogue: Epilogue::Gated { up_row: ff } };
-                    ops::matvec(pass, gate_up, rows(&s.x), out(&s.up, ff, 0), m, fused);
+                    dispatch::matvec(pass, gate_up, rows(&s.x), out(&s.up, ff, 0), m, fused);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
                 (Ffn::Gelu { up, down }, _) if few => {
                     let m = Matvec { norm, bias: bias(plan.up_bias, 0), epilogue: Epilogue::Gelu };
-                    ops::matvec(pass, &up.weight, rows(&s.x), out(&s.up, ff, 0), m, fused);
+                    dispatch::matvec(pass, &up.weight, rows(&s.x), out(&s.up, ff, 0), m, fused);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
                 (Ffn::GatedSilu { gate, up, down }, packed) => {
@@ -354,14 +358,14 @@ impl GpuModel {
                             product(pass, u, bias(plan.up_bias, 0), x, rms, o);
                         }
                     }
-                    ops::silu_mul(pass, &s.gate_up, &s.up, len, ff);
+                    dispatch::silu_mul(pass, &s.gate_up, &s.up, len, ff);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
                 (Ffn::Gelu { up, down }, _) => {
                     let (x, rms) = normed(pass, &lw.ffn_norm, plan.ffn_norm);
                     let o = out(&s.up, ff, 0);
                     product(pass, &up.weight, bias(plan.up_bias, 0), x, rms, o);
-                    ops::gelu(pass, &s.up, len * ff);
+                    dispatch::gelu(pass, &s.up, len * ff);
                     residual(pass, &down.weight, &s.up, plan.down_bias);
                 }
             }

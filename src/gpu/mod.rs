@@ -4,7 +4,8 @@
 //! - `kernels`: the shaders under `shaders/` (one kernel family per file; the weight decoders of
 //!   `dequant.wgsl` are prepended to the kernels that read weights), pipelines, and `Pass`, which
 //!   records a whole forward pass into one submission;
-//! - `ops`: how each kernel is dispatched (bindings, parameters, grid);
+//! - `dispatch`: how each kernel is dispatched (bindings, parameters, grid), one typed function
+//!   per kernel, over `kernels`' pipelines;
 //! - `model`: `GpuModel`, a `LanguageModel` whose state is a KV cache on the GPU (f32, or f16
 //!   where the device has `shader-f16`); besides full logits it picks on the GPU (argmax, top-k
 //!   with the log-sum-exp) so a decode step reads back a few bytes;
@@ -22,10 +23,10 @@
 
 pub mod check;
 pub mod context;
+pub mod dispatch;
 mod encode;
 pub mod kernels;
 pub mod model;
-pub mod ops;
 pub mod stream;
 
 pub use check::Checked;

@@ -10,10 +10,10 @@
 use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
+use super::dispatch::{self, GpuTensor};
 use super::kernels::{
     by_family, readback, BindCache, Binder, DispatchTime, FamilyTime, Kernels, Timing, MAX_TOP_K,
 };
-use super::ops::{self, GpuTensor};
 use crate::constraint::AllowedSet;
 use crate::error::{Error, Result};
 use crate::lm::AllowedTop;
@@ -347,7 +347,7 @@ impl GpuModel {
     /// Limit the sequence length (and so the KV cache each state allocates).
     pub fn with_max_seq(mut self, max_seq: usize) -> GpuModel {
         self.max_seq = max_seq.clamp(1, self.max_seq);
-        self.chunk = ops::attention_chunk(self.max_seq);
+        self.chunk = dispatch::attention_chunk(self.max_seq);
         // Buffers sized by max_seq are made on the first forward; drop any made before.
         self.rt = Mutex::new(Runtime::default());
         self

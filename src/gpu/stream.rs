@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::context::{gpu_err, GpuContext};
+use super::dispatch::{self, floats, AttentionShape, GpuTensor};
 use super::kernels::{Kernel, Kernels, Tile, MATVEC_TOKENS, MAX_HEAD_DIM};
 use super::model::{GpuModel, GpuOptions, LayerPlan, NormAt, Runtime, Scratch};
-use super::ops::{self, floats, AttentionShape, GpuTensor};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Header};
 use crate::model::{Ffn, Mlp, Model, Norm, NormWeights, Qkv, Tensor, Weights};
@@ -689,7 +689,7 @@ impl GpuModel {
             AttentionShape { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
         let widest = [c.n_embd, q_dim + 2 * kv_dim, 2 * c.n_ff]
             .into_iter()
-            .chain([ops::attention_scratch_floats(1, shape)])
+            .chain([dispatch::attention_scratch_floats(1, shape)])
             .max()
             .unwrap_or(1);
         let batch = ((limit / (widest as u64 * 4)) as usize).clamp(1, MAX_BATCH);
@@ -706,7 +706,7 @@ impl GpuModel {
             chunks: floats(
                 &ctx,
                 "attention chunks",
-                ops::attention_scratch_floats(batch.min(MATVEC_TOKENS as usize), shape),
+                dispatch::attention_scratch_floats(batch.min(MATVEC_TOKENS as usize), shape),
             ),
             attn: floats(&ctx, "attn", batch * q_dim),
             up: floats(&ctx, "up", batch * c.n_ff),
@@ -759,7 +759,7 @@ impl GpuModel {
         buffers.extend([&s.logits, &s.zeros, &s.no_kv, &vectors]);
         let load_bytes = buffers.iter().map(|b| b.size()).sum::<u64>();
         Ok(GpuModel {
-            chunk: ops::attention_chunk(max_seq),
+            chunk: dispatch::attention_chunk(max_seq),
             model,
             ctx,
             kernels,

@@ -1,16 +1,16 @@
 //! Run one kernel on host data: upload, dispatch, read back. For the per-kernel tests of
 //! tests/gpu.rs against the CPU reference; native only (it blocks). It uses only the library's
-//! public kernel API (`gpu::kernels`, `gpu::ops`), as any other program could.
+//! public kernel API (`gpu::kernels`, `gpu::dispatch`), as any other program could.
 
 #![allow(dead_code)]
 
 use nexttoken::gpu::context::GpuContext;
-pub use nexttoken::gpu::kernels::read;
-use nexttoken::gpu::kernels::{storage, upload, Kernels, Pass};
-use nexttoken::gpu::ops::{
+use nexttoken::gpu::dispatch::{
     self, floats, step_words, AttentionShape, Columns, Fused, GpuTensor, Heads, KvBuffers, Lookup,
     NormOp, Out, RopeMode, RopeOut, Rows, Tokens, TopkBuffers,
 };
+pub use nexttoken::gpu::kernels::read;
+use nexttoken::gpu::kernels::{storage, upload, Kernels, Pass};
 use nexttoken::model::{cos_sin_table, Norm};
 use nexttoken::quant::GgmlType;
 use nexttoken::Result;
@@ -66,7 +66,7 @@ pub fn matmul(
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
     let n_tok = x.len() / cols;
-    matmul_with(k, ty, w, rows, cols, x, bias, !ops::fits_matvec(n_tok))
+    matmul_with(k, ty, w, rows, cols, x, bias, !dispatch::fits_matvec(n_tok))
 }
 
 /// [`matmul`] with the kernel forced: `tiled` for the prefill (matrix-matrix) kernel.
@@ -92,9 +92,9 @@ pub fn matmul_with(
     let out = Out { buf: &y, stride: rows, col0: 0 };
     let bias = bias.map(|_| 0);
     if tiled {
-        ops::matmul_tiled(&mut pass, &wt, bias, x, out, &unfused.fused());
+        dispatch::matmul_tiled(&mut pass, &wt, bias, x, out, &unfused.fused());
     } else {
-        ops::matmul(&mut pass, &wt, bias, x, out, &unfused.fused());
+        dispatch::matmul(&mut pass, &wt, bias, x, out, &unfused.fused());
     }
     pass.submit();
     read(ctx, &y, n_tok * rows)
@@ -135,16 +135,16 @@ pub fn matvec_normed(k: &Kernels, c: &NormedCase) -> Result<Vec<f32>> {
             at
         });
         let kind = if bias.is_some() { Norm::Layer } else { Norm::Rms };
-        ops::NormIn { kind, eps: c.eps, weight, bias }
+        dispatch::NormIn { kind, eps: c.eps, weight, bias }
     });
     let unfused = Unfused::new(ctx, Some(&vectors));
     let (xb, y) = (upload_f32(ctx, c.x), upload_f32(ctx, c.y0));
     let mut pass = Pass::new(k);
     let x = Rows { buf: &xb, row0: c.x_row0, n: c.n_tok };
     let out = Out { buf: &y, stride: c.rows, col0: 0 };
-    let epilogue = if c.add { ops::Epilogue::Add } else { ops::Epilogue::Store };
-    let m = ops::Matvec { norm, bias: None, epilogue };
-    ops::matvec(&mut pass, &wt, x, out, m, &unfused.fused());
+    let epilogue = if c.add { dispatch::Epilogue::Add } else { dispatch::Epilogue::Store };
+    let m = dispatch::Matvec { norm, bias: None, epilogue };
+    dispatch::matvec(&mut pass, &wt, x, out, m, &unfused.fused());
     pass.submit();
     read(ctx, &y, c.y0.len())
 }
@@ -170,7 +170,7 @@ pub struct TiledCase<'a> {
     pub y0: &'a [f32],
     pub y_stride: usize,
     pub y_col0: usize,
-    pub tile: ops::Tile,
+    pub tile: dispatch::Tile,
     pub accumulate: bool,
     /// RMSNorm of the input rows with these weights (at float offset 0 of the vectors buffer).
     pub rms_norm: Option<(&'a [f32], f32)>,
@@ -187,7 +187,7 @@ pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
         rows: c.rows,
         cols: c.cols,
         row_bytes,
-        parts: vec![ops::Part {
+        parts: vec![dispatch::Part {
             row0: 0,
             rows: c.rows,
             buffer: whole.buffer().clone(),
@@ -206,12 +206,12 @@ pub fn matmul_tiled_case(k: &Kernels, c: &TiledCase) -> Result<Vec<f32>> {
     let out = Out { buf: &y, stride: c.y_stride, col0: c.y_col0 };
     let bias = c.bias.map(|_| c.bias_at);
     let fused = Fused { f16_tiles: c.f16, ..unfused.fused() };
-    let opts = ops::TiledOpts {
+    let opts = dispatch::TiledOpts {
         tile: Some(c.tile),
         accumulate: c.accumulate,
         rms_norm: c.rms_norm.map(|n| (0, n.1)),
     };
-    ops::matmul_tiled_with(&mut pass, &view, bias, x, out, &fused, opts);
+    dispatch::matmul_tiled_with(&mut pass, &view, bias, x, out, &fused, opts);
     pass.submit();
     read(ctx, &y, c.y0.len())
 }
@@ -234,7 +234,7 @@ pub fn matmul_split(
         .step_by(rows_per_part)
         .map(|r0| {
             let n = rows_per_part.min(rows - r0);
-            ops::Part {
+            dispatch::Part {
                 row0: r0,
                 rows: n,
                 buffer: upload(ctx, "w part", &w[r0 * rb..(r0 + n) * rb]),
@@ -249,12 +249,12 @@ pub fn matmul_split(
     let mut pass = Pass::new(k);
     let x = Rows { buf: &xb, row0: 0, n: n_tok };
     let out = Out { buf: &y, stride: rows, col0: 0 };
-    ops::matmul(&mut pass, &wt, None, x, out, &unfused.fused());
+    dispatch::matmul(&mut pass, &wt, None, x, out, &unfused.fused());
     let emb = floats(ctx, "emb", n_tok.min(rows) * cols);
     let ids: Vec<u32> = (0..n_tok.min(rows) as u32).rev().collect();
     let idb = upload(ctx, "step", &step_words(0, &ids));
     let tokens = Tokens { step: &idb, start: 0, n: n_tok.min(rows) };
-    ops::embedding(&mut pass, &wt, tokens, Lookup::Ids, &emb);
+    dispatch::embedding(&mut pass, &wt, tokens, Lookup::Ids, &emb);
     pass.submit();
     read(ctx, &y, n_tok * rows)
 }
@@ -274,7 +274,7 @@ pub fn embedding(
     let y = floats(ctx, "y", ids.len() * cols);
     let mut pass = Pass::new(k);
     let tokens = Tokens { step: &idb, start: 0, n: ids.len() };
-    ops::embedding(&mut pass, &wt, tokens, Lookup::Ids, &y);
+    dispatch::embedding(&mut pass, &wt, tokens, Lookup::Ids, &y);
     pass.submit();
     read(ctx, &y, ids.len() * cols)
 }
@@ -289,7 +289,7 @@ pub fn norm(k: &Kernels, x: &[f32], w: &[f32], bias: Option<&[f32]>, eps: f32) -
     let mut pass = Pass::new(k);
     let kind = if bias.is_some() { Norm::Layer } else { Norm::Rms };
     let op = NormOp { kind, eps, weight: &wb, bias: bb.as_ref() };
-    ops::norm(&mut pass, op, &xb, n, x.len() / n, &y);
+    dispatch::norm(&mut pass, op, &xb, n, x.len() / n, &y);
     pass.submit();
     read(ctx, &y, x.len())
 }
@@ -320,7 +320,7 @@ pub fn rope(
     let input = Columns { buf: &xb, stride: width, col0: 0 };
     let tokens = Tokens { step: &step, start: 0, n: n_tok };
     let heads = Heads { n: n_head, dim: head_dim, rotated: rope_dims };
-    ops::rope(&mut pass, mode, input, &tb, tokens, heads, out);
+    dispatch::rope(&mut pass, mode, input, &tb, tokens, heads, out);
     pass.submit();
     read(ctx, &y, x.len())
 }
@@ -369,15 +369,15 @@ pub fn attention_with(
     let mut pass = Pass::new(k);
     let kv = KvBuffers { kv: &kvb, v_base: k_cache.len(), f16 };
     let tokens = Tokens { step: &step, start: 0, n: n_tok };
-    let chunk_floats = if prefill { 1 } else { ops::attention_scratch_floats(n_tok, shape) };
+    let chunk_floats = if prefill { 1 } else { dispatch::attention_scratch_floats(n_tok, shape) };
     let chunks = floats(ctx, "chunks", chunk_floats);
     if prefill {
-        ops::attention_prefill(&mut pass, &qb, kv, tokens, shape, &y);
+        dispatch::attention_prefill(&mut pass, &qb, kv, tokens, shape, &y);
     } else {
         // About five chunks, so the merge of several is tested.
         let max_seen = pos0 + n_tok;
         let chunk = max_seen.div_ceil(5).max(1);
-        ops::attention_split(&mut pass, &qb, kv, tokens, shape, chunk, max_seen, &chunks, &y);
+        dispatch::attention_split(&mut pass, &qb, kv, tokens, shape, chunk, max_seen, &chunks, &y);
     }
     pass.submit();
     read(ctx, &y, q.len())
@@ -390,7 +390,7 @@ pub fn topk(k: &Kernels, x: &[f32], top: usize) -> Result<(Vec<(u32, f32)>, f32)
 }
 
 /// The `k` largest of `x` among the ids whose bit is set in `mask` (id i: bit i % 32 of word
-/// i / 32; `ops::mask_words(x.len())` words), by the masked top-k kernels.
+/// i / 32; `dispatch::mask_words(x.len())` words), by the masked top-k kernels.
 pub fn topk_masked(k: &Kernels, x: &[f32], top: usize, mask: &[u32]) -> Result<Vec<(u32, f32)>> {
     Ok(run_topk(k, x, top, Some(mask))?.0)
 }
@@ -403,17 +403,17 @@ fn run_topk(
 ) -> Result<(Vec<(u32, f32)>, f32)> {
     let ctx = &k.ctx;
     let xb = upload_f32(ctx, x);
-    let cand = storage(ctx, "cand", ops::topk_scratch_words(x.len()) as u64 * 4);
+    let cand = storage(ctx, "cand", dispatch::topk_scratch_words(x.len()) as u64 * 4);
     let out = storage(ctx, "out", (2 + 2 * top as u64) * 4);
     let step = upload(ctx, "step", &step_words(0, &[0]));
-    let zeros = vec![0u32; ops::mask_words(x.len())];
+    let zeros = vec![0u32; dispatch::mask_words(x.len())];
     let words: Vec<u8> = mask.unwrap_or(&zeros).iter().flat_map(|w| w.to_le_bytes()).collect();
     let mask_buf = upload(ctx, "mask", &words);
     let mut pass = Pass::new(k);
     let bufs = TopkBuffers { cand: &cand, out: &out, step: &step, mask: &mask_buf };
     match mask {
-        None => ops::topk(&mut pass, &xb, 0, x.len(), top, &bufs, false),
-        Some(_) => ops::topk_masked(&mut pass, &xb, 0, x.len(), top, &bufs),
+        None => dispatch::topk(&mut pass, &xb, 0, x.len(), top, &bufs, false),
+        Some(_) => dispatch::topk_masked(&mut pass, &xb, 0, x.len(), top, &bufs),
     }
     pass.submit();
     let w = read(ctx, &out, 2 + 2 * top)?;
@@ -445,9 +445,9 @@ pub fn elementwise(k: &Kernels, op: Elementwise, x: &[f32], y: &[f32]) -> Result
     let gub = upload_f32(ctx, &gate_up);
     let mut pass = Pass::new(k);
     match op {
-        Elementwise::Add => ops::add(&mut pass, &xb, &yb, y.len()),
-        Elementwise::SiluMul => ops::silu_mul(&mut pass, &gub, &yb, rows, width),
-        Elementwise::Gelu => ops::gelu(&mut pass, &yb, y.len()),
+        Elementwise::Add => dispatch::add(&mut pass, &xb, &yb, y.len()),
+        Elementwise::SiluMul => dispatch::silu_mul(&mut pass, &gub, &yb, rows, width),
+        Elementwise::Gelu => dispatch::gelu(&mut pass, &yb, y.len()),
     }
     pass.submit();
     read(ctx, &yb, y.len())

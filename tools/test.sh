@@ -39,7 +39,7 @@ RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
 if [ ! -x tests/browser/node_modules/.bin/biome ]; then
   (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 fi
-tests/browser/node_modules/.bin/biome ci www tests/browser
+tests/browser/node_modules/.bin/biome ci --error-on-warnings www tests/browser
 
 # No test touches the network: models are committed under tests/fixtures and www/models, or read
 # from ../shared (skipped loudly when absent, unless NEXTTOKEN_REQUIRE_SHARED=1 as in CI).

@@ -78,7 +78,7 @@ async function initPicker() {
   $("load").addEventListener("click", () => loadSelected());
   // Small models load by themselves; the big catalog downloads wait for the button.
   const spec = selectedSpec();
-  if (spec && !spec.error && (fromUrl || spec.kind === "table" || spec.id === "default")) loadSelected();
+  if (spec && !spec.error && (fromUrl || spec.kind === "table" || spec.shipped)) loadSelected();
 }
 
 function selectedSpec() {
@@ -121,7 +121,7 @@ async function loadPicked() {
     $("status").textContent = `${spec.name || spec.url} is loaded.`;
     return;
   }
-  const local = spec.kind === "table" || spec.id === "default";
+  const local = spec.kind === "table" || spec.shipped;
   if (local || (await isCached(spec.url).catch(() => false))) return loadSelected();
   $("generate").disabled = $("score-btn").disabled = true;
   const loaded = loadedSpec ? ` (${loadedSpec.name || loadedSpec.url} is still loaded)` : "";

@@ -355,6 +355,12 @@ export interface CatalogEntry extends ModelSpec {
   id: string;
   name: string;
   kind: "gguf" | "table";
+  /** Served with the site (no download): the page loads it as soon as it is picked. */
+  shipped?: boolean;
+  /** What the model is and is not, for the picker. */
+  note?: string;
+  /** A prompt to start from. */
+  prompt?: string;
 }
 export const CATALOG: CatalogEntry[];
 export function resolveModelUrl(ref: string): string;

@@ -23,12 +23,25 @@ import { hostPool } from "./pool.js";
 
 /** Models the page offers (`url`: a URL or a Hugging Face reference, see `resolveModelUrl`). */
 export const CATALOG = [
+  // Shipped with the site (`shipped`: no download, so a pick loads it at once): a chat model, the
+  // default model, and the lessons' tables.
+  {
+    id: "chat",
+    name: "Chat: the default model taught to take turns (2.1 MB)",
+    kind: "gguf",
+    url: "models/chat.gguf",
+    tokenizer: "models/default-tokenizer.json",
+    shipped: true,
+    prompt: "In the beginning God created the heaven and the earth.",
+    note: "a responsive reading of the King James Bible: say a verse and it answers with (its idea of) the next one. Not an assistant: 2M parameters, no instructions or facts (models/chat.md)",
+  },
   {
     id: "default",
     name: "Default: 2M-parameter llama trained on the King James Bible (2.1 MB)",
     kind: "gguf",
     url: "models/default.gguf",
     tokenizer: "models/default-tokenizer.json",
+    shipped: true,
     prompt: "In the beginning",
     note: "trained from scratch for this site (see models/README.md): fluent-looking KJV phrasing with little sense",
   },

@@ -107,6 +107,34 @@ function nativeGenerate({ bin, model, prompt, n, mode }) {
   return { tokens: lines.filter((l) => "id" in l), summary: lines.at(-1) };
 }
 
+/** Send each of `messages` in the page's chat mode; the page's conversation after each reply. */
+async function sendTurns(page, messages, { assert, waitState, errorText }) {
+  const turns = [];
+  for (const message of messages) {
+    await page.fill("#message", message);
+    await page.click("#send");
+    await waitState(page, "ready", 120_000);
+    const err = await errorText(page);
+    assert(!err, `reply failed: ${err}`);
+    turns.push(await pageTurn(page));
+  }
+  return turns;
+}
+
+/** The page's conversation after a reply: its turns, the stats, the reply's ids, what the model read. */
+function pageTurn(page) {
+  return page.evaluate(() => {
+    const app = window.nexttokenApp;
+    const last = app.conversation.at(-1);
+    return {
+      conversation: app.conversation.map((m) => ({ role: m.role, content: m.content })),
+      stats: { ...app.stats },
+      ids: app.tokens.slice(last.first, last.first + last.count).map((t) => t.id),
+      rendered: document.getElementById("rendered-text").textContent,
+    };
+  });
+}
+
 /** Checks an object against OpenAI's chat.completion shape; returns it. */
 function checkCompletion(r, assert) {
   assert(typeof r.id === "string" && r.id.startsWith("chatcmpl-"), `id: ${r.id}`);
@@ -152,7 +180,7 @@ function checkLogprobs(content, { n, top }, assert) {
 }
 
 export async function chatTests(t) {
-  const { test, assert, assertEq, page, base, mode, bin, fixtures, waitLoaded, waitState, errorText, statsOf, tmp } = t;
+  const { test, assert, assertEq, page, base, mode, bin, fixtures, waitLoaded, waitState, statsOf, tmp } = t;
   if (!fs.existsSync(path.join(fixtures, "chat", "chat.gguf"))) return;
   const model = path.join(fixtures, "chat", "chat.gguf");
   const url = "/test/chat/chat.gguf";
@@ -169,26 +197,7 @@ export async function chatTests(t) {
     await page.fill("#temperature", "0");
     await page.fill("#max-tokens", String(N));
     await page.fill("#system", "You are terse.");
-    const turns = [];
-    for (const message of ["Hello! Who are you?", "Tell me about the sea."]) {
-      await page.fill("#message", message);
-      await page.click("#send");
-      await waitState(page, "ready", 120_000);
-      const err = await errorText(page);
-      assert(!err, `reply failed: ${err}`);
-      turns.push(
-        await page.evaluate(() => {
-          const app = window.nexttokenApp;
-          const last = app.conversation.at(-1);
-          return {
-            conversation: app.conversation.map((m) => ({ role: m.role, content: m.content })),
-            stats: { ...app.stats },
-            ids: app.tokens.slice(last.first, last.first + last.count).map((t) => t.id),
-          };
-        }),
-      );
-    }
-    const [one, two] = turns;
+    const [one, two] = await sendTurns(page, ["Hello! Who are you?", "Tell me about the sea."], t);
     assertEq(two.conversation.length, 4, "turns in the conversation");
     const reused = /reused (\d+) of (\d+) prompt tokens/.exec(two.stats["KV cache"]);
     assert(reused, `no KV reuse in the stats: ${JSON.stringify(two.stats)}`);
@@ -574,6 +583,85 @@ export async function chatTests(t) {
       await page.evaluate(async () => {
         for (const key of await caches.keys()) await caches.delete(key);
       });
+    }
+  });
+}
+
+/**
+ * The chat model shipped with the site (www/models/chat.gguf), with nothing but the page's own
+ * origin reachable: chat mode, "what the model reads", turn 2 reusing turn 1's cache with the
+ * CLI's reply, the OpenAI-shaped API and a reply under a JSON schema.
+ */
+export async function shippedChatTests(t) {
+  const { test, assert, assertEq, browser, base, mode, bin, www, tmp, waitLoaded } = t;
+  const model = path.join(www, "models", "chat.gguf");
+  if (!fs.existsSync(model)) throw new Error("www/models/chat.gguf is missing");
+  await test(`[${mode}] the shipped chat model with no network: chat mode, what the model reads, turn 2 reuses turn 1's KV cache and equals the CLI; the OpenAI API, with and without a JSON schema`, async () => {
+    const context = await browser.newContext();
+    const page = await context.newPage();
+    const outside = [];
+    await context.route("**/*", (route) => {
+      const url = route.request().url();
+      if (url.startsWith(base) || url.startsWith("data:") || url.startsWith("blob:")) return route.continue();
+      outside.push(url);
+      return route.abort();
+    });
+    try {
+      await page.goto(`${base}/?nosw&model=chat`);
+      await waitLoaded(page);
+      assert(await page.isVisible("#chat-input"), "the chat model did not open in chat mode");
+      await page.fill("#temperature", "0");
+      await page.fill("#max-tokens", "24");
+      const verses = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light:"];
+      const [one, two] = await sendTurns(page, verses, t);
+      assert(one.conversation[1].content.trim().length > 0, "turn 1's reply is empty");
+      assert(
+        two.rendered.includes(`Reader: ${verses[0]}\nAnswer: `) && two.rendered.includes(`Reader: ${verses[1]}\n`),
+        `what the model reads: ${JSON.stringify(two.rendered)}`,
+      );
+      const [, kept] = /reused (\d+) of (\d+) prompt tokens/.exec(two.stats["KV cache"]).map(Number);
+      assert(kept >= Number(one.stats["prompt tokens"]), `turn 2 reused ${kept}: ${JSON.stringify(two.stats)}`);
+      const cli = nativeReply({ bin, model, messages: two.conversation.slice(0, 3), n: 24, mode, tmp });
+      assertEq(
+        JSON.stringify(two.ids.filter((id) => id !== 2)),
+        JSON.stringify(cli.ids.filter((id) => id !== 2)),
+        "turn 2 (page vs CLI)",
+      );
+
+      const api = await page.evaluate(async () => {
+        const { NextToken } = await import("/nexttoken.js");
+        const nt = new NextToken();
+        try {
+          await nt.load("chat");
+          const messages = [{ role: "user", content: "In the beginning God created the heaven and the earth." }];
+          const plain = await nt.chat.completions.create({ messages, max_tokens: 40, temperature: 0 });
+          const schema = {
+            type: "object",
+            properties: { verse: { type: "string", maxLength: 60 } },
+            required: ["verse"],
+            additionalProperties: false,
+          };
+          const shaped = await nt.chat.completions.create({
+            messages,
+            max_tokens: 60,
+            temperature: 0,
+            response_format: { type: "json_schema", json_schema: { name: "verse", schema } },
+          });
+          return { plain, shaped };
+        } finally {
+          nt.terminate();
+        }
+      });
+      const plain = api.plain.choices[0];
+      assert(
+        plain.message.content.trim().length > 0 && ["stop", "length"].includes(plain.finish_reason),
+        JSON.stringify(plain),
+      );
+      const shaped = JSON.parse(api.shaped.choices[0].message.content);
+      assert(typeof shaped.verse === "string" && Object.keys(shaped).length === 1, JSON.stringify(shaped));
+      assertEq(JSON.stringify(outside), "[]", "requests that left the page's origin");
+    } finally {
+      await context.close();
     }
   });
 }

@@ -196,8 +196,9 @@ export async function downloadTests(t) {
       },
       { CHUNK },
     );
+    const log = server.state.log;
     const faults = {};
-    for (const e of server.state.log) faults[e.fault] = (faults[e.fault] || 0) + 1;
+    for (const e of log) faults[e.fault] = (faults[e.fault] || 0) + 1;
     console.log(
       `      ${r.attempts.length} attempts, faults: ${JSON.stringify(faults)}, file versions ${server.state.version}`,
     );

@@ -192,6 +192,16 @@ export async function pageTests(t) {
         } else {
           assert(at.outTop < at.inspect.top && at.inspect.top < at.cacheTop, `phone order: ${JSON.stringify(at)}`);
         }
+        // The lesson page's code sample shows its whole lines (it wraps; nothing hides past the edge).
+        await page.goto(`${base}/embed.html`);
+        const code = await page.evaluate(() => {
+          const pre = document.querySelector("article pre");
+          return { scroll: pre.scrollWidth, client: pre.clientWidth, right: pre.getBoundingClientRect().right };
+        });
+        assert(
+          code.scroll <= code.client && code.right <= width,
+          `${width}: embed.html's code sample: ${JSON.stringify(code)}`,
+        );
       } finally {
         await page.close();
       }

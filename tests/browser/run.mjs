@@ -40,7 +40,7 @@ if (!fs.existsSync(path.join(here, "node_modules", "playwright-core"))) {
 const { chromium } = await import("playwright-core");
 const { serve } = await import("./serve.mjs");
 const { ggufWithout } = await import("./gguf.mjs");
-const { makeChatFixture, chatTests } = await import("./chat.mjs");
+const { makeChatFixture, chatTests, shippedChatTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
@@ -1299,6 +1299,22 @@ async function runConfig(mode) {
       errorText,
       statsOf,
     });
+
+    if (mode === "cpu")
+      await shippedChatTests({
+        test,
+        assert,
+        assertEq,
+        browser,
+        base,
+        mode,
+        bin: nativeBin(),
+        www,
+        tmp: fixtures,
+        waitLoaded,
+        waitState,
+        errorText,
+      });
 
     await structuredTests({
       test,

@@ -550,13 +550,16 @@ where
                 g.check_possible(pick, allowed)
             }
         })?;
+        // The log-sum-exp the pick's plain probability came from (no second pass over the row),
+        // for what the constraint removed and the candidates' probabilities.
+        let lse = || match self.logits.get(event.id as usize) {
+            Some(&logit) if event.logprob.is_finite() => logit as f64 - event.logprob as f64,
+            _ => logsumexp(&self.logits),
+        };
+        let lse =
+            (allowed.is_some() || self.opts.keep_candidates > 0).then(lse).unwrap_or(f64::NAN);
         if let Some(allowed) = &allowed {
             let shown = top_n(&self.logits, self.shown_needed());
-            // The log-sum-exp the pick's probability came from (no second pass over the row).
-            let lse = match self.logits.get(event.id as usize) {
-                Some(&logit) if event.logprob.is_finite() => logit as f64 - event.logprob as f64,
-                _ => logsumexp(&self.logits),
-            };
             event.removed = removed(&shown, allowed, |logit| (logit as f64 - lse).exp() as f32);
         }
         if self.opts.keep_candidates > 0 {
@@ -566,7 +569,7 @@ where
                 None => top_n(&self.logits, self.opts.keep_candidates),
             };
             event.candidates.retain(|&(_, logit)| logit.is_finite());
-            event.candidates_logsumexp = logsumexp(&self.logits);
+            event.candidates_logsumexp = lse;
         }
         Ok(event)
     }

@@ -363,7 +363,21 @@ impl Sampler {
     /// steps 1 to 7 of the module docs without the draw, for a view of what the settings do.
     /// Greedy keeps the argmax alone. Draws nothing, so the random stream is untouched.
     pub fn kept(&mut self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
+        self.kept_allowed(logits, None, history)
+    }
+
+    /// [`kept`](Sampler::kept) among the `allowed` tokens only, as
+    /// [`sample_allowed`](Sampler::sample_allowed) draws: the distribution a step samples from.
+    pub fn kept_allowed(
+        &mut self,
+        logits: &[f32],
+        allowed: Option<&AllowedSet>,
+        history: &[u32],
+    ) -> Vec<(u32, f32)> {
         let mut adjusted = logits.to_vec();
+        if let Some(allowed) = allowed {
+            allowed.mask_in_place(&mut adjusted);
+        }
         self.penalise_repeats(&mut adjusted, history);
         let max = max_finite(&adjusted);
         if self.cfg.is_greedy() || max.is_none() {
@@ -376,6 +390,39 @@ impl Sampler {
             self.candidates.iter().map(|&(id, p)| (id, (p as f64 / mass) as f32)).collect();
         kept.sort_unstable_by(most_probable_first);
         kept
+    }
+
+    /// One draw from `dist` (id, probability; as [`kept`](Sampler::kept) gives it) with this
+    /// sampler's random stream.
+    pub fn draw_from(&mut self, dist: &[(u32, f32)]) -> u32 {
+        self.candidates.clear();
+        self.candidates.extend_from_slice(dist);
+        self.draw_candidates()
+    }
+
+    /// Speculative decoding's rejection rule for a guess `draft` drawn from `q` (id,
+    /// probability): keep it with probability min(1, p/q), otherwise draw from max(0, p − q)
+    /// renormalised, where p is the distribution [`sample_allowed`](Sampler::sample_allowed)
+    /// would draw from here. The token that comes out is distributed as p (see
+    /// [`speculative`](crate::generate::speculative)).
+    pub fn judge_draft(
+        &mut self,
+        logits: &[f32],
+        allowed: Option<&AllowedSet>,
+        history: &[u32],
+        draft: u32,
+        q: &[(u32, f32)],
+    ) -> u32 {
+        use crate::generate::speculative::{accept_probability, residual};
+        let p = self.kept_allowed(logits, allowed, history);
+        let prob = |dist: &[(u32, f32)]| {
+            dist.iter().find(|&&(id, _)| id == draft).map_or(0.0, |&(_, w)| w as f64)
+        };
+        if (self.rng.next_f32() as f64) < accept_probability(prob(&p), prob(q)) {
+            return draft;
+        }
+        let rest = residual(&p, q);
+        self.draw_from(if rest.is_empty() { &p } else { &rest })
     }
 
     /// Steps 3 and 4: the candidates (id, probability) at this temperature; impossible tokens
@@ -401,7 +448,12 @@ impl Sampler {
     /// Steps 5 to 8 on the candidates (id, probability): top-k, min-p, top-p, then the draw.
     fn filter_and_draw(&mut self) -> u32 {
         self.filter();
-        // Renormalise implicitly: draw a point in [0, kept mass) and find whose slice holds it.
+        self.draw_candidates()
+    }
+
+    /// Step 8 on the candidates: renormalise implicitly, draw a point in [0, kept mass) and
+    /// find whose slice holds it.
+    fn draw_candidates(&mut self) -> u32 {
         let c = &self.candidates;
         let mass: f64 = c.iter().map(|&(_, p)| p as f64).sum();
         let r = self.rng.next_f32() as f64 * mass;

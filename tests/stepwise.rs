@@ -142,6 +142,7 @@ fn rates_count_per_second() {
         prefill_ms: 500.0,
         decode_ms: 2000.0,
         ttft_ms: 600.0,
+        speculation: None,
     };
     // Decode counts the tokens after the first.
     assert_eq!((s.prefill_tokens_per_second(), s.decode_tokens_per_second()), (20.0, 2.0));

@@ -584,6 +584,7 @@ pub fn replay(vocab: &dyn Vocab, prompt_ids: &[u32], beam: &Beam) -> BeamReplay 
             candidates: Vec::new(),
             candidates_logsumexp: f64::NAN,
             removed: Vec::new(),
+            speculated: None,
             id: token.id,
             text,
             prob: token.logprob.exp() as f32,
@@ -613,6 +614,7 @@ impl BeamReplay {
             prefill_ms: 0.0,
             decode_ms: search_ms,
             ttft_ms: search_ms,
+            speculation: None,
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::sampling::{bad_logits, logsumexp, top_n, Pick, Sampler, SamplerConfig
 
 pub mod beam;
 pub mod score;
+pub mod speculative;
 
 pub use crate::timing::{default_clock, per_second, Clock};
 pub use beam::{
@@ -27,6 +28,8 @@ pub use beam::{
     BeamSearch, BeamToken,
 };
 pub use score::{continuation_ids, score, score_async, Score, Scoring};
+use speculative::{Draft, DraftLength, Drafter};
+pub use speculative::{DraftSource, Outcome, Speculated, SpeculationStats, SpeculativeOptions};
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -60,6 +63,10 @@ pub struct GenerateOptions {
     /// a constrained generation continues from a prompt holding the tokens generated before the
     /// branch point). The constraint consumes them first; one it refuses is an error.
     pub constraint_prefix: usize,
+    /// Speculative decoding: guess tokens cheaply and verify several in one forward pass
+    /// ([`speculative`]); the output is what plain decoding gives (token for token with the same
+    /// seed, unless a draft model samples its guesses). `None`: one pass per token.
+    pub speculative: Option<SpeculativeOptions>,
 }
 
 impl Default for GenerateOptions {
@@ -74,6 +81,7 @@ impl Default for GenerateOptions {
             keep_candidates: 0,
             constraint: None,
             constraint_prefix: 0,
+            speculative: None,
         }
     }
 }
@@ -106,6 +114,9 @@ pub struct TokenEvent {
     /// (the first `max(alternatives, keep_candidates)` of the plain distribution), with their
     /// plain-softmax probabilities, most likely first. Empty without a constraint.
     pub removed: Vec<(u32, f32)>,
+    /// When a verification pass of speculative decoding made this token: which pass, which row,
+    /// its draft, and whether the guess at this row was kept ([`Speculated`]).
+    pub speculated: Option<Speculated>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,6 +179,8 @@ pub struct GenerationSummary {
     pub decode_ms: f64,
     /// From the first step's start until the first token was known.
     pub ttft_ms: f64,
+    /// What speculative decoding did, when it was on.
+    pub speculation: Option<SpeculationStats>,
 }
 
 impl GenerationSummary {
@@ -333,6 +346,26 @@ pub struct Generation<'m, M: LanguageModel, R = &'m M, V = &'m dyn Vocab> {
     constraint_build_ms: f64,
     constraint_ms: f64,
     constraint_steps: usize,
+    /// Speculative decoding's drafter, draft length and counts, and the pass being emitted.
+    speculation: Option<Speculation<M, R>>,
+}
+
+/// A generation's speculative decoding (see [`speculative`]).
+struct Speculation<M: LanguageModel, R> {
+    drafter: Drafter<M, R>,
+    length: DraftLength,
+    stats: SpeculationStats,
+    /// The verification pass whose rows are being sampled, if one is.
+    pass: Option<VerifiedPass>,
+}
+
+/// A verification pass's guesses and rows of logits, and the next row to sample.
+struct VerifiedPass {
+    draft: Draft,
+    /// `draft.ids.len() + 1` rows of the vocabulary's logits.
+    rows: Vec<f32>,
+    row: usize,
+    number: usize,
 }
 
 impl<'m, M: LanguageModel> Generation<'m, M> {
@@ -424,7 +457,20 @@ where
         let constraint =
             start_constraint(m, Borrow::<dyn Vocab + 'm>::borrow(&vocab), prompt_ids, &opts)?;
         let stream = TextStream::new(Borrow::<dyn Vocab + 'm>::borrow(&vocab), prompt_ids);
+        let speculation = match &opts.speculative {
+            None => None,
+            Some(spec) => {
+                spec.validate()?;
+                Some(Speculation {
+                    drafter: Drafter::new(&spec.source),
+                    length: DraftLength::new(spec.max_draft),
+                    stats: SpeculationStats { source: spec.source.name(), ..Default::default() },
+                    pass: None,
+                })
+            }
+        };
         Ok(Generation {
+            speculation,
             reused,
             model,
             vocab,
@@ -476,10 +522,22 @@ where
         let Some(tokens) = self.step_input() else {
             return Ok(None);
         };
-        let model = Borrow::<M>::borrow(&self.model);
         if tokens.is_empty() {
             return self.step_output(Vec::new()).map(Some);
         }
+        if self.prefilled {
+            if let Some(draft) = self.draft_async().await? {
+                let mut input = tokens;
+                input.extend_from_slice(&draft.ids);
+                let model = Borrow::<M>::borrow(&self.model);
+                let rows = model.forward_async(&mut self.state, &input, true).await?;
+                return self.step_verified(draft, rows).map(Some);
+            }
+            if let Some(spec) = self.speculation.as_mut() {
+                spec.stats.decode_passes += 1;
+            }
+        }
+        let model = Borrow::<M>::borrow(&self.model);
         if let Some(k) = model.top_on_device().and_then(|limit| self.top_needed(limit)) {
             if let Some(c) = self.constraint.as_mut() {
                 let allowed = c.allowed()?;
@@ -494,6 +552,113 @@ where
         }
         let logits = model.forward_async(&mut self.state, &tokens, false).await?;
         self.step_output(logits).map(Some)
+    }
+
+    /// Speculative decoding's guesses for this step, when it is on and guesses (none while
+    /// forced tokens remain, nor where the pass could not emit more than one token).
+    async fn draft_async(&mut self) -> Result<Option<Draft>> {
+        if self.next_forced().is_some() {
+            return Ok(None);
+        }
+        let Some(spec) = self.speculation.as_mut() else { return Ok(None) };
+        let model = Borrow::<M>::borrow(&self.model);
+        let generated = self.tokens.len() - self.prompt_len;
+        // A pass of k guesses emits up to k + 1 tokens and leaves the state holding
+        // tokens.len() + k.
+        let room = (self.opts.max_tokens.saturating_sub(generated + 1))
+            .min(model.context_length().saturating_sub(self.tokens.len()));
+        let k = spec.length.for_this_step().min(room);
+        if k == 0 {
+            return Ok(None);
+        }
+        let start = (self.clock)();
+        let draft = spec.drafter.draft(&self.tokens, generated, k, model.vocab_size()).await?;
+        spec.stats.draft_ms += (self.clock)() - start;
+        Ok((!draft.ids.is_empty()).then_some(draft))
+    }
+
+    /// Begin emitting a verification pass: `rows` holds a row of logits for the last token and
+    /// one for each guess of `draft`. Samples the first row.
+    fn step_verified(&mut self, draft: Draft, rows: Vec<f32>) -> Result<TokenEvent> {
+        let n = self.model().vocab_size();
+        let spec = self.speculation.as_mut().expect("only a speculation drafts");
+        spec.stats.passes += 1;
+        spec.stats.decode_passes += 1;
+        spec.stats.drafted += draft.ids.len();
+        self.logits.clear();
+        self.logits.extend_from_slice(&rows[..n]);
+        spec.pass = Some(VerifiedPass { draft, rows, row: 0, number: spec.stats.passes - 1 });
+        self.step_output(Vec::new())
+    }
+
+    /// The guess at the current row of a verification pass and the distribution it was drawn
+    /// from, when it was drawn from one (a draft model sampling): judged by the rejection rule.
+    fn drawn_guess(&self) -> Option<(u32, Vec<(u32, f32)>)> {
+        let pass = self.speculation.as_ref()?.pass.as_ref()?;
+        let q = pass.draft.q.get(pass.row)?;
+        Some((pass.draft.ids[pass.row], q.clone()))
+    }
+
+    /// After a row of a verification pass gave `event`'s token: mark the event, and either go
+    /// on to the next row (the guess was kept: the state holds it already) or end the pass.
+    fn after_row(&mut self, event: &mut TokenEvent) -> Result<()> {
+        let n = self.model().vocab_size();
+        let Some(spec) = self.speculation.as_mut() else { return Ok(()) };
+        let Some(pass) = spec.pass.as_mut() else { return Ok(()) };
+        let row = pass.row;
+        pass.row += 1;
+        let outcome = match pass.draft.ids.get(row) {
+            None => Outcome::Bonus,
+            Some(&guess) if guess == event.id => Outcome::Accepted,
+            Some(_) => Outcome::Rejected,
+        };
+        event.speculated =
+            Some(Speculated { pass: pass.number, row, drafted: pass.draft.ids.clone(), outcome });
+        if outcome == Outcome::Accepted {
+            spec.stats.accepted += 1;
+            if self.stop.is_none() {
+                self.pending = None;
+                self.logits.clear();
+                self.logits.extend_from_slice(&pass.rows[(row + 1) * n..(row + 2) * n]);
+                return Ok(());
+            }
+        }
+        let kept = row + (outcome == Outcome::Accepted) as usize;
+        spec.length.record(pass.draft.ids.len(), kept);
+        self.close_pass()
+    }
+
+    /// End the verification pass in progress, if any: the state is cut back to what plain
+    /// decoding holds here (every token but the last, which is fed at the next step).
+    fn close_pass(&mut self) -> Result<()> {
+        let Some(spec) = self.speculation.as_mut() else { return Ok(()) };
+        if spec.pass.take().is_none() {
+            return Ok(());
+        }
+        let keep = self.tokens.len() - 1;
+        let model = Borrow::<M>::borrow(&self.model);
+        if model.position(&self.state) > keep {
+            model.truncate(&mut self.state, keep)?;
+        }
+        Ok(())
+    }
+
+    /// Draft with `draft`, a second model with this one's vocabulary, when
+    /// [`GenerateOptions::speculative`] asks for [`DraftSource::DraftModel`].
+    pub fn with_draft_model(mut self, draft: R) -> Result<Self> {
+        let model = Borrow::<M>::borrow(&self.model);
+        let Some(spec) = self.speculation.as_mut() else {
+            return Err(Error::Input(
+                "a draft model was given but speculative decoding is off".into(),
+            ));
+        };
+        spec.drafter.set_model(model, draft, self.sampler.config())?;
+        Ok(self)
+    }
+
+    /// What speculative decoding has done so far, when it is on.
+    pub fn speculation_stats(&self) -> Option<&SpeculationStats> {
+        self.speculation.as_ref().map(|s| &s.stats)
     }
 
     /// [`step_async`](Generation::step_async), run to its end on this thread.
@@ -542,14 +707,32 @@ where
             self.logits = logits;
         }
         let allowed = self.allowed()?;
-        let mut event = self.finish_step(|g| match (g.next_forced(), &allowed) {
-            (Some(id), _) => Ok(g.sampler.describe(&g.logits, id)),
-            (None, None) => Ok(g.sampler.sample(&g.logits, &g.tokens)),
-            (None, Some(allowed)) => {
+        let guess = self.drawn_guess();
+        let event = self.finish_step(|g| match (g.next_forced(), &allowed, guess) {
+            (Some(id), _, _) => Ok(g.sampler.describe(&g.logits, id)),
+            (None, allowed, Some((guess, q))) => {
+                let (logits, history) = (&g.logits, &g.tokens);
+                let id = g.sampler.judge_draft(logits, allowed.as_deref(), history, guess, &q);
+                let pick = g.sampler.describe(&g.logits, id);
+                match allowed {
+                    Some(allowed) => g.check_possible(pick, allowed),
+                    None => Ok(pick),
+                }
+            }
+            (None, None, None) => Ok(g.sampler.sample(&g.logits, &g.tokens)),
+            (None, Some(allowed), None) => {
                 let pick = g.sampler.sample_allowed(&g.logits, allowed, &g.tokens);
                 g.check_possible(pick, allowed)
             }
-        })?;
+        });
+        let mut event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                let _ = self.close_pass();
+                return Err(e);
+            }
+        };
+        self.after_row(&mut event)?;
         // The log-sum-exp the pick's plain probability came from (no second pass over the row),
         // for what the constraint removed and the candidates' probabilities.
         let lse = || match self.logits.get(event.id as usize) {
@@ -760,6 +943,7 @@ where
             candidates: Vec::new(),
             candidates_logsumexp: f64::NAN,
             removed: Vec::new(),
+            speculated: None,
             id: pick.id,
             text,
             prob: pick.prob,
@@ -841,6 +1025,8 @@ where
     pub fn abort(&mut self) {
         self.stop.get_or_insert(StopReason::Aborted);
         self.pending = None;
+        // Cutting a state back to fewer tokens than it holds cannot fail.
+        let _ = self.close_pass();
     }
 
     pub fn stop_reason(&self) -> Option<StopReason> {
@@ -875,7 +1061,9 @@ where
     }
 
     /// The model state (KV cache), e.g. to continue a conversation after this reply.
-    pub fn into_state(self) -> M::State {
+    pub fn into_state(mut self) -> M::State {
+        // Cutting a state back to fewer tokens than it holds cannot fail.
+        let _ = self.close_pass();
         self.state
     }
 
@@ -913,6 +1101,7 @@ where
             prefill_ms: self.prefill_ms,
             decode_ms: self.decode_ms,
             ttft_ms: self.ttft_ms.unwrap_or(0.0),
+            speculation: self.speculation_stats().cloned(),
         })
     }
 }

@@ -169,6 +169,7 @@ impl Stepper {
                     prefill_ms: 0.0,
                     decode_ms: 0.0,
                     ttft_ms: 0.0,
+                    speculation: None,
                 });
                 summary.stop_reason = generate::StopReason::Aborted;
             }

@@ -1,0 +1,440 @@
+//! Speculative decoding: fewer sequential forward passes, the same output.
+//!
+//! A decode step reads every weight to make one token. A pass over k + 1 tokens reads them once
+//! too, so verifying k guessed tokens costs about one decode step: when a cheap drafter guesses
+//! right, the model moves several tokens per pass. [`Generation`](super::Generation) does it
+//! when [`GenerateOptions::speculative`](super::GenerateOptions::speculative) asks:
+//!
+//! 1. the drafter guesses up to k tokens after the last one ([`DraftSource`]: prompt lookup, a
+//!    draft model, or a replay of known acceptance for benchmarks);
+//! 2. one forward pass runs the last token and the guesses, with a row of logits each: row i
+//!    predicts the token after the first i guesses;
+//! 3. the rows are sampled in order by the generation's own sampler (filters, repetition
+//!    penalty, constraint, random stream: nothing differs from a plain step), and a guess is
+//!    kept while the token sampled at its row is the guess itself; the first row that disagrees
+//!    gives its own token instead, and when every guess is kept the row after the last is a
+//!    token for free (the bonus);
+//! 4. the KV cache is cut back past the first rejected guess (`LanguageModel::truncate`), so it
+//!    holds exactly what plain decoding would have put there.
+//!
+//! Why the output is the model's: for a guess made without a distribution (prompt lookup, a
+//! greedy draft model, a replay: a point mass q at d), the standard rejection rule (accept d
+//! with min(1, p(d)/q(d)) = p(d), otherwise draw from max(0, p − q) renormalised, which is p
+//! without d) gives each token with probability p, and so does "sample from p, keep d if the
+//! sample is d" — which is what step 3 does, so with the same seed the tokens are the plain
+//! run's, one for one. A draft model sampling at temperature > 0 guesses from a distribution q;
+//! those guesses are judged by the rule itself ([`accept_probability`], [`residual`]), whose
+//! output is distributed as p too (Leviathan et al. 2023, Chen et al. 2023), with more guesses
+//! kept than comparing samples would.
+
+use std::borrow::Borrow;
+
+use crate::error::{Error, Result};
+use crate::lm::LanguageModel;
+use crate::sampling::{argmax, Sampler, SamplerConfig};
+
+/// Speculative decoding's settings (see the [module docs](self)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpeculativeOptions {
+    pub source: DraftSource,
+    /// The most tokens one pass verifies (k). The generation adapts k to how many guesses are
+    /// kept ([`DraftLength`]): it drafts fewer after a rejection and none for a while after a
+    /// pass that kept nothing, so a drafter that is always wrong costs almost nothing.
+    pub max_draft: usize,
+}
+
+impl SpeculativeOptions {
+    /// Prompt lookup with the default n-gram sizes and k.
+    pub fn lookup() -> SpeculativeOptions {
+        SpeculativeOptions { source: DraftSource::lookup(), max_draft: DEFAULT_MAX_DRAFT }
+    }
+
+    /// A draft model's guesses (the model is given with
+    /// [`Generation::with_draft_model`](super::Generation::with_draft_model)).
+    pub fn draft_model() -> SpeculativeOptions {
+        SpeculativeOptions { source: DraftSource::DraftModel, max_draft: DEFAULT_MAX_DRAFT }
+    }
+
+    /// An [`Error::Input`] for options out of range: k must be 1 to [`MAX_DRAFT`], the n-gram
+    /// sizes 1 to [`MAX_NGRAM`] with the smaller first.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_DRAFT).contains(&self.max_draft) {
+            return Err(Error::Input(format!(
+                "draft length {} is out of range: it must be 1 to {MAX_DRAFT}",
+                self.max_draft
+            )));
+        }
+        if let DraftSource::Lookup { min_ngram, max_ngram } = self.source {
+            if !(1..=MAX_NGRAM).contains(&max_ngram) || !(1..=max_ngram).contains(&min_ngram) {
+                return Err(Error::Input(format!(
+                    "prompt lookup's n-gram sizes {min_ngram} to {max_ngram} are out of range: \
+                     1 <= min <= max <= {MAX_NGRAM}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// k unless asked otherwise: the benchmark's target shape, and a pass of 5 tokens still costs
+/// about one decode step on the CPU (tiles of 4 tokens) and the GPU (up to 8 tokens per
+/// matrix-vector pass).
+pub const DEFAULT_MAX_DRAFT: usize = 4;
+/// The most guesses a pass may verify: past this a pass costs like a prefill, not a step.
+pub const MAX_DRAFT: usize = 16;
+/// The longest n-gram prompt lookup matches.
+pub const MAX_NGRAM: usize = 8;
+
+/// Where the guesses come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DraftSource {
+    /// Prompt lookup: find the latest earlier place where the sequence's last n tokens occurred
+    /// (the prompt and the text so far; n from `max_ngram` down to `min_ngram`) and guess the
+    /// tokens that followed there. No second model; strong wherever the output copies its input
+    /// (code, JSON, quotations, a chat that repeats the question, a small model's loops).
+    Lookup { min_ngram: usize, max_ngram: usize },
+    /// A second model with the same vocabulary, run ahead of the main one with its own KV cache
+    /// ([`Generation::with_draft_model`](super::Generation::with_draft_model)): greedy when the
+    /// generation is, otherwise sampling with the same settings (judged by the rejection rule).
+    DraftModel,
+    /// A known continuation (a benchmark's drafter of known acceptance): the guess for the i-th
+    /// generated token is `tokens[i]`, except that every `wrong_every`-th one (0: none; 1: all;
+    /// 2: every other) is replaced by a token it is not.
+    Replay { tokens: Vec<u32>, wrong_every: usize },
+}
+
+impl DraftSource {
+    /// Prompt lookup matching 4 tokens down to 1 (llama.cpp's lookup decoding's range).
+    pub fn lookup() -> DraftSource {
+        DraftSource::Lookup { min_ngram: 1, max_ngram: 4 }
+    }
+
+    /// A name for reports: "prompt lookup", "draft model", "replay".
+    pub fn name(&self) -> &'static str {
+        match self {
+            DraftSource::Lookup { .. } => "prompt lookup",
+            DraftSource::DraftModel => "draft model",
+            DraftSource::Replay { .. } => "replay",
+        }
+    }
+}
+
+/// What speculative decoding did in one generation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpeculationStats {
+    /// The drafter's name ([`DraftSource::name`]).
+    pub source: &'static str,
+    /// Verification passes: the last token and a draft in one forward pass.
+    pub passes: usize,
+    /// Tokens guessed in those passes, and how many of them the model kept.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Every forward pass after the prompt's (verification passes and plain steps): what the
+    /// tokens after the first cost in passes.
+    pub decode_passes: usize,
+    /// Time spent guessing (the lookup, the draft model's passes), within the decode time.
+    pub draft_ms: f64,
+}
+
+impl SpeculationStats {
+    /// The share of guesses kept (0 when nothing was guessed).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+
+    /// Tokens per forward pass after the prompt's, for `generated` tokens (the first comes from
+    /// the prompt's pass): 1 for plain decoding, up to k + 1.
+    pub fn tokens_per_pass(&self, generated: usize) -> f64 {
+        if self.decode_passes == 0 {
+            1.0
+        } else {
+            generated.saturating_sub(1) as f64 / self.decode_passes as f64
+        }
+    }
+}
+
+/// How a generated token relates to the draft of the pass it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The model's token at this row is the guess: kept.
+    Accepted,
+    /// The model's token differs from the guess (`Speculated::drafted[row]`): the guesses
+    /// from here on were thrown away and the KV cache cut back.
+    Rejected,
+    /// Every guess was kept, and this is the row after the last: a token for free.
+    Bonus,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Rejected => "rejected",
+            Outcome::Bonus => "bonus",
+        }
+    }
+}
+
+/// On a token made by a verification pass: which pass, which row of it, and the pass's draft.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Speculated {
+    /// The pass's number in this generation (0, 1, ...).
+    pub pass: usize,
+    /// The row this token was sampled from: row i comes after the last token and the first i
+    /// guesses.
+    pub row: usize,
+    /// Every guess the pass verified.
+    pub drafted: Vec<u32>,
+    pub outcome: Outcome,
+}
+
+/// One drafter's guesses, and for each the distribution it was drawn from when it was drawn
+/// (a draft model sampling); empty `q` for guesses made without one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Draft {
+    pub ids: Vec<u32>,
+    pub q: Vec<Vec<(u32, f32)>>,
+}
+
+/// The probability of keeping a guess that the target gives `p` and the drafter gave `q`:
+/// min(1, p/q). (A guess the drafter could not have made, q = 0, is kept exactly when the
+/// target can make it.)
+pub fn accept_probability(p: f64, q: f64) -> f64 {
+    if q <= 0.0 {
+        return if p > 0.0 { 1.0 } else { 0.0 };
+    }
+    (p / q).min(1.0)
+}
+
+/// What a rejected guess is replaced with: max(0, p − q) renormalised, over the target's
+/// tokens (`p`, `q`: (id, probability)). Tokens the target cannot make never come out. Empty
+/// when p ≤ q everywhere, which happens only when p = q up to rounding, where a guess is
+/// rejected with probability ~0: the caller draws from p then.
+pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
+    let q_of = |id: u32| q.iter().find(|&&(i, _)| i == id).map_or(0.0, |&(_, w)| w as f64);
+    let rest: Vec<(u32, f64)> = p
+        .iter()
+        .map(|&(id, w)| (id, (w as f64 - q_of(id)).max(0.0)))
+        .filter(|&(_, w)| w > 0.0)
+        .collect();
+    let mass: f64 = rest.iter().map(|&(_, w)| w).sum();
+    rest.into_iter().map(|(id, w)| (id, (w / mass) as f32)).collect()
+}
+
+/// How many tokens to guess at each step: k adapts to what the model keeps. After a pass that
+/// kept every guess k doubles (up to the maximum); after a rejection it becomes the number kept
+/// plus one (the guesses that would have been kept, and one to try); after a pass that kept
+/// nothing, no guessing for 1, 2, 4, ... up to [`MAX_BACKOFF`] steps, so a drafter that is never
+/// right costs one small pass in every few dozen steps.
+#[derive(Clone, Debug)]
+pub struct DraftLength {
+    max: usize,
+    k: usize,
+    backoff: usize,
+    wait: usize,
+}
+
+/// The most plain steps between tries of a drafter that keeps failing.
+pub const MAX_BACKOFF: usize = 32;
+
+impl DraftLength {
+    pub fn new(max: usize) -> DraftLength {
+        DraftLength { max, k: max, backoff: 0, wait: 0 }
+    }
+
+    /// The guesses to make at this step: 0 while backing off.
+    pub fn for_this_step(&mut self) -> usize {
+        if self.wait > 0 {
+            self.wait -= 1;
+            return 0;
+        }
+        self.k
+    }
+
+    /// A pass verified `drafted` guesses and kept `accepted`.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.k = if accepted == drafted { (drafted * 2).max(1) } else { accepted + 1 };
+        self.k = self.k.min(self.max);
+        if accepted == 0 {
+            self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
+            self.wait = self.backoff;
+        } else {
+            self.backoff = 0;
+        }
+    }
+}
+
+/// The guesses after `tokens` by prompt lookup: the tokens that followed the latest earlier
+/// occurrence of its last n tokens, n from `max_ngram` down to `min_ngram`, at most `k`.
+pub fn lookup(tokens: &[u32], min_ngram: usize, max_ngram: usize, k: usize) -> Vec<u32> {
+    let len = tokens.len();
+    for n in (min_ngram.max(1)..=max_ngram).rev() {
+        if n >= len {
+            continue;
+        }
+        let pattern = &tokens[len - n..];
+        // The latest start j whose n tokens match and have at least one token after them
+        // (j + n < len), the match at the end itself excluded.
+        let found = (0..len - n).rev().find(|&j| &tokens[j..j + n] == pattern);
+        if let Some(j) = found {
+            let from = j + n;
+            return tokens[from..(from + k).min(len)].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// The guesses for the generated tokens from `generated` on, from a replay (see
+/// [`DraftSource::Replay`]).
+fn replay(
+    tokens: &[u32],
+    wrong_every: usize,
+    n_vocab: usize,
+    generated: usize,
+    k: usize,
+) -> Vec<u32> {
+    let end = (generated + k).min(tokens.len());
+    (generated.min(end)..end)
+        .map(|i| {
+            let wrong = wrong_every > 0 && i % wrong_every == wrong_every - 1;
+            if wrong {
+                (tokens[i] + 1) % n_vocab as u32
+            } else {
+                tokens[i]
+            }
+        })
+        .collect()
+}
+
+/// A draft model run ahead of the main one.
+pub(crate) struct DraftRunner<M: LanguageModel, R> {
+    model: R,
+    state: M::State,
+    /// The ids the state holds.
+    held: Vec<u32>,
+    /// Its own random stream (the main sampler's must draw only what a plain run draws).
+    sampler: Sampler,
+}
+
+/// The drafter a generation runs.
+pub(crate) enum Drafter<M: LanguageModel, R> {
+    Lookup {
+        min_ngram: usize,
+        max_ngram: usize,
+    },
+    Replay {
+        tokens: Vec<u32>,
+        wrong_every: usize,
+    },
+    /// A draft model, once given.
+    Model(Option<DraftRunner<M, R>>),
+}
+
+impl<M: LanguageModel, R: Borrow<M>> Drafter<M, R> {
+    pub(crate) fn new(source: &DraftSource) -> Drafter<M, R> {
+        match source {
+            &DraftSource::Lookup { min_ngram, max_ngram } => {
+                Drafter::Lookup { min_ngram, max_ngram }
+            }
+            DraftSource::Replay { tokens, wrong_every } => {
+                Drafter::Replay { tokens: tokens.clone(), wrong_every: *wrong_every }
+            }
+            DraftSource::DraftModel => Drafter::Model(None),
+        }
+    }
+
+    /// Give the drafter its model: one with the main model's vocabulary size and BOS.
+    pub(crate) fn set_model(&mut self, main: &M, model: R, cfg: &SamplerConfig) -> Result<()> {
+        let Drafter::Model(slot) = self else {
+            return Err(Error::Input(
+                "a draft model was given but the generation does not draft with one".into(),
+            ));
+        };
+        let m: &M = model.borrow();
+        if m.vocab_size() != main.vocab_size() || m.bos_token() != main.bos_token() {
+            return Err(Error::Input(format!(
+                "the draft model's vocabulary ({} tokens, BOS {:?}) is not the model's ({} \
+                 tokens, BOS {:?}): a draft model must share the model's tokenizer",
+                m.vocab_size(),
+                m.bos_token(),
+                main.vocab_size(),
+                main.bos_token()
+            )));
+        }
+        // Its own stream, apart from the main sampler's, so the main one draws what a plain
+        // run would.
+        let cfg = SamplerConfig { seed: cfg.seed ^ 0x5EC0_1A7E_D7AF_7000, ..cfg.clone() };
+        *slot = Some(DraftRunner {
+            state: m.new_state(),
+            model,
+            held: Vec::new(),
+            sampler: Sampler::new(cfg),
+        });
+        Ok(())
+    }
+
+    /// Up to `k` guesses after `tokens` (the prompt, then `generated` tokens).
+    pub(crate) async fn draft(
+        &mut self,
+        tokens: &[u32],
+        generated: usize,
+        k: usize,
+        n_vocab: usize,
+    ) -> Result<Draft> {
+        match self {
+            Drafter::Lookup { min_ngram, max_ngram } => {
+                Ok(Draft { ids: lookup(tokens, *min_ngram, *max_ngram, k), q: Vec::new() })
+            }
+            Drafter::Replay { tokens: replayed, wrong_every } => Ok(Draft {
+                ids: replay(replayed, *wrong_every, n_vocab, generated, k),
+                q: Vec::new(),
+            }),
+            Drafter::Model(None) => Err(Error::Input(
+                "speculative decoding with a draft model needs one: none was loaded".into(),
+            )),
+            Drafter::Model(Some(runner)) => runner.draft(tokens, k).await,
+        }
+    }
+}
+
+impl<M: LanguageModel, R: Borrow<M>> DraftRunner<M, R> {
+    /// Catch the draft model up with `tokens` (keeping the prefix its cache shares with them),
+    /// then guess `k` tokens one pass at a time: the argmax when the main sampler is greedy,
+    /// otherwise a draw from the draft's own reshaped distribution, reported as `q`.
+    async fn draft(&mut self, tokens: &[u32], k: usize) -> Result<Draft> {
+        let model: &M = self.model.borrow();
+        let k = k.min(model.context_length().saturating_sub(tokens.len()));
+        if k == 0 {
+            return Ok(Draft::default());
+        }
+        let keep = crate::chat::common_prefix(&self.held, tokens).min(tokens.len() - 1);
+        model.truncate(&mut self.state, keep)?;
+        self.held.truncate(keep);
+        let mut row = model.forward_async(&mut self.state, &tokens[keep..], false).await?;
+        self.held.extend_from_slice(&tokens[keep..]);
+        let greedy = self.sampler.config().is_greedy();
+        let mut history = tokens.to_vec();
+        let mut draft = Draft::default();
+        for i in 0..k {
+            let id = if greedy {
+                argmax(&row)
+            } else {
+                let q = self.sampler.kept(&row, &history);
+                let id = self.sampler.draw_from(&q);
+                draft.q.push(q);
+                id
+            };
+            draft.ids.push(id);
+            history.push(id);
+            if i + 1 < k {
+                row = model.forward_async(&mut self.state, &[id], false).await?;
+                self.held.push(id);
+            }
+        }
+        Ok(draft)
+    }
+}

@@ -1,0 +1,481 @@
+//! Speculative decoding keeps the model's output: greedy runs equal plain greedy token for
+//! token whatever the drafter guesses; sampling with a drafter that guesses without a
+//! distribution (prompt lookup, a replay) equals the plain run with the same seed; a draft
+//! model sampling its guesses leaves the distribution of the output as the model's (chi-square
+//! against the exact distribution); the rejection rule itself against an exact enumeration; and
+//! after a rejection the KV cache is what plain decoding leaves.
+
+mod common;
+
+use common::{synth_spec, SYNTH_BOS};
+use nexttoken::constraint::ConstraintSpec;
+use nexttoken::cpu::{CpuModel, Precision};
+use nexttoken::generate::speculative::{accept_probability, residual, Outcome};
+use nexttoken::generate::{
+    prompt_ids, DraftSource, GenerateOptions, Generation, SpeculativeOptions, TokenEvent,
+};
+use nexttoken::model::Model;
+use nexttoken::quant::GgmlType;
+use nexttoken::sampling::{softmax, SamplerConfig};
+use nexttoken::table::TableModel;
+use nexttoken::tokenizer::HfTokenizer;
+use nexttoken::{LanguageModel, Vocab};
+
+/// A synthetic model with room for long generations (context 256).
+fn synth(arch: &str, ty: GgmlType, seed: u64, precision: Precision) -> CpuModel {
+    let spec = nexttoken::synthetic::Spec { n_ctx: 256, ..synth_spec(arch, ty, seed) };
+    let model = Model::from_bytes(nexttoken::synthetic::write(&spec).unwrap()).unwrap();
+    CpuModel::new(model).with_precision(precision)
+}
+
+/// Every model the greedy checks run on: synthetic llama, qwen2 and gpt2, and stories260K when
+/// ../shared has it, each on the exact and the fast CPU paths.
+fn models() -> Vec<(String, CpuModel, Vec<u32>)> {
+    let mut out = Vec::new();
+    for precision in [Precision::Exact, Precision::Fast] {
+        for arch in ["llama", "qwen2", "gpt2"] {
+            let name = format!("synthetic {arch} Q8_0 {precision:?}");
+            out.push((name, synth(arch, GgmlType::Q8_0, 3, precision), vec![SYNTH_BOS, 7, 19, 33]));
+        }
+        if let Some(shared) = common::shared() {
+            for file in ["stories260K-f32.gguf", "stories260K-q8_0.gguf"] {
+                let path = shared.join("models/stories260K").join(file);
+                let model = CpuModel::new(Model::open(&path).unwrap()).with_precision(precision);
+                // "Once upon a time" in stories260K's vocabulary, after BOS.
+                out.push((format!("{file} {precision:?}"), model, vec![1, 403, 407, 261, 378]));
+            }
+        }
+    }
+    out
+}
+
+/// The placeholder vocabulary the synthetic models' ids decode with (text is not what these
+/// tests compare).
+struct Ids;
+impl Vocab for Ids {
+    fn encode(&self, _: &str) -> nexttoken::Result<Vec<u32>> {
+        Ok(Vec::new())
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        ids.iter().map(|id| format!("{id} ")).collect()
+    }
+    fn token_text(&self, id: u32) -> String {
+        id.to_string()
+    }
+}
+
+fn run<M: LanguageModel>(
+    model: &M,
+    vocab: &dyn Vocab,
+    prompt: &[u32],
+    opts: GenerateOptions,
+) -> (Vec<TokenEvent>, nexttoken::generate::GenerationSummary) {
+    let mut g = Generation::new(model, vocab, prompt, opts).unwrap();
+    let mut events = Vec::new();
+    while let Some(event) = g.step().unwrap() {
+        events.push(event);
+    }
+    (events, g.summary().unwrap())
+}
+
+fn ids(events: &[TokenEvent]) -> Vec<u32> {
+    events.iter().map(|e| e.id).collect()
+}
+
+fn plain(max_tokens: usize, sampler: SamplerConfig) -> GenerateOptions {
+    GenerateOptions { max_tokens, sampler, stop_at_eos: false, ..GenerateOptions::default() }
+}
+
+fn with(opts: &GenerateOptions, source: DraftSource, max_draft: usize) -> GenerateOptions {
+    GenerateOptions { speculative: Some(SpeculativeOptions { source, max_draft }), ..opts.clone() }
+}
+
+/// A drafter that guesses pseudo-random tokens.
+fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = common::SplitMix64(seed);
+    (0..n).map(|_| rng.below(n_vocab as u64) as u32).collect()
+}
+
+#[test]
+fn greedy_speculation_is_plain_greedy_token_for_token() {
+    const N: usize = 40;
+    for (name, model, prompt) in models() {
+        let opts = plain(N, SamplerConfig::greedy());
+        let (want, _) = run(&model, &Ids, &prompt, opts.clone());
+        let want = ids(&want);
+        assert_eq!(want, common::greedy(&model, &prompt, N), "{name}: plain greedy");
+        let n_vocab = model.vocab_size();
+        let drafters = [
+            ("always right", DraftSource::Replay { tokens: want.clone(), wrong_every: 0 }),
+            ("always wrong", DraftSource::Replay { tokens: want.clone(), wrong_every: 1 }),
+            ("every other wrong", DraftSource::Replay { tokens: want.clone(), wrong_every: 2 }),
+            (
+                "random",
+                DraftSource::Replay { tokens: random_tokens(N, n_vocab, 9), wrong_every: 0 },
+            ),
+            ("prompt lookup", DraftSource::lookup()),
+        ];
+        for (drafter, source) in drafters {
+            for k in [1, 4, 7] {
+                let (got, summary) = run(&model, &Ids, &prompt, with(&opts, source.clone(), k));
+                assert_eq!(ids(&got), want, "{name}, {drafter}, k = {k}");
+                let stats = summary.speculation.unwrap();
+                match drafter {
+                    "always right" => {
+                        assert_eq!(stats.accepted, stats.drafted, "{name}: {stats:?}");
+                        assert!(
+                            stats.tokens_per_pass(summary.generated_tokens) > 1.0 + 0.6 * k as f64,
+                            "{name}, k = {k}: {stats:?}"
+                        );
+                    }
+                    "always wrong" => {
+                        assert_eq!(stats.accepted, 0, "{name}: {stats:?}");
+                        // Backing off: a few passes, not one per token.
+                        assert!(stats.passes <= 8, "{name}, k = {k}: {stats:?}");
+                    }
+                    _ => {}
+                }
+                // The events say which guesses were kept, and the kept ones are the tokens.
+                for e in &got {
+                    if let Some(s) = &e.speculated {
+                        let expect = match s.drafted.get(s.row) {
+                            None => Outcome::Bonus,
+                            Some(&d) if d == e.id => Outcome::Accepted,
+                            Some(_) => Outcome::Rejected,
+                        };
+                        assert_eq!(s.outcome, expect, "{name}, {drafter}: {s:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sampling_with_guesses_made_without_a_distribution_is_the_plain_run() {
+    // Prompt lookup and replays guess without a distribution: each row is sampled exactly as a
+    // plain step samples it, so with one seed the tokens are the plain run's, whatever the
+    // filters, the penalty and the guesses.
+    let model = synth("llama", GgmlType::Q8_0, 5, Precision::Fast);
+    let prompt = [SYNTH_BOS, 7, 19, 33, 7, 19];
+    let samplers = [
+        SamplerConfig { temperature: 1.0, ..SamplerConfig::default() },
+        SamplerConfig { temperature: 0.7, top_k: 10, ..SamplerConfig::default() },
+        SamplerConfig { temperature: 1.2, top_p: 0.8, min_p: 0.02, ..SamplerConfig::default() },
+        SamplerConfig { temperature: 0.9, repeat_penalty: 1.3, ..SamplerConfig::default() },
+    ];
+    for (i, sampler) in samplers.into_iter().enumerate() {
+        for seed in 0..6 {
+            let opts = plain(60, SamplerConfig { seed, ..sampler.clone() });
+            let (want, _) = run(&model, &Ids, &prompt, opts.clone());
+            let want = ids(&want);
+            for source in [
+                DraftSource::lookup(),
+                DraftSource::Lookup { min_ngram: 1, max_ngram: 1 },
+                DraftSource::Replay { tokens: want.clone(), wrong_every: 3 },
+            ] {
+                let (got, summary) = run(&model, &Ids, &prompt, with(&opts, source.clone(), 5));
+                assert_eq!(ids(&got), want, "sampler {i}, seed {seed}, {source:?}");
+                assert!(summary.speculation.unwrap().passes > 0, "{source:?} never guessed");
+            }
+        }
+    }
+}
+
+#[test]
+fn constrained_generation_with_speculation_is_the_plain_run() {
+    // The shipped default model with its tokenizer: a JSON object, greedy and sampled.
+    let repo = common::repo();
+    let model = CpuModel::new(Model::open(&repo.join("www/models/default.gguf")).unwrap());
+    let vocab = HfTokenizer::from_file(&repo.join("www/models/default-tokenizer.json")).unwrap();
+    let prompt = prompt_ids(model.bos_token(), &vocab, "The record reads").unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "verse": {"type": "string"}},
+        "required": ["name", "verse"]
+    });
+    let spec = ConstraintSpec::JsonSchema { schema };
+    for sampler in [
+        SamplerConfig::greedy(),
+        SamplerConfig { temperature: 0.8, seed: 4, ..SamplerConfig::default() },
+    ] {
+        let opts = GenerateOptions {
+            max_tokens: 48,
+            sampler,
+            constraint: Some(spec.clone()),
+            ..GenerateOptions::default()
+        };
+        let (want, plain_summary) = run(&model, &vocab, &prompt, opts.clone());
+        let (got, summary) = run(&model, &vocab, &prompt, with(&opts, DraftSource::lookup(), 4));
+        assert_eq!(ids(&got), ids(&want));
+        assert_eq!(summary.text, plain_summary.text);
+        assert_eq!(summary.stop_reason, plain_summary.stop_reason);
+    }
+}
+
+#[test]
+fn after_a_rejection_the_cache_is_what_plain_decoding_leaves() {
+    for (name, model, prompt) in models() {
+        let opts = plain(24, SamplerConfig::greedy());
+        let mut g = Generation::new(&model, &Ids, &prompt, opts.clone()).unwrap();
+        while g.step().unwrap().is_some() {}
+        let want = g.generated_ids().to_vec();
+        let (plain_held, mut plain_state) = (g.held_ids().to_vec(), g.into_state());
+        for wrong_every in [1, 2, 3] {
+            let source = DraftSource::Replay { tokens: want.clone(), wrong_every };
+            let mut g = Generation::new(&model, &Ids, &prompt, with(&opts, source, 4)).unwrap();
+            // Stop in the middle of a pass too: after a kept guess whose next row is waiting.
+            let mut stopped_mid_pass = false;
+            while let Some(e) = g.step().unwrap() {
+                let kept = e.speculated.as_ref().is_some_and(|s| s.outcome == Outcome::Accepted);
+                if wrong_every == 3 && kept && g.generated_ids().len() >= 12 {
+                    g.abort();
+                    stopped_mid_pass = true;
+                }
+            }
+            let held = g.held_ids().to_vec();
+            let mut state = g.into_state();
+            assert_eq!(model.position(&state), held.len(), "{name}");
+            if !stopped_mid_pass {
+                assert_eq!(held, plain_held, "{name}, wrong every {wrong_every}");
+            }
+            // The next step's logits from the speculative run's cache equal plain decoding's at
+            // the same tokens (the plain one cut back to the same length).
+            let mut plain_cut = plain_state.clone();
+            model.truncate(&mut plain_cut, held.len()).unwrap();
+            let next = want[held.len() - prompt.len()];
+            let a = model.forward(&mut state, &[next], false).unwrap();
+            let b = model.forward(&mut plain_cut, &[next], false).unwrap();
+            let diff = common::max_abs_diff(&a, &b);
+            assert!(diff < 2e-3, "{name}, wrong every {wrong_every}: logits differ by {diff}");
+        }
+        // The plain state still works (it was cloned, not moved).
+        model.forward(&mut plain_state, &[want[0]], false).unwrap();
+    }
+}
+
+/// ln Γ by Lanczos (g = 7), for the chi-square distribution's tail.
+fn ln_gamma(x: f64) -> f64 {
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    let x = x - 1.0;
+    let t = x + 7.5;
+    let sum: f64 = C[0] + (1..9).map(|i| C[i] / (x + i as f64)).sum::<f64>();
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + sum.ln()
+}
+
+/// P(X >= x) for a chi-square variable with `df` degrees of freedom (regularised upper incomplete
+/// gamma by its series).
+fn chi_square_tail(x: f64, df: usize) -> f64 {
+    let (a, x) = (df as f64 / 2.0, x / 2.0);
+    let (mut term, mut sum) = (1.0 / a, 1.0 / a);
+    for n in 1..10_000 {
+        term *= x / (a + n as f64);
+        sum += term;
+        if term < sum * 1e-15 {
+            break;
+        }
+    }
+    1.0 - (a * x.ln() - x - ln_gamma(a) + sum.ln()).exp()
+}
+
+/// The chi-square statistic's tail probability of `counts` (of `n` draws) against the exact
+/// probabilities `want`, cells with fewer than 5 expected draws pooled.
+fn goodness_of_fit(counts: &[usize], want: &[f64], n: usize) -> f64 {
+    let (mut stat, mut cells) = (0.0, 0);
+    let (mut pooled_count, mut pooled_want) = (0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(want) {
+        let expected = p * n as f64;
+        if expected < 5.0 {
+            pooled_count += c as f64;
+            pooled_want += expected;
+        } else {
+            stat += (c as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    if pooled_want > 0.0 {
+        stat += (pooled_count - pooled_want).powi(2) / pooled_want.max(1e-9);
+        cells += 1;
+    }
+    chi_square_tail(stat, cells - 1)
+}
+
+#[test]
+fn a_sampling_draft_model_leaves_the_distribution_the_models() {
+    // The target, and a deliberately bad draft model (other random weights, same vocabulary).
+    let target = synth("llama", GgmlType::F32, 11, Precision::Exact);
+    let draft = synth("llama", GgmlType::F32, 12, Precision::Exact);
+    let prompt = [SYNTH_BOS, 7, 19];
+    let first = 23; // forced, so the first verification pass makes the 2nd and 3rd tokens
+    let sampler = SamplerConfig { temperature: 1.5, ..SamplerConfig::default() };
+    let n_vocab = target.vocab_size();
+    let dist = |logits: &[f32]| -> Vec<f64> {
+        let scaled: Vec<f32> = logits.iter().map(|l| l / sampler.temperature).collect();
+        softmax(&scaled).into_iter().map(f64::from).collect()
+    };
+
+    // Exact: P(t2) and P(t3) = sum over t2 of P(t2) P(t3 | t2).
+    let mut state = target.new_state();
+    let mut context = prompt.to_vec();
+    context.push(first);
+    let p2 = dist(&target.forward(&mut state, &context, false).unwrap());
+    let mut p3 = vec![0.0; n_vocab];
+    for (t2, &w) in p2.iter().enumerate() {
+        let mut s = state.clone();
+        let row = dist(&target.forward(&mut s, &[t2 as u32], false).unwrap());
+        p3.iter_mut().zip(row).for_each(|(acc, r)| *acc += w * r);
+    }
+
+    let runs = 3000;
+    let (mut c2, mut c3) = (vec![0; n_vocab], vec![0; n_vocab]);
+    let (mut drafted, mut accepted) = (0, 0);
+    for seed in 0..runs {
+        let opts = GenerateOptions {
+            forced: vec![first],
+            speculative: Some(SpeculativeOptions::draft_model()),
+            ..plain(3, SamplerConfig { seed, ..sampler.clone() })
+        };
+        let mut g = Generation::new(&target, &Ids, &prompt, opts).unwrap();
+        g = g.with_draft_model(&draft).unwrap();
+        let mut events = Vec::new();
+        while let Some(e) = g.step().unwrap() {
+            events.push(e);
+        }
+        c2[events[1].id as usize] += 1;
+        c3[events[2].id as usize] += 1;
+        let stats = g.speculation_stats().unwrap();
+        (drafted, accepted) = (drafted + stats.drafted, accepted + stats.accepted);
+    }
+    // Guesses were made and judged: some kept, some not (else the rule was not exercised).
+    assert!(accepted > 0 && accepted < drafted, "{accepted} of {drafted} kept");
+    let (fit2, fit3) =
+        (goodness_of_fit(&c2, &p2, runs as usize), goodness_of_fit(&c3, &p3, runs as usize));
+    assert!(fit2 > 1e-4 && fit3 > 1e-4, "chi-square tail: 2nd token {fit2}, 3rd token {fit3}");
+
+    // The test can fail: the draft model's own distribution is far from the target's.
+    let mut s = draft.new_state();
+    let q2 = dist(&draft.forward(&mut s, &context, false).unwrap());
+    let draws: Vec<usize> = {
+        // 3000 draws from q2 through the same counting.
+        let mut rng = nexttoken::sampling::Rng::new(1);
+        let mut counts = vec![0; n_vocab];
+        for _ in 0..runs {
+            let r = rng.next_f32() as f64;
+            let mut acc = 0.0;
+            let id = q2.iter().position(|&p| {
+                acc += p;
+                r < acc
+            });
+            counts[id.unwrap_or(n_vocab - 1)] += 1;
+        }
+        counts
+    };
+    assert!(goodness_of_fit(&draws, &p2, runs as usize) < 1e-6, "the draft model is too good");
+}
+
+#[test]
+fn the_rejection_rule_gives_the_targets_distribution_exactly() {
+    // Exact enumeration on the lesson's bigram table: for a target p (the table's next-word
+    // distribution after one word) and a drafter q (after another word, or uniform), the
+    // output's probability of x is sum over guesses d of q(d) [a(d) 1{x = d} + (1 - a(d)) r(x)]
+    // with a(d) = min(1, p(d)/q(d)) and r the residual: it must be p(x).
+    let path = common::repo().join("www/models/lesson-toy.json");
+    let table = TableModel::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let n = table.vocab_size();
+    let next = |word: u32| -> Vec<(u32, f32)> {
+        let mut state = table.new_state();
+        let logits = table.forward(&mut state, &[table.bos_token().unwrap(), word], false).unwrap();
+        softmax(&logits).into_iter().enumerate().map(|(i, p)| (i as u32, p)).collect()
+    };
+    let uniform: Vec<(u32, f32)> = (0..n as u32).map(|i| (i, 1.0 / n as f32)).collect();
+    let mut checked = 0;
+    for a in 0..n as u32 {
+        for q in [next((a + 1) % n as u32), uniform.clone(), next(a)] {
+            let p = next(a);
+            let r = residual(&p, &q);
+            let mut out = vec![0.0f64; n];
+            for &(d, qd) in &q {
+                let accept = accept_probability(p[d as usize].1 as f64, qd as f64);
+                out[d as usize] += qd as f64 * accept;
+                for &(x, rx) in &r {
+                    out[x as usize] += qd as f64 * (1.0 - accept) * rx as f64;
+                }
+            }
+            for (x, &(_, px)) in p.iter().enumerate() {
+                assert!((out[x] - px as f64).abs() < 1e-6, "after word {a}: {out:?} vs {p:?}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3 * 4, "the table has words");
+    // The residual never gives a token the target cannot make, and is a distribution.
+    let p = [(0, 0.5f32), (1, 0.5), (2, 0.0)];
+    let q = [(0, 0.9f32), (2, 0.1)];
+    assert_eq!(residual(&p, &q), vec![(1, 1.0)]);
+    assert_eq!(accept_probability(0.0, 0.3), 0.0);
+    assert_eq!(accept_probability(0.5, 0.25), 1.0);
+}
+
+#[test]
+fn bad_speculative_options_are_refused() {
+    let model = synth("llama", GgmlType::Q8_0, 3, Precision::Fast);
+    let prompt = [SYNTH_BOS, 7];
+    let opts = plain(8, SamplerConfig::greedy());
+    for (source, k) in [
+        (DraftSource::lookup(), 0),
+        (DraftSource::lookup(), 10_000),
+        (DraftSource::Lookup { min_ngram: 3, max_ngram: 2 }, 4),
+        (DraftSource::Lookup { min_ngram: 0, max_ngram: 2 }, 4),
+    ] {
+        let err = Generation::new(&model, &Ids, &prompt, with(&opts, source.clone(), k));
+        assert!(err.is_err(), "{source:?}, k = {k}");
+    }
+    // A draft model's generation without one says so at its first guess.
+    let mut g =
+        Generation::new(&model, &Ids, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
+    g.step().unwrap();
+    let err = g.step().unwrap_err().to_string();
+    assert!(err.contains("draft model"), "{err}");
+    // One with another vocabulary is refused.
+    let other = {
+        let spec =
+            nexttoken::synthetic::Spec { n_vocab: 60, ..synth_spec("llama", GgmlType::Q8_0, 3) };
+        CpuModel::new(Model::from_bytes(nexttoken::synthetic::write(&spec).unwrap()).unwrap())
+    };
+    let g =
+        Generation::new(&model, &Ids, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
+    let err = g.with_draft_model(&other).err().unwrap().to_string();
+    assert!(err.contains("vocabulary"), "{err}");
+}
+
+#[test]
+fn a_greedy_draft_model_gives_plain_greedy_and_is_mostly_right_when_it_is_the_model() {
+    // The model as its own draft model: every guess is right (up to the batched pass's
+    // rounding), and the output is plain greedy.
+    for precision in [Precision::Exact, Precision::Fast] {
+        let model = synth("qwen2", GgmlType::Q8_0, 7, precision);
+        let prompt = [SYNTH_BOS, 7, 19, 33];
+        let opts = plain(40, SamplerConfig::greedy());
+        let (want, _) = run(&model, &Ids, &prompt, opts.clone());
+        let spec = with(&opts, DraftSource::DraftModel, 4);
+        let mut g =
+            Generation::new(&model, &Ids, &prompt, spec).unwrap().with_draft_model(&model).unwrap();
+        let mut got = Vec::new();
+        while let Some(e) = g.step().unwrap() {
+            got.push(e.id);
+        }
+        assert_eq!(got, ids(&want), "{precision:?}");
+        let stats = g.speculation_stats().unwrap();
+        assert!(stats.acceptance_rate() > 0.9, "{precision:?}: {stats:?}");
+    }
+}

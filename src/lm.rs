@@ -198,3 +198,19 @@ pub trait Vocab {
         ))
     }
 }
+
+/// A vocabulary for runs whose text nobody reads (benchmarks, tests on random-weight models):
+/// each id shows as its number. It encodes no text.
+pub struct IdsOnly;
+
+impl Vocab for IdsOnly {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Err(Error::Input(format!("this vocabulary has no text to encode {text:?} with")))
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        ids.iter().map(|id| format!("{id} ")).collect()
+    }
+    fn token_text(&self, id: u32) -> String {
+        id.to_string()
+    }
+}

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use cli::chat::{chat_with, ChatArgs};
 use cli::generate::{generate_with, GenerateArgs};
 use cli::info::run_info;
-use cli::load::{load, read_text};
+use cli::load::{load, load_draft, read_text};
 use cli::score::{score_with, ScoreArgs};
 use cli::{bench, synth};
 
@@ -75,13 +75,18 @@ fn main() -> ExitCode {
         Command::Generate(args) => args
             .sampling
             .options()
-            .and_then(|_| load(&args.model))
-            .and_then(|m| generate_with(&*m.model, &*m.vocab, &args)),
+            .and_then(|_| Ok((load(&args.model)?, load_draft(&args.sampling, &args.model)?)))
+            .and_then(|(m, d)| {
+                generate_with(&*m.model, d.as_ref().map(|d| &*d.model), &*m.vocab, &args)
+            }),
         Command::Chat(args) => args
             .sampling
             .options()
-            .and_then(|_| load(&args.model))
-            .and_then(|m| chat_with(&*m.model, &*m.vocab, &args, m.template()?.clone())),
+            .and_then(|_| Ok((load(&args.model)?, load_draft(&args.sampling, &args.model)?)))
+            .and_then(|(m, d)| {
+                let draft = d.as_ref().map(|d| &*d.model);
+                chat_with(&*m.model, draft, &*m.vocab, &args, m.template()?.clone())
+            }),
         Command::Score(args) => {
             load(&args.model).and_then(|m| score_with(&*m.model, &*m.vocab, &args))
         }

@@ -19,6 +19,7 @@ use nexttoken::quant::GgmlType;
 use nexttoken::sampling::{softmax, SamplerConfig};
 use nexttoken::table::TableModel;
 use nexttoken::tokenizer::HfTokenizer;
+use nexttoken::lm::IdsOnly;
 use nexttoken::{LanguageModel, Vocab};
 
 /// A synthetic model with room for long generations (context 256).
@@ -47,21 +48,6 @@ fn models() -> Vec<(String, CpuModel, Vec<u32>)> {
         }
     }
     out
-}
-
-/// The placeholder vocabulary the synthetic models' ids decode with (text is not what these
-/// tests compare).
-struct Ids;
-impl Vocab for Ids {
-    fn encode(&self, _: &str) -> nexttoken::Result<Vec<u32>> {
-        Ok(Vec::new())
-    }
-    fn decode(&self, ids: &[u32]) -> String {
-        ids.iter().map(|id| format!("{id} ")).collect()
-    }
-    fn token_text(&self, id: u32) -> String {
-        id.to_string()
-    }
 }
 
 fn run<M: LanguageModel>(
@@ -101,7 +87,7 @@ fn greedy_speculation_is_plain_greedy_token_for_token() {
     const N: usize = 40;
     for (name, model, prompt) in models() {
         let opts = plain(N, SamplerConfig::greedy());
-        let (want, _) = run(&model, &Ids, &prompt, opts.clone());
+        let (want, _) = run(&model, &IdsOnly, &prompt, opts.clone());
         let want = ids(&want);
         assert_eq!(want, common::greedy(&model, &prompt, N), "{name}: plain greedy");
         let n_vocab = model.vocab_size();
@@ -117,7 +103,7 @@ fn greedy_speculation_is_plain_greedy_token_for_token() {
         ];
         for (drafter, source) in drafters {
             for k in [1, 4, 7] {
-                let (got, summary) = run(&model, &Ids, &prompt, with(&opts, source.clone(), k));
+                let (got, summary) = run(&model, &IdsOnly, &prompt, with(&opts, source.clone(), k));
                 assert_eq!(ids(&got), want, "{name}, {drafter}, k = {k}");
                 let stats = summary.speculation.unwrap();
                 match drafter {
@@ -167,14 +153,14 @@ fn sampling_with_guesses_made_without_a_distribution_is_the_plain_run() {
     for (i, sampler) in samplers.into_iter().enumerate() {
         for seed in 0..6 {
             let opts = plain(60, SamplerConfig { seed, ..sampler.clone() });
-            let (want, _) = run(&model, &Ids, &prompt, opts.clone());
+            let (want, _) = run(&model, &IdsOnly, &prompt, opts.clone());
             let want = ids(&want);
             for source in [
                 DraftSource::lookup(),
                 DraftSource::Lookup { min_ngram: 1, max_ngram: 1 },
                 DraftSource::Replay { tokens: want.clone(), wrong_every: 3 },
             ] {
-                let (got, summary) = run(&model, &Ids, &prompt, with(&opts, source.clone(), 5));
+                let (got, summary) = run(&model, &IdsOnly, &prompt, with(&opts, source.clone(), 5));
                 assert_eq!(ids(&got), want, "sampler {i}, seed {seed}, {source:?}");
                 assert!(summary.speculation.unwrap().passes > 0, "{source:?} never guessed");
             }
@@ -217,13 +203,13 @@ fn constrained_generation_with_speculation_is_the_plain_run() {
 fn after_a_rejection_the_cache_is_what_plain_decoding_leaves() {
     for (name, model, prompt) in models() {
         let opts = plain(24, SamplerConfig::greedy());
-        let mut g = Generation::new(&model, &Ids, &prompt, opts.clone()).unwrap();
+        let mut g = Generation::new(&model, &IdsOnly, &prompt, opts.clone()).unwrap();
         while g.step().unwrap().is_some() {}
         let want = g.generated_ids().to_vec();
         let (plain_held, mut plain_state) = (g.held_ids().to_vec(), g.into_state());
         for wrong_every in [1, 2, 3] {
             let source = DraftSource::Replay { tokens: want.clone(), wrong_every };
-            let mut g = Generation::new(&model, &Ids, &prompt, with(&opts, source, 4)).unwrap();
+            let mut g = Generation::new(&model, &IdsOnly, &prompt, with(&opts, source, 4)).unwrap();
             // Stop in the middle of a pass too: after a kept guess whose next row is waiting.
             let mut stopped_mid_pass = false;
             while let Some(e) = g.step().unwrap() {
@@ -345,7 +331,7 @@ fn a_sampling_draft_model_leaves_the_distribution_the_models() {
             speculative: Some(SpeculativeOptions::draft_model()),
             ..plain(3, SamplerConfig { seed, ..sampler.clone() })
         };
-        let mut g = Generation::new(&target, &Ids, &prompt, opts).unwrap();
+        let mut g = Generation::new(&target, &IdsOnly, &prompt, opts).unwrap();
         g = g.with_draft_model(&draft).unwrap();
         let mut events = Vec::new();
         while let Some(e) = g.step().unwrap() {
@@ -437,12 +423,12 @@ fn bad_speculative_options_are_refused() {
         (DraftSource::Lookup { min_ngram: 3, max_ngram: 2 }, 4),
         (DraftSource::Lookup { min_ngram: 0, max_ngram: 2 }, 4),
     ] {
-        let err = Generation::new(&model, &Ids, &prompt, with(&opts, source.clone(), k));
+        let err = Generation::new(&model, &IdsOnly, &prompt, with(&opts, source.clone(), k));
         assert!(err.is_err(), "{source:?}, k = {k}");
     }
     // A draft model's generation without one says so at its first guess.
     let mut g =
-        Generation::new(&model, &Ids, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
+        Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
     g.step().unwrap();
     let err = g.step().unwrap_err().to_string();
     assert!(err.contains("draft model"), "{err}");
@@ -453,7 +439,7 @@ fn bad_speculative_options_are_refused() {
         CpuModel::new(Model::from_bytes(nexttoken::synthetic::write(&spec).unwrap()).unwrap())
     };
     let g =
-        Generation::new(&model, &Ids, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
+        Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
     let err = g.with_draft_model(&other).err().unwrap().to_string();
     assert!(err.contains("vocabulary"), "{err}");
 }
@@ -466,10 +452,10 @@ fn a_greedy_draft_model_gives_plain_greedy_and_is_mostly_right_when_it_is_the_mo
         let model = synth("qwen2", GgmlType::Q8_0, 7, precision);
         let prompt = [SYNTH_BOS, 7, 19, 33];
         let opts = plain(40, SamplerConfig::greedy());
-        let (want, _) = run(&model, &Ids, &prompt, opts.clone());
+        let (want, _) = run(&model, &IdsOnly, &prompt, opts.clone());
         let spec = with(&opts, DraftSource::DraftModel, 4);
         let mut g =
-            Generation::new(&model, &Ids, &prompt, spec).unwrap().with_draft_model(&model).unwrap();
+            Generation::new(&model, &IdsOnly, &prompt, spec).unwrap().with_draft_model(&model).unwrap();
         let mut got = Vec::new();
         while let Some(e) = g.step().unwrap() {
             got.push(e.id);

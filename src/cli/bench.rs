@@ -12,10 +12,13 @@ use serde_json::{json, Value};
 
 use nexttoken::constraint::ConstraintSpec;
 use nexttoken::cpu::{CpuModel, Precision};
-use nexttoken::generate::{prompt_ids, GenerateOptions, Generation};
+use nexttoken::generate::speculative::DEFAULT_MAX_DRAFT;
+use nexttoken::generate::{
+    prompt_ids, DraftSource, GenerateOptions, Generation, GenerationSummary, SpeculativeOptions,
+};
 use nexttoken::gguf::Gguf;
 use nexttoken::gpu::GpuModel;
-use nexttoken::lm::block_on;
+use nexttoken::lm::{block_on, IdsOnly};
 use nexttoken::model::Model;
 use nexttoken::sampling::SamplerConfig;
 use nexttoken::timing::bench_token;
@@ -65,6 +68,19 @@ pub struct BenchOptions {
     /// The tokenizer a constraint reads (default: the GGUF's own).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// Speculative decoding: greedy generations of --spec-tokens tokens, plain and with
+    /// drafters whose acceptance is known (a replay of the plain run's own tokens: all right,
+    /// every other one wrong, all wrong) and prompt lookup, each against plain decoding in the
+    /// same run: tokens/s, the speed-up, tokens per forward pass, the share of guesses kept, and
+    /// whether the tokens are the plain run's.
+    #[arg(long)]
+    pub speculative: bool,
+    /// Speculative decoding: the most guesses one pass verifies (k).
+    #[arg(long, default_value_t = DEFAULT_MAX_DRAFT)]
+    pub draft_max: usize,
+    /// Speculative decoding: tokens each timed generation makes.
+    #[arg(long, default_value_t = 128)]
+    pub spec_tokens: usize,
 }
 
 /// Time prefill and decode on any model.
@@ -188,6 +204,73 @@ fn constrained<M: LanguageModel>(
     }))
 }
 
+/// Speculative decoding against plain decoding in one run (see [`BenchOptions::speculative`]):
+/// greedy from the same pseudo-random prompt, plain first and last (the faster of the two is
+/// the reference, so a ratio is never flattered by a slow first run).
+fn speculative<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
+    let prompt: Vec<u32> = (0..16).map(|i| bench_token(i, m.vocab_size())).collect();
+    let plain = GenerateOptions {
+        max_tokens: o.spec_tokens.min(m.context_length().saturating_sub(prompt.len())).max(2),
+        sampler: SamplerConfig::greedy(),
+        stop_at_eos: false,
+        ..GenerateOptions::default()
+    };
+    let run = |opts: GenerateOptions| -> Result<(Vec<u32>, GenerationSummary)> {
+        let mut g = Generation::new(m, &IdsOnly, &prompt, opts)?;
+        while g.step()?.is_some() {}
+        Ok((g.generated_ids().to_vec(), g.summary().expect("stopped")))
+    };
+    run(plain.clone())?; // warm-up
+    let (want, first) = run(plain.clone())?;
+    // The tokens a replay guesses: the plain run's, or where the verification passes round
+    // differently from one-token steps (the x86 Q4_0/Q5_0 one-token kernels sum in another
+    // order, and a random-weight network amplifies the last bit into other near-ties), the
+    // tokens the speculative run itself makes with them, so that "all right" is all right.
+    let mut guesses = want.clone();
+    for _ in 0..4 {
+        let source = DraftSource::Replay { tokens: guesses.clone(), wrong_every: 0 };
+        let spec = SpeculativeOptions { source, max_draft: o.draft_max };
+        let (ids, _) = run(GenerateOptions { speculative: Some(spec), ..plain.clone() })?;
+        if ids == guesses {
+            break;
+        }
+        guesses = ids;
+    }
+    let replay = |wrong_every| DraftSource::Replay { tokens: guesses.clone(), wrong_every };
+    let drafters = [
+        ("replay, all right", replay(0)),
+        ("replay, every other wrong", replay(2)),
+        ("replay, all wrong", replay(1)),
+        ("prompt lookup", DraftSource::lookup()),
+    ];
+    let mut runs = Vec::new();
+    for (name, source) in drafters {
+        let spec = SpeculativeOptions { source, max_draft: o.draft_max };
+        let (ids, s) = run(GenerateOptions { speculative: Some(spec), ..plain.clone() })?;
+        let stats = s.speculation.clone().expect("speculation was on");
+        runs.push(json!({
+            "drafter": name,
+            "decode_tok_s": s.decode_tokens_per_second(),
+            "tokens_per_pass": stats.tokens_per_pass(s.generated_tokens),
+            "acceptance": stats.acceptance_rate(),
+            "passes": stats.passes,
+            "same_tokens": ids == want,
+        }));
+    }
+    let (_, last) = run(plain.clone())?;
+    let reference = first.decode_tokens_per_second().max(last.decode_tokens_per_second());
+    for r in &mut runs {
+        r["speedup"] = json!(r["decode_tok_s"].as_f64().unwrap_or(0.0) / reference);
+    }
+    Ok(json!({
+        "k": o.draft_max,
+        "tokens": plain.max_tokens,
+        "plain_decode_tok_s": [first.decode_tokens_per_second(), last.decode_tokens_per_second()],
+        "guesses_are_plain_tokens": guesses == want,
+        "runs": runs,
+    }))
+}
+
 /// The model `--model` names, or the embedded one.
 fn open_model(o: &BenchOptions) -> Result<Model> {
     match &o.model {
@@ -296,9 +379,17 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         json: o.json,
         constraint: o.constraint.clone(),
         tokenizer: o.tokenizer.clone(),
+        speculative: o.speculative,
+        draft_max: o.draft_max,
+        spec_tokens: o.spec_tokens,
     };
+    if o.speculative {
+        SpeculativeOptions { source: DraftSource::lookup(), max_draft: o.draft_max }.validate()?;
+    }
     let spec = o.constraint.spec()?;
-    let max_ctx = o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps + 8;
+    let spec_ctx = if o.speculative { 16 + o.spec_tokens + o.draft_max } else { 0 };
+    let max_ctx =
+        (o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps).max(spec_ctx) + 8;
     let mut results = Vec::new();
     let backends: Vec<&str> = match o.backend.as_str() {
         "both" => vec!["cpu", "gpu"],
@@ -327,6 +418,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             r["device"] = json!(desc);
             if let Some((spec, tokenizer)) = constraint {
                 r["constraint"] = constrained(&gm, tokenizer, spec, o)?;
+            }
+            if o.speculative {
+                r["speculative"] = speculative(&gm, o)?;
             }
             // Counters of the last forward, which `measure` left at a one-token decode step.
             let st = gm.stats();
@@ -364,6 +458,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
             let mut r = measure(&cm, o)?;
             if let Some((spec, tokenizer)) = constraint {
                 r["constraint"] = constrained(&cm, tokenizer, spec, o)?;
+            }
+            if o.speculative {
+                r["speculative"] = speculative(&cm, o)?;
             }
             r["load_s"] = json!(load_s);
             r["threads"] = json!(cm.threads());
@@ -485,6 +582,35 @@ pub fn run(o: &BenchOptions) -> Result<()> {
                 f("compile_ms_per_run"),
                 f("vocab_index_ms"),
             );
+        }
+        if let Some(sp) = r.get("speculative") {
+            let plain = &sp["plain_decode_tok_s"];
+            println!(
+                "speculative    greedy, {} tokens, k = {}; plain decoding {:.1} and {:.1} tok/s (first and last run; the faster is the reference)",
+                sp["tokens"],
+                sp["k"],
+                plain[0].as_f64().unwrap_or(0.0),
+                plain[1].as_f64().unwrap_or(0.0)
+            );
+            if sp["guesses_are_plain_tokens"] == json!(false) {
+                println!(
+                    "  (the replays guess the speculative run's own tokens: on this model its passes \
+                     round differently from one-token steps, and greedy flips at near-ties)"
+                );
+            }
+            for run in sp["runs"].as_array().into_iter().flatten() {
+                let f = |key: &str| run[key].as_f64().unwrap_or(0.0);
+                println!(
+                    "  {:<26} {:>7.1} tok/s  {:.2}x  {:.2} tokens per pass, {:.0}% of guesses kept, {} passes{}",
+                    run["drafter"].as_str().unwrap_or("?"),
+                    f("decode_tok_s"),
+                    f("speedup"),
+                    f("tokens_per_pass"),
+                    100.0 * f("acceptance"),
+                    run["passes"],
+                    if run["same_tokens"] == json!(true) { "" } else { "  (TOKENS DIFFER from plain greedy)" }
+                );
+            }
         }
         if let Some(d) = r["dispatches_per_step"].as_u64() {
             println!(

@@ -10,7 +10,7 @@ use serde_json::json;
 use nexttoken::chat::{Chat, ChatTemplate, Message, Overflow};
 use nexttoken::{Error, LanguageModel, Result, Vocab};
 
-use super::generate::{check_complete, Lines, SamplingArgs};
+use super::generate::{check_complete, speculation_json, speculation_note, Lines, SamplingArgs};
 use super::load::{read_text, ModelArgs};
 
 #[derive(Args)]
@@ -32,8 +32,10 @@ pub(crate) struct ChatArgs {
     pub(crate) drop_oldest: bool,
 }
 
+/// `chat`, with `draft` the `--draft` model when there is one.
 pub(crate) fn chat_with<M: LanguageModel>(
     model: &M,
+    draft: Option<&M>,
     vocab: &dyn Vocab,
     args: &ChatArgs,
     template: ChatTemplate,
@@ -56,7 +58,7 @@ pub(crate) fn chat_with<M: LanguageModel>(
             chat.messages.clear();
         }
         chat.messages.extend(messages);
-        let result = chat_turn(model, vocab, &mut chat, args, &mut out);
+        let result = chat_turn(model, draft, vocab, &mut chat, args, &mut out);
         return out.end_line_if_err(result);
     }
 
@@ -81,7 +83,7 @@ pub(crate) fn chat_with<M: LanguageModel>(
             continue;
         }
         chat.push(Message::user(text));
-        let result = chat_turn(model, vocab, &mut chat, args, &mut out);
+        let result = chat_turn(model, draft, vocab, &mut chat, args, &mut out);
         if let Err(e) = out.end_line_if_err(result) {
             // The message that could not be answered is not part of the conversation.
             chat.messages.pop();
@@ -94,6 +96,7 @@ pub(crate) fn chat_with<M: LanguageModel>(
 /// One assistant reply to `chat`, streamed to `out`; the reuse and speed go to stderr.
 fn chat_turn<M: LanguageModel>(
     model: &M,
+    draft: Option<&M>,
     vocab: &dyn Vocab,
     chat: &mut Chat<M::State>,
     args: &ChatArgs,
@@ -101,6 +104,9 @@ fn chat_turn<M: LanguageModel>(
 ) -> Result<()> {
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
     let (mut generation, stats) = chat.start_reply(model, vocab, args.sampling.options()?)?;
+    if let Some(draft) = draft {
+        generation = generation.with_draft_model(draft)?;
+    }
     eprintln!("{stats}");
     while let Some(ev) = generation.step()? {
         if !args.model.json {
@@ -120,17 +126,19 @@ fn chat_turn<M: LanguageModel>(
             "reused_tokens": s.reused_tokens,
             "generated_tokens": s.generated_tokens,
             "stop_reason": format!("{:?}", s.stop_reason),
+            "speculation": speculation_json(&s),
         });
         writeln!(out, "{line}").map_err(write_err)?;
     } else {
         writeln!(out).map_err(write_err)?;
     }
     eprintln!(
-        "{} generated ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s",
+        "{} generated ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s{}",
         s.generated_tokens,
         s.stop_reason,
         s.prefill_tokens_per_second(),
         s.decode_tokens_per_second(),
+        speculation_note(&s),
     );
     check_complete(s.stop_reason, args.sampling.max_tokens)
 }

@@ -9,8 +9,10 @@ use clap::Args;
 use serde_json::json;
 
 use nexttoken::constraint::ConstraintSpec;
+use nexttoken::generate::speculative::DEFAULT_MAX_DRAFT;
 use nexttoken::generate::{
-    self, prompt_ids, BeamOptions, GenerateOptions, Generation, GenerationSummary, StopReason,
+    self, prompt_ids, BeamOptions, DraftSource, GenerateOptions, Generation, GenerationSummary,
+    SpeculationStats, SpeculativeOptions, StopReason, TokenEvent,
 };
 use nexttoken::sampling::{fresh_seed, SamplerConfig, FRONT_END_TEMPERATURE};
 use nexttoken::{Error, LanguageModel, Result, Vocab};
@@ -65,6 +67,20 @@ pub(crate) struct SamplingArgs {
     pub(crate) stop: Vec<String>,
     #[command(flatten)]
     pub(crate) constraint: ConstraintArgs,
+    /// Speculative decoding by prompt lookup: guess the next tokens from what followed the last
+    /// few where they occurred before (in the prompt or the text so far) and verify the guesses
+    /// in one forward pass. The output is what it would be without (token for token with the
+    /// same seed); only the number of passes changes.
+    #[arg(long)]
+    pub(crate) lookup: bool,
+    /// Speculative decoding with a draft model: a smaller GGUF with the same tokenizer guesses
+    /// ahead and the model verifies its guesses in one pass (greedy: the same output; sampling:
+    /// guesses judged by the rejection rule, so the output is distributed as the model's).
+    #[arg(long, value_name = "FILE", conflicts_with = "lookup")]
+    pub(crate) draft: Option<PathBuf>,
+    /// Speculative decoding: the most guesses one pass verifies (adapted to how many are kept).
+    #[arg(long, default_value_t = DEFAULT_MAX_DRAFT, allow_negative_numbers = true)]
+    pub(crate) draft_max: usize,
 }
 
 /// Structured output: at most one of these. Only tokens that keep the output valid are sampled;
@@ -139,11 +155,70 @@ impl SamplingArgs {
             },
             stop_strings: self.stop.clone(),
             constraint: self.constraint.spec()?,
+            speculative: self.speculative()?,
             ..GenerateOptions::default()
         };
         opts.sampler.validate_as(|field| format!("--{}", field.replace('_', "-")))?;
         Ok(opts)
     }
+
+    /// `--lookup` or `--draft`, with `--draft-max`.
+    fn speculative(&self) -> Result<Option<SpeculativeOptions>> {
+        let source = match (self.lookup, &self.draft) {
+            (true, _) => DraftSource::lookup(),
+            (false, Some(_)) => DraftSource::DraftModel,
+            (false, None) => return Ok(None),
+        };
+        let spec = SpeculativeOptions { source, max_draft: self.draft_max };
+        spec.validate().map_err(|e| Error::Input(format!("--draft-max: {e}")))?;
+        Ok(Some(spec))
+    }
+}
+
+/// A token's speculative decoding, for `--json`: the pass, the row, its guesses and whether
+/// this row's guess was kept.
+pub(crate) fn speculated_json(ev: &TokenEvent) -> serde_json::Value {
+    match &ev.speculated {
+        None => serde_json::Value::Null,
+        Some(s) => json!({
+            "pass": s.pass,
+            "row": s.row,
+            "drafted": s.drafted,
+            "outcome": s.outcome.name(),
+        }),
+    }
+}
+
+/// What speculative decoding did, for `--json` summaries.
+pub(crate) fn speculation_json(s: &GenerationSummary) -> serde_json::Value {
+    match &s.speculation {
+        None => serde_json::Value::Null,
+        Some(st) => json!({
+            "drafter": st.source,
+            "passes": st.passes,
+            "drafted": st.drafted,
+            "accepted": st.accepted,
+            "acceptance": st.acceptance_rate(),
+            "decode_passes": st.decode_passes,
+            "tokens_per_pass": st.tokens_per_pass(s.generated_tokens),
+            "draft_ms": st.draft_ms,
+        }),
+    }
+}
+
+/// What speculative decoding did, for the stats line on stderr ("" when it was off).
+pub(crate) fn speculation_note(s: &GenerationSummary) -> String {
+    let Some(st): Option<&SpeculationStats> = s.speculation.as_ref() else {
+        return String::new();
+    };
+    format!(
+        "; speculative ({}): {:.2} tokens per pass, {} of {} guesses kept ({:.0}%)",
+        st.source,
+        st.tokens_per_pass(s.generated_tokens),
+        st.accepted,
+        st.drafted,
+        100.0 * st.acceptance_rate()
+    )
 }
 
 fn top_json(vocab: &dyn Vocab, top: &[(u32, f32)]) -> serde_json::Value {
@@ -185,18 +260,21 @@ impl<W: Write> Write for Lines<W> {
     }
 }
 
+/// `generate`, with `draft` the `--draft` model when there is one.
 pub(crate) fn generate_with<M: LanguageModel>(
     model: &M,
+    draft: Option<&M>,
     vocab: &dyn Vocab,
     args: &GenerateArgs,
 ) -> Result<()> {
     let mut out = Lines::new(std::io::stdout().lock());
-    let result = generate_to(model, vocab, args, &mut out);
+    let result = generate_to(model, draft, vocab, args, &mut out);
     out.end_line_if_err(result)
 }
 
 fn generate_to<M: LanguageModel>(
     model: &M,
+    draft: Option<&M>,
     vocab: &dyn Vocab,
     args: &GenerateArgs,
     out: &mut impl Write,
@@ -239,6 +317,9 @@ fn generate_to<M: LanguageModel>(
     let seed = (!opts.sampler.is_greedy()).then_some(opts.sampler.seed);
     // Made (options and constraint checked) before the prompt is echoed: an error comes alone.
     let mut generation = Generation::new(model, vocab, &ids, opts)?;
+    if let Some(draft) = draft {
+        generation = generation.with_draft_model(draft)?;
+    }
     if !args.model.json {
         write!(out, "{}", args.prompt).map_err(write_err)?;
         out.flush().map_err(write_err)?;
@@ -248,6 +329,9 @@ fn generate_to<M: LanguageModel>(
             let mut line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
             if generation.is_constrained() {
                 line["removed"] = top_json(vocab, &ev.removed);
+            }
+            if ev.speculated.is_some() {
+                line["speculated"] = speculated_json(&ev);
             }
             writeln!(out, "{line}").map_err(write_err)?;
         } else {
@@ -265,6 +349,7 @@ fn generate_to<M: LanguageModel>(
             "ttft_ms": s.ttft_ms,
             "stop_reason": format!("{:?}", s.stop_reason),
             "seed": seed,
+            "speculation": speculation_json(&s),
             "text": s.text,
         });
         writeln!(out, "{summary}").map_err(write_err)?;
@@ -272,11 +357,12 @@ fn generate_to<M: LanguageModel>(
         writeln!(out).map_err(write_err)?;
         let seed = seed.map(|seed| format!("; seed {seed}")).unwrap_or_default();
         eprintln!(
-            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s{seed}{}",
+            "{} prompt tokens, {} generated; prefill {:.1} tok/s, decode {:.1} tok/s{seed}{}{}",
             s.prompt_tokens,
             s.generated_tokens,
             s.prefill_tokens_per_second(),
             s.decode_tokens_per_second(),
+            speculation_note(&s),
             constrained_note(&generation, &s),
         );
         if !generation.is_constrained() {

@@ -15,7 +15,7 @@ use nexttoken::table::TableModel;
 use nexttoken::tokenizer::HfTokenizer;
 use nexttoken::{Error, Result};
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub(crate) struct ModelArgs {
     /// A GGUF file, or a table model (.json). Default: the embedded model (www/models/default.gguf).
     #[arg(long)]
@@ -78,6 +78,24 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
         nexttoken::lm::block_on(on_native_backend(model, request, cpu, args.context))?;
     eprintln!("backend: {backend}");
     Ok(Loaded::transformer(model, text, backend))
+}
+
+/// The `--draft` model of `sampling`, if any, loaded as `args` loads the main model (the same
+/// backend choice, context, precision and threads; its own tokenizer is not needed: it shares
+/// the model's, which the generation checks by vocabulary size and BOS).
+pub(crate) fn load_draft(
+    sampling: &super::generate::SamplingArgs,
+    args: &ModelArgs,
+) -> Result<Option<Loaded>> {
+    let Some(path) = &sampling.draft else { return Ok(None) };
+    if path.extension().is_some_and(|e| e == "json") {
+        return Err(Error::Input(format!(
+            "--draft {}: a draft model is a GGUF file (table models have nothing to speed up)",
+            path.display()
+        )));
+    }
+    eprint!("draft model {}: ", path.display());
+    load(&ModelArgs { model: Some(path.clone()), tokenizer: None, ..args.clone() }).map(Some)
 }
 
 /// The most `--threads`: more than any CPU has cores (the largest have a few hundred hardware

@@ -568,6 +568,7 @@ impl CpuModel {
                             };
                         }
                         if kernels::wide_tiles(isa, w.ty) {
+                            tiles!(5);
                             tiles!(4);
                         }
                         tiles!(2);

@@ -1661,3 +1661,57 @@ fn auto_verdict_times_both_backends() {
     let rate = nexttoken::backend::cpu_decode_rate(&gpu.model, Precision::Fast, 1).unwrap();
     assert!(rate > 1e6, "{rate} bytes/s");
 }
+
+/// Speculative decoding on the GPU: a verification pass (up to 8 tokens: the decode plan's
+/// matrix-vector products with several tokens) gives the same greedy tokens as one-token steps,
+/// whatever the guesses, and the CPU's greedy tokens.
+#[test]
+fn speculative_greedy_is_plain_greedy() {
+    use nexttoken::generate::{DraftSource, GenerateOptions, Generation, SpeculativeOptions};
+    use nexttoken::lm::IdsOnly;
+    use nexttoken::sampling::SamplerConfig;
+    let Some(ctx) = context() else { return };
+    let mut models = Vec::new();
+    for (arch, ty) in
+        [(Arch::Llama, GgmlType::Q8_0), (Arch::Qwen2, GgmlType::Q4_0), (Arch::Gpt2, GgmlType::F16)]
+    {
+        let name = format!("{} {}", arch.gguf_name(), ty.name());
+        models.push((name, synth_model(arch, ty, 7, false), synth_model(arch, ty, 7, false)));
+    }
+    if let Some(path) = stories_path("stories260K-q8_0.gguf") {
+        models.push((
+            "stories260K q8_0".into(),
+            Model::open(&path).unwrap(),
+            Model::open(&path).unwrap(),
+        ));
+    }
+    for (name, for_cpu, for_gpu) in models {
+        let cpu = CpuModel::new(for_cpu);
+        // All-f32, so the GPU's greedy tokens can be the CPU's too.
+        let gpu = gpu_model(&ctx, for_gpu, GpuOptions::f32());
+        let prompt = [1, 17, 299, 42, 5];
+        let plain = GenerateOptions {
+            max_tokens: 40,
+            sampler: SamplerConfig::greedy(),
+            stop_at_eos: false,
+            ..GenerateOptions::default()
+        };
+        let run = |opts: GenerateOptions| {
+            let mut g = Generation::new(&gpu, &IdsOnly, &prompt, opts).unwrap();
+            while g.step().unwrap().is_some() {}
+            (g.generated_ids().to_vec(), g.speculation_stats().cloned())
+        };
+        let (want, _) = run(plain.clone());
+        assert_eq!(want, common::greedy(&cpu, &prompt, 40), "{name}: GPU greedy is the CPU's");
+        for (source, k) in [
+            (DraftSource::Replay { tokens: want.clone(), wrong_every: 0 }, 4),
+            (DraftSource::Replay { tokens: want.clone(), wrong_every: 2 }, 7),
+            (DraftSource::lookup(), 4),
+        ] {
+            let spec = SpeculativeOptions { source: source.clone(), max_draft: k };
+            let (got, stats) = run(GenerateOptions { speculative: Some(spec), ..plain.clone() });
+            assert_eq!(got, want, "{name}: {source:?}, k = {k}");
+            assert!(stats.unwrap().passes > 0, "{name}: {source:?} never verified a guess");
+        }
+    }
+}

@@ -14,12 +14,12 @@ use nexttoken::generate::speculative::{accept_probability, residual, Outcome};
 use nexttoken::generate::{
     prompt_ids, DraftSource, GenerateOptions, Generation, SpeculativeOptions, TokenEvent,
 };
+use nexttoken::lm::IdsOnly;
 use nexttoken::model::Model;
 use nexttoken::quant::GgmlType;
 use nexttoken::sampling::{softmax, SamplerConfig};
 use nexttoken::table::TableModel;
 use nexttoken::tokenizer::HfTokenizer;
-use nexttoken::lm::IdsOnly;
 use nexttoken::{LanguageModel, Vocab};
 
 /// A synthetic model with room for long generations (context 256).
@@ -427,8 +427,8 @@ fn bad_speculative_options_are_refused() {
         assert!(err.is_err(), "{source:?}, k = {k}");
     }
     // A draft model's generation without one says so at its first guess.
-    let mut g =
-        Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
+    let mut g = Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4))
+        .unwrap();
     g.step().unwrap();
     let err = g.step().unwrap_err().to_string();
     assert!(err.contains("draft model"), "{err}");
@@ -438,8 +438,8 @@ fn bad_speculative_options_are_refused() {
             nexttoken::synthetic::Spec { n_vocab: 60, ..synth_spec("llama", GgmlType::Q8_0, 3) };
         CpuModel::new(Model::from_bytes(nexttoken::synthetic::write(&spec).unwrap()).unwrap())
     };
-    let g =
-        Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4)).unwrap();
+    let g = Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4))
+        .unwrap();
     let err = g.with_draft_model(&other).err().unwrap().to_string();
     assert!(err.contains("vocabulary"), "{err}");
 }
@@ -454,8 +454,10 @@ fn a_greedy_draft_model_gives_plain_greedy_and_is_mostly_right_when_it_is_the_mo
         let opts = plain(40, SamplerConfig::greedy());
         let (want, _) = run(&model, &IdsOnly, &prompt, opts.clone());
         let spec = with(&opts, DraftSource::DraftModel, 4);
-        let mut g =
-            Generation::new(&model, &IdsOnly, &prompt, spec).unwrap().with_draft_model(&model).unwrap();
+        let mut g = Generation::new(&model, &IdsOnly, &prompt, spec)
+            .unwrap()
+            .with_draft_model(&model)
+            .unwrap();
         let mut got = Vec::new();
         while let Some(e) = g.step().unwrap() {
             got.push(e.id);

@@ -17,6 +17,8 @@ import {
   beamTreeNodes,
   greedyLine,
   scoreNodes,
+  speculationText,
+  speculationClass,
 } from "./views.js";
 
 const $ = (id) => document.getElementById(id);
@@ -301,6 +303,7 @@ function options() {
     // Each step's 64 most likely tokens, for the inspector's sampler view.
     keepCandidates: 64,
     constraint: constraint(),
+    lookup: $("lookup").checked,
   };
 }
 
@@ -490,11 +493,19 @@ function summaryStats(s) {
     stats["structured output"] = constraintStat(s);
     // The seed the sampler drew with: typed into the seed field, it reproduces the run.
     stats.seed = s.seed !== undefined ? String(s.seed) : "";
+    stats["speculative decoding"] = speculationStat(s.speculation);
   } else {
     stats.stopped = STOP_REASONS.Aborted;
   }
   delete stats["tokens/s (live)"];
   renderStats();
+}
+
+/** The summary's speculative decoding in a line ("" when it was off). */
+function speculationStat(sp) {
+  if (!sp) return "";
+  const kept = sp.drafted ? ` (${Math.round((100 * sp.accepted) / sp.drafted)}%)` : "";
+  return `${sp.drafter}: ${sp.tokensPerPass.toFixed(2)} tokens per forward pass; ${sp.accepted} of ${sp.drafted} guesses kept${kept} in ${sp.passes} verification passes`;
 }
 
 const STOP_REASONS = {
@@ -532,6 +543,7 @@ function inspect(i) {
     ["perplexity so far", t.perplexity.toFixed(3)],
     ["position", `${t.position} in the sequence (the prompt is 0–${t.position - i - 1})`],
   ];
+  if (t.speculated) rows.push(["speculative decoding", speculationText(t)]);
   const dl = el("dl", { className: "stats" });
   for (const [k, v] of rows) dl.append(el("dt", { textContent: k }), el("dd", { textContent: v }));
   const list = alternativesList(t, canBranch() ? (alt) => branchFrom(i, alt) : null);
@@ -781,6 +793,10 @@ function tokenSpanAt(t, i) {
   span.dataset.i = i;
   span.style.backgroundColor = probColor(t.prob);
   span.title = `${JSON.stringify(t.token)}  P = ${t.prob.toFixed(4)}`;
+  if (t.speculated) {
+    span.classList.add(speculationClass(t));
+    span.title += `\n${speculationText(t)}`;
+  }
   return span;
 }
 

@@ -33,6 +33,8 @@ import {
   beamTreeNodes,
   greedyLine,
   scoreNodes,
+  speculationText,
+  speculationClass,
 } from "./views.js";
 
 const STYLE = `
@@ -66,6 +68,9 @@ button:disabled { opacity: .45; cursor: default; }
 .tok[data-p]::after { content: attr(data-p); display: block; font-size: .65em; color: var(--_accent); line-height: 1.1; white-space: nowrap; }
 .tok.empty::before { content: "end"; color: var(--_muted); font-size: .7em; border: 1px solid var(--_border); border-radius: 3px; padding: 0 2px; }
 .explore .gen .tok { cursor: pointer; color: #1d1f23; }
+.tok.spec-accepted { text-decoration: underline 2px #2e8b57; }
+.tok.spec-rejected { text-decoration: underline wavy #c0392b; }
+.tok.spec-bonus { text-decoration: underline double #2e8b57; }
 .explore .gen .tok[data-p]::after { color: #1d1f23; }
 .explore .gen .tok.shared { outline: 1px dashed var(--_muted); }
 .explore .gen .tok.selected { box-shadow: 0 0 0 2px var(--_accent); }
@@ -340,6 +345,8 @@ class NextTokenElement extends HTMLElement {
       beams: beam ? Math.max(2, this.num("beams", 2)) : this.num("beams", 1),
       // The explorer's sampler view reads each step's 64 most likely tokens.
       keepCandidates: this.view === "explore" ? 64 : 0,
+      // Speculative decoding by prompt lookup: the same text in fewer forward passes.
+      lookup: this.hasAttribute("lookup"),
     };
   }
 
@@ -383,6 +390,10 @@ class NextTokenElement extends HTMLElement {
     const span = el("span", { className: "tok", textContent: t.text }); // text, never HTML
     if (!t.text) span.classList.add("empty");
     span.title = `${t.token}: P = ${t.prob.toFixed(4)}`;
+    if (t.speculated) {
+      span.classList.add(speculationClass(t));
+      span.title += `\n${speculationText(t)}`;
+    }
     if (this.hasAttribute("show-probabilities")) span.dataset.p = t.prob.toFixed(2);
     if (this.view === "explore") {
       span.dataset.i = i;
@@ -469,6 +480,7 @@ class NextTokenElement extends HTMLElement {
     });
     const list = alternativesList(t, this.promptIds && !this.generating ? (alt) => this.branch(i, alt) : null);
     detail.replaceChildren(heading, list);
+    if (t.speculated) detail.append(el("p", { className: "speculated", textContent: speculationText(t) }));
     if (t.candidates) {
       const history = [...(this.promptIds ?? []), ...this.tokens.slice(0, i).map((x) => x.id)];
       detail.append(samplerPanel(this.model.nt, t, this.options(), history, ["temperature", "topK", "topP", "minP"]));

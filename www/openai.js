@@ -127,6 +127,9 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     topLogprobs: alternatives,
     dropOldest: field(params, "drop_oldest", boolean) ?? false,
     constraint: constraintOf(params),
+    // An extension (as top_k and min_p are): speculative decoding by prompt lookup. The output
+    // is unchanged; only the number of forward passes is.
+    lookup: field(params, "prompt_lookup", boolean) ?? false,
   };
   return {
     engine,

@@ -10,6 +10,27 @@ export const el = (tag, props = {}, ...children) => {
   return node;
 };
 
+/**
+ * What speculative decoding did at token `t` (a sentence), or "" when no verification pass made
+ * it: the pass, its guesses, and whether the guess at this token's row was kept.
+ */
+export function speculationText(t) {
+  const s = t.speculated;
+  if (!s) return "";
+  const guesses = s.drafted.map((g) => JSON.stringify(g.piece)).join(" ");
+  const head = `pass ${s.pass + 1} checked ${s.drafted.length} guessed tokens (${guesses}) in one forward pass; row ${s.row}:`;
+  if (s.outcome === "accepted") return `${head} the model's token is the guess, kept`;
+  if (s.outcome === "bonus")
+    return `${head} every guess was kept, and this token came free from the row after the last`;
+  const guess = JSON.stringify(s.drafted[s.row]?.piece ?? "");
+  return `${head} the guess ${guess} was rejected; the model's own token is this one, and the guesses after it were thrown away (the KV cache cut back)`;
+}
+
+/** The CSS class marking a token by its speculative outcome ("spec-accepted", ...), or "". */
+export function speculationClass(t) {
+  return t.speculated ? `spec-${t.speculated.outcome}` : "";
+}
+
 /** 0 → red-ish, 1 → green: a light background that keeps dark text readable. */
 export function probColor(p) {
   const hue = Math.round(120 * Math.sqrt(p));

@@ -388,8 +388,9 @@ pub fn run(o: &BenchOptions) -> Result<()> {
     }
     let spec = o.constraint.spec()?;
     let spec_ctx = if o.speculative { 16 + o.spec_tokens + o.draft_max } else { 0 };
-    let max_ctx =
-        (o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps).max(spec_ctx) + 8;
+    let max_ctx = (o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps)
+        .max(spec_ctx)
+        + 8;
     let mut results = Vec::new();
     let backends: Vec<&str> = match o.backend.as_str() {
         "both" => vec!["cpu", "gpu"],

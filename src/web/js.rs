@@ -7,7 +7,8 @@ use wasm_bindgen::prelude::*;
 use crate::chat::Message;
 use crate::constraint::ConstraintSpec;
 use crate::generate::{
-    BeamOptions, GenerateOptions, GenerationSummary, Score, TextStream, TokenEvent,
+    speculative::DEFAULT_MAX_DRAFT, BeamOptions, GenerateOptions, GenerationSummary, Score,
+    SpeculativeOptions, TextStream, TokenEvent,
 };
 use crate::sampling::SamplerConfig;
 use crate::Vocab;
@@ -95,6 +96,14 @@ pub(super) struct GenOptions {
     /// under it (a branch of a constrained generation): they are checked against it first.
     #[serde(alias = "constraint_prefix")]
     constraint_prefix: usize,
+    /// Speculative decoding by prompt lookup: guesses from what followed the last few tokens
+    /// where they occurred before, verified several per forward pass. The output is the same
+    /// (token for token with the same seed); each token event says which pass made it and
+    /// whether its guess was kept (`speculated`), the summary how many were (`speculation`).
+    lookup: bool,
+    /// Speculative decoding: the most guesses one pass verifies (default 4, at most 16).
+    #[serde(alias = "draft_max")]
+    draft_max: Option<usize>,
 }
 
 impl GenOptions {
@@ -127,6 +136,10 @@ impl GenOptions {
             keep_candidates: self.keep_candidates.min(MAX_CANDIDATES),
             constraint: self.constraint.clone(),
             constraint_prefix: self.constraint_prefix,
+            speculative: self.lookup.then(|| SpeculativeOptions {
+                max_draft: self.draft_max.unwrap_or(DEFAULT_MAX_DRAFT),
+                ..SpeculativeOptions::lookup()
+            }),
             ..d
         }
     }
@@ -212,6 +225,27 @@ pub(super) struct TokenOut {
     /// removed none of them (and without a constraint).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     removed: Vec<RemovedOut>,
+    /// When a verification pass of speculative decoding made this token: the pass's number, the
+    /// row this token was sampled from, the pass's guesses, and whether the guess at this row
+    /// was "accepted", "rejected" (the model chose this token instead) or this is the "bonus"
+    /// token after all of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculated: Option<SpeculatedOut>,
+}
+
+#[derive(Serialize)]
+struct SpeculatedOut {
+    pass: usize,
+    row: usize,
+    drafted: Vec<GuessOut>,
+    outcome: &'static str,
+}
+
+#[derive(Serialize)]
+struct GuessOut {
+    id: u32,
+    /// The guess alone as text.
+    piece: String,
 }
 
 #[derive(Serialize)]
@@ -284,6 +318,12 @@ pub(super) fn token_out(vocab: &dyn Vocab, ev: TokenEvent) -> TokenOut {
                 logprob: if prob > 0.0 { f64::from(prob).ln() } else { NEVER_LOGPROB },
             })
             .collect(),
+        speculated: ev.speculated.as_ref().map(|s| SpeculatedOut {
+            pass: s.pass,
+            row: s.row,
+            drafted: s.drafted.iter().map(|&id| GuessOut { id, piece: piece(vocab, id) }).collect(),
+            outcome: s.outcome.name(),
+        }),
         candidates: (!ev.candidates.is_empty()).then(|| CandidatesOut {
             ids: ev.candidates.iter().map(|&(id, _)| id).collect(),
             logits: ev.candidates.iter().map(|&(_, logit)| logit).collect(),
@@ -363,6 +403,23 @@ pub(super) struct SummaryOut {
     /// back as `seed` to reproduce the run); absent for beam search, which draws nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<f64>,
+    /// What speculative decoding did, when it was on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculation: Option<SpeculationOut>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpeculationOut {
+    /// "prompt lookup"
+    drafter: &'static str,
+    /// Verification passes, the guesses they checked and how many were kept.
+    passes: usize,
+    drafted: usize,
+    accepted: usize,
+    acceptance: f64,
+    /// Tokens per forward pass after the prompt's (1 without speculation).
+    tokens_per_pass: f64,
 }
 
 #[derive(Serialize)]
@@ -383,6 +440,14 @@ pub(super) fn summary_out(
         constraint,
         // A JS number (a seed given past 2^53 is reported rounded, as JS held it).
         seed: seed.map(|s| s as f64),
+        speculation: s.speculation.as_ref().map(|st| SpeculationOut {
+            drafter: st.source,
+            passes: st.passes,
+            drafted: st.drafted,
+            accepted: st.accepted,
+            acceptance: st.acceptance_rate(),
+            tokens_per_pass: st.tokens_per_pass(s.generated_tokens),
+        }),
         prompt_tokens: s.prompt_tokens,
         reused_tokens: s.reused_tokens,
         generated_tokens: s.generated_tokens,

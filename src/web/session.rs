@@ -35,7 +35,7 @@ pub(super) enum Stepper {
     /// Sampling, one forward pass per token.
     Sample(Box<Owned>),
     /// A beam search, run whole on the first step, then its best beam replayed token by token.
-    Beam(BeamRun),
+    Beam(Box<BeamRun>),
 }
 
 pub(super) struct BeamRun {
@@ -82,7 +82,7 @@ impl Stepper {
         extra_stops: &[u32],
     ) -> Result<Self> {
         Ok(match opts.beam_options() {
-            Some(beam_opts) => Stepper::Beam(BeamRun {
+            Some(beam_opts) => Stepper::Beam(Box::new(BeamRun {
                 search: Some(match opts.constraint() {
                     Some(spec) => {
                         BeamSearch::new(&**model, ids, beam_opts)?.with_constraint(&*vocab, spec)?
@@ -97,7 +97,7 @@ impl Stepper {
                 aborted: false,
                 tree: Vec::new(),
                 best: None,
-            }),
+            })),
             None => {
                 let mut gen_opts = opts.generate_options();
                 gen_opts.stop_tokens.extend_from_slice(extra_stops);

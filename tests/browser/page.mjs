@@ -31,6 +31,55 @@ export async function pageTests(t) {
     }
   });
 
+  await test(`[${mode}] speculative decoding (prompt lookup): the same greedy and seeded text as without; tokens marked kept or rejected; the inspector and the stats say what the passes did`, async () => {
+    const page = await browser.newPage();
+    try {
+      await page.goto(`${base}/?nosw`);
+      await waitLoaded(page);
+      // A prompt the default model (the KJV) continues by quoting: lookup has text to copy.
+      await page.fill(
+        "#prompt",
+        "And God said, Let there be light: and there was light. And God saw the light, that it was good. And God said, Let there be",
+      );
+      await page.fill("#max-tokens", "40");
+      const run = async (temperature, seed, lookup) => {
+        await page.fill("#temperature", temperature);
+        await page.fill("#seed", seed);
+        await page.setChecked("#lookup", lookup);
+        await page.click("#generate");
+        await waitState(page, "ready");
+        return {
+          text: await page.textContent("#output-tokens"),
+          kept: await page.locator("#output-tokens .tok.spec-accepted").count(),
+          rejected: await page.locator("#output-tokens .tok.spec-rejected").count(),
+          stats: await statsOf(page),
+        };
+      };
+      for (const [temperature, seed] of [
+        ["0", ""],
+        ["0.8", "7"],
+      ]) {
+        const plain = await run(temperature, seed, false);
+        const fast = await run(temperature, seed, true);
+        assertEq(fast.text, plain.text, `temperature ${temperature}: the text with lookup`);
+        assertEq(plain.kept + plain.rejected, 0, "no marks without lookup");
+        assert(!plain.stats["speculative decoding"], "no speculation stat without lookup");
+        assert(fast.kept > 0, `temperature ${temperature}: no guess was kept (${JSON.stringify(fast.stats)})`);
+        assert(
+          /prompt lookup: [\d.]+ tokens per forward pass; \d+ of \d+ guesses kept/.test(
+            fast.stats["speculative decoding"],
+          ),
+          `stats: ${fast.stats["speculative decoding"]}`,
+        );
+      }
+      await page.locator("#output-tokens .tok.spec-accepted").first().click();
+      const inspector = await page.textContent("#inspect");
+      assert(/speculative decoding\s*pass \d+ checked \d+ guessed tokens/.test(inspector), inspector);
+    } finally {
+      await page.close();
+    }
+  });
+
   await test(`[${mode}] settings out of range are refused by name; table models show words, not MB or tokens/s; the beam lesson starts empty and finds "a bird"`, async () => {
     const page = await browser.newPage();
     try {

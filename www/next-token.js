@@ -9,7 +9,8 @@
 // prompt, separated by "|" or newlines), max-tokens (default 64), temperature (default 0.8; 0 =
 // greedy; the beam view is always greedy), seed (only for reproducible runs: without it each run
 // draws anew), top-k, top-p, min-p, beams (beam view default 2), show-probabilities (each token's P,
-// and the product), autorun (generate once loaded), eager (load at once: by default nothing is
+// and the product), lookup (speculative decoding by prompt lookup: the same text in fewer
+// forward passes; tokens whose guess was kept or rejected are underlined), autorun (generate once loaded), eager (load at once: by default nothing is
 // downloaded until the element is on screen or clicked), backend (auto | gpu | cpu), editable (let
 // the reader edit the prompt, and the candidates).
 // Events (bubbling, composed): "nt-load" (detail: the model info), "nt-token" (detail: the token

@@ -75,6 +75,13 @@ export async function pageTests(t) {
       await page.locator("#output-tokens .tok.spec-accepted").first().click();
       const inspector = await page.textContent("#inspect");
       assert(/speculative decoding\s*pass \d+ checked \d+ guessed tokens/.test(inspector), inspector);
+      // The lesson's element with `lookup`: kept guesses underlined, the explorer says why.
+      await page.goto(`${base}/embed.html`);
+      await page.locator("#spec .run").click();
+      await page.locator("#spec .gen .tok.spec-accepted").first().waitFor({ timeout: 60_000 });
+      await page.locator("#spec .gen .tok.spec-accepted").first().click();
+      const detail = await page.locator("#spec .detail .speculated").textContent();
+      assert(/guessed tokens .* kept/.test(detail), detail);
     } finally {
       await page.close();
     }

@@ -10,7 +10,7 @@ mod common;
 use common::{synth_spec, SYNTH_BOS};
 use nexttoken::constraint::ConstraintSpec;
 use nexttoken::cpu::{CpuModel, Precision};
-use nexttoken::generate::speculative::{accept_probability, residual, Outcome};
+use nexttoken::generate::speculative::{accept_probability, residual, DraftLength, Outcome};
 use nexttoken::generate::{
     prompt_ids, DraftSource, GenerateOptions, Generation, SpeculativeOptions, TokenEvent,
 };
@@ -56,7 +56,11 @@ fn run<M: LanguageModel>(
     prompt: &[u32],
     opts: GenerateOptions,
 ) -> (Vec<TokenEvent>, nexttoken::generate::GenerationSummary) {
-    let mut g = Generation::new(model, vocab, prompt, opts).unwrap();
+    // A stopped clock: the draft length then follows acceptance alone (a pass that costs more
+    // than its tokens backs off, which would make the counts below depend on this host's speed).
+    let state = model.new_state();
+    let mut g: Generation<M> =
+        Generation::resume_with_clock(model, vocab, state, prompt, opts, || 0.0).unwrap();
     let mut events = Vec::new();
     while let Some(event) = g.step().unwrap() {
         events.push(event);
@@ -302,7 +306,9 @@ fn a_sampling_draft_model_leaves_the_distribution_the_models() {
     let target = synth("llama", GgmlType::F32, 11, Precision::Exact);
     let draft = synth("llama", GgmlType::F32, 12, Precision::Exact);
     let prompt = [SYNTH_BOS, 7, 19];
-    let first = 23; // forced, so the first verification pass makes the 2nd and 3rd tokens
+    // Forced: the 1st token (the prompt's pass) and the 2nd (the first decode step, a plain one
+    // that times a step), so the first verification pass makes the 3rd and 4th tokens.
+    let forced = [23, 31];
     let sampler = SamplerConfig { temperature: 1.5, ..SamplerConfig::default() };
     let n_vocab = target.vocab_size();
     let dist = |logits: &[f32]| -> Vec<f64> {
@@ -310,10 +316,10 @@ fn a_sampling_draft_model_leaves_the_distribution_the_models() {
         softmax(&scaled).into_iter().map(f64::from).collect()
     };
 
-    // Exact: P(t2) and P(t3) = sum over t2 of P(t2) P(t3 | t2).
+    // Exact: P(t3) and P(t4) = sum over t3 of P(t3) P(t4 | t3).
     let mut state = target.new_state();
     let mut context = prompt.to_vec();
-    context.push(first);
+    context.extend(forced);
     let p2 = dist(&target.forward(&mut state, &context, false).unwrap());
     let mut p3 = vec![0.0; n_vocab];
     for (t2, &w) in p2.iter().enumerate() {
@@ -327,9 +333,9 @@ fn a_sampling_draft_model_leaves_the_distribution_the_models() {
     let (mut drafted, mut accepted) = (0, 0);
     for seed in 0..runs {
         let opts = GenerateOptions {
-            forced: vec![first],
+            forced: forced.to_vec(),
             speculative: Some(SpeculativeOptions::draft_model()),
-            ..plain(3, SamplerConfig { seed, ..sampler.clone() })
+            ..plain(4, SamplerConfig { seed, ..sampler.clone() })
         };
         let mut g = Generation::new(&target, &IdsOnly, &prompt, opts).unwrap();
         g = g.with_draft_model(&draft).unwrap();
@@ -337,8 +343,8 @@ fn a_sampling_draft_model_leaves_the_distribution_the_models() {
         while let Some(e) = g.step().unwrap() {
             events.push(e);
         }
-        c2[events[1].id as usize] += 1;
-        c3[events[2].id as usize] += 1;
+        c2[events[2].id as usize] += 1;
+        c3[events[3].id as usize] += 1;
         let stats = g.speculation_stats().unwrap();
         (drafted, accepted) = (drafted + stats.drafted, accepted + stats.accepted);
     }
@@ -346,7 +352,7 @@ fn a_sampling_draft_model_leaves_the_distribution_the_models() {
     assert!(accepted > 0 && accepted < drafted, "{accepted} of {drafted} kept");
     let (fit2, fit3) =
         (goodness_of_fit(&c2, &p2, runs as usize), goodness_of_fit(&c3, &p3, runs as usize));
-    assert!(fit2 > 1e-4 && fit3 > 1e-4, "chi-square tail: 2nd token {fit2}, 3rd token {fit3}");
+    assert!(fit2 > 1e-4 && fit3 > 1e-4, "chi-square tail: 3rd token {fit2}, 4th token {fit3}");
 
     // The test can fail: the draft model's own distribution is far from the target's.
     let mut s = draft.new_state();
@@ -429,8 +435,13 @@ fn bad_speculative_options_are_refused() {
     // A draft model's generation without one says so at its first guess.
     let mut g = Generation::new(&model, &IdsOnly, &prompt, with(&opts, DraftSource::DraftModel, 4))
         .unwrap();
-    g.step().unwrap();
-    let err = g.step().unwrap_err().to_string();
+    let err = loop {
+        match g.step() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the generation ended without guessing"),
+            Err(e) => break e.to_string(),
+        }
+    };
     assert!(err.contains("draft model"), "{err}");
     // One with another vocabulary is refused.
     let other = {
@@ -466,4 +477,32 @@ fn a_greedy_draft_model_gives_plain_greedy_and_is_mostly_right_when_it_is_the_mo
         let stats = g.speculation_stats().unwrap();
         assert!(stats.acceptance_rate() > 0.9, "{precision:?}: {stats:?}");
     }
+}
+
+#[test]
+fn the_draft_length_follows_acceptance_and_cost() {
+    let mut length = DraftLength::new(4);
+    assert_eq!(length.for_this_step(), 0, "the first decode step is plain (a step's time)");
+    length.time_plain_step(10.0);
+    assert_eq!(length.for_this_step(), 4);
+    // A pass of 4 guesses, all kept, in 14 ms: 5 tokens for 1.4 steps. Still 4 (the most).
+    length.record(4, 4, 14.0);
+    assert_eq!(length.for_this_step(), 4);
+    // One kept: next time 2 guesses.
+    length.record(4, 1, 14.0);
+    assert_eq!(length.for_this_step(), 2);
+    // Nothing kept: 1 step without guessing, then 1 guess; nothing again: 2 steps, then 4 ...
+    length.record(2, 0, 11.0);
+    assert_eq!((length.for_this_step(), length.for_this_step()), (0, 1));
+    length.record(1, 0, 11.0);
+    assert_eq!((length.for_this_step(), length.for_this_step(), length.for_this_step()), (0, 0, 1));
+    // Kept but dear (a compute-bound step: 2 tokens for the time of 5 steps): backs off too.
+    length.record(1, 1, 50.0);
+    let waits = (0..8).take_while(|_| length.for_this_step() == 0).count();
+    assert_eq!(waits, 4, "backed off 4 steps");
+    // A pass that pays resets the back-off.
+    length.record(2, 2, 12.0);
+    assert_eq!(length.for_this_step(), 4);
+    length.record(4, 0, 12.0);
+    assert_eq!((length.for_this_step(), length.for_this_step()), (0, 1));
 }

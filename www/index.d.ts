@@ -43,6 +43,12 @@ export interface LoadOptions {
   signal?: AbortSignal;
   /** Tests: "auto" treats a software adapter (SwiftShader) as a real GPU and measures it. */
   allowSoftwareGpu?: boolean;
+  /**
+   * Speculative decoding with a draft model: a smaller GGUF with this model's tokenizer (a
+   * catalog id or URL), loaded on the CPU path beside it. Sampling runs then verify its guesses
+   * several per forward pass (the output is the model's); `draft: false` in a run turns it off.
+   */
+  draft?: string | ModelSpec;
 }
 
 export interface ModelInfo {
@@ -102,6 +108,12 @@ export interface GenerateOptions {
   keepCandidates?: number;
   /** Structured output: only tokens that keep the output valid are sampled (see `Constraint`). */
   constraint?: Constraint;
+  /** Speculative decoding by prompt lookup: the same tokens in fewer forward passes (tokens carry `speculated`). */
+  lookup?: boolean;
+  /** Speculative decoding: the most guesses one pass verifies (default 4, at most 16). */
+  draftMax?: number;
+  /** With a draft model loaded: guess with it (default true). `lookup` takes precedence. */
+  draft?: boolean;
 }
 
 /**
@@ -162,6 +174,13 @@ export interface Token extends Alternative {
   perplexity: number;
   /** Under a constraint: the model's most likely tokens it removed at this step (absent when none). */
   removed?: { id: number; token: string; piece?: string; prob: number; logprob: number }[];
+  /** Made by a verification pass of speculative decoding: its number, this token's row, its guesses, and whether the guess at this row was kept. */
+  speculated?: {
+    pass: number;
+    row: number;
+    drafted: { id: number; piece: string }[];
+    outcome: "accepted" | "rejected" | "bonus";
+  };
 }
 
 export interface Summary {
@@ -180,6 +199,15 @@ export interface Summary {
   constraint?: { buildMs: number; stepsMs: number; steps: number };
   /** The seed the sampler drew with (given, or drawn for this run): pass it as `seed` to reproduce the run. Absent for beam search. */
   seed?: number;
+  /** What speculative decoding did, when it was on. */
+  speculation?: {
+    drafter: "prompt lookup" | "draft model";
+    passes: number;
+    drafted: number;
+    accepted: number;
+    acceptance: number;
+    tokensPerPass: number;
+  };
   wallMs: number;
   promptIds: number[];
   messages?: ChatMessage[];

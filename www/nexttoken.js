@@ -300,9 +300,11 @@ export class NextToken {
       tokenizer,
       signal,
       allowSoftwareGpu = false,
+      draft,
     } = {},
   ) {
     const spec = resolveSpec(model, tokenizer);
+    const draftSpec = draft ? resolveSpec(draft) : undefined;
     if (spec.kind === "gguf") requestPersistentStorage();
     const id = this.link.nextId++;
     this.info = null;
@@ -325,7 +327,12 @@ export class NextToken {
           }
         }
       });
-      this.#post({ type: "load", id, spec, options: { backend, maxSeq, exact, threads, allowSoftwareGpu } });
+      this.#post({
+        type: "load",
+        id,
+        spec,
+        options: { backend, maxSeq, exact, threads, allowSoftwareGpu, draft: draftSpec },
+      });
     });
   }
 

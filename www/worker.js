@@ -191,6 +191,7 @@ async function load({ id, slot, spec, options = {} }) {
           }
         }
       }
+      if (options.draft) await addDraft(engine, options.draft, id, signal, loadOptions);
       loads.set(slot, { spec, tokenizer, loadOptions, auto });
       timings = {
         downloadMs: got.downloadMs - t0,
@@ -207,6 +208,29 @@ async function load({ id, slot, spec, options = {} }) {
     post({ type: "error", id, message: cancelled ? "loading was cancelled" : errorMessage(e), retryable });
   } finally {
     loadAborts.delete(id);
+  }
+}
+
+/**
+ * Speculative decoding's draft model for `engine`: `spec` loaded on the CPU path (a small model's
+ * one-token passes cost little there, whatever runs the main model), its tokenizer the main
+ * model's. Its engine is freed once the main one holds the model.
+ */
+async function addDraft(engine, spec, id, signal, loadOptions) {
+  if (spec.kind !== "gguf") throw new Error("draft: a draft model is a GGUF model");
+  const cpu = wasm.BackendChoice.cpu("a draft model runs on the CPU path");
+  try {
+    const draft = await loadGguf(spec, id, signal, cpu, null, { ...loadOptions, backend: "cpu" });
+    try {
+      engine.setDraft(draft.engine);
+    } finally {
+      draft.engine.free();
+    }
+  } catch (e) {
+    engine.free();
+    throw new Error(`draft model ${spec.url}: ${errorMessage(e)}`);
+  } finally {
+    cpu.free();
   }
 }
 

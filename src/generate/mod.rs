@@ -366,6 +366,8 @@ struct VerifiedPass {
     rows: Vec<f32>,
     row: usize,
     number: usize,
+    /// Milliseconds of guessing and of the forward pass.
+    ms: f64,
 }
 
 impl<'m, M: LanguageModel> Generation<'m, M> {
@@ -545,21 +547,32 @@ where
                 let top = model
                     .forward_top_allowed_async(&mut self.state, &tokens, k, shown, &allowed)
                     .await?;
+                self.time_plain_step();
                 return self.step_output_allowed(top).map(Some);
             }
             let top = model.forward_top_async(&mut self.state, &tokens, k).await?;
+            self.time_plain_step();
             return self.step_output_top(top).map(Some);
         }
         let logits = model.forward_async(&mut self.state, &tokens, false).await?;
+        self.time_plain_step();
         self.step_output(logits).map(Some)
+    }
+
+    /// A plain decode step's pass has just ended: what a verification pass is weighed against.
+    fn time_plain_step(&mut self) {
+        if !self.prefilled {
+            return;
+        }
+        if let Some(spec) = self.speculation.as_mut() {
+            spec.length.time_plain_step((self.clock)() - self.step_start);
+        }
     }
 
     /// Speculative decoding's guesses for this step, when it is on and guesses (none while
     /// forced tokens remain, nor where the pass could not emit more than one token).
     async fn draft_async(&mut self) -> Result<Option<Draft>> {
-        if self.next_forced().is_some() {
-            return Ok(None);
-        }
+        let forced = self.next_forced().is_some();
         let Some(spec) = self.speculation.as_mut() else { return Ok(None) };
         let model = Borrow::<M>::borrow(&self.model);
         let generated = self.tokens.len() - self.prompt_len;
@@ -567,8 +580,9 @@ where
         // tokens.len() + k.
         let room = (self.opts.max_tokens.saturating_sub(generated + 1))
             .min(model.context_length().saturating_sub(self.tokens.len()));
+        // A forced step counts as a plain one (its time is a step's time).
         let k = spec.length.for_this_step().min(room);
-        if k == 0 {
+        if k == 0 || forced {
             return Ok(None);
         }
         let start = (self.clock)();
@@ -587,7 +601,9 @@ where
         spec.stats.drafted += draft.ids.len();
         self.logits.clear();
         self.logits.extend_from_slice(&rows[..n]);
-        spec.pass = Some(VerifiedPass { draft, rows, row: 0, number: spec.stats.passes - 1 });
+        // What guessing and the pass cost, against plain steps.
+        let ms = (self.clock)() - self.step_start;
+        spec.pass = Some(VerifiedPass { draft, rows, row: 0, number: spec.stats.passes - 1, ms });
         self.step_output(Vec::new())
     }
 
@@ -624,7 +640,7 @@ where
             }
         }
         let kept = row + (outcome == Outcome::Accepted) as usize;
-        spec.length.record(pass.draft.ids.len(), kept);
+        spec.length.record(pass.draft.ids.len(), kept, pass.ms);
         self.close_pass()
     }
 

@@ -225,17 +225,22 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
     rest.into_iter().map(|(id, w)| (id, (w / mass) as f32)).collect()
 }
 
-/// How many tokens to guess at each step: k adapts to what the model keeps. After a pass that
-/// kept every guess k doubles (up to the maximum); after a rejection it becomes the number kept
-/// plus one (the guesses that would have been kept, and one to try); after a pass that kept
-/// nothing, no guessing for 1, 2, 4, ... up to [`MAX_BACKOFF`] steps, so a drafter that is never
-/// right costs one small pass in every few dozen steps.
+/// How many tokens to guess at each step: k adapts to what the model keeps and to what passes
+/// cost. After a pass that kept every guess k doubles (up to the maximum); after a rejection it
+/// becomes the number kept plus one (the guesses that would have been kept, and one to try).
+/// After a pass that did not pay — it made fewer tokens than the plain steps its time would
+/// have bought (a pass that kept nothing; any pass where a step is compute-bound, as on a tiny
+/// model, where a pass of 5 tokens costs about 5 steps) — no guessing for 1, 2, 4, ... up to
+/// [`MAX_BACKOFF`] steps, so a drafter that is never right costs one small pass in every few
+/// dozen steps. The first decode step is a plain one, to have a step's time to weigh passes by.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     max: usize,
     k: usize,
     backoff: usize,
     wait: usize,
+    /// A plain step's milliseconds (a moving average), once one was timed.
+    step_ms: Option<f64>,
 }
 
 /// The most plain steps between tries of a drafter that keeps failing.
@@ -243,7 +248,7 @@ pub const MAX_BACKOFF: usize = 32;
 
 impl DraftLength {
     pub fn new(max: usize) -> DraftLength {
-        DraftLength { max, k: max, backoff: 0, wait: 0 }
+        DraftLength { max, k: max, backoff: 0, wait: 1, step_ms: None }
     }
 
     /// The guesses to make at this step: 0 while backing off.
@@ -255,11 +260,25 @@ impl DraftLength {
         self.k
     }
 
-    /// A pass verified `drafted` guesses and kept `accepted`.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// A plain decode step took `ms` (its forward pass).
+    pub fn time_plain_step(&mut self, ms: f64) {
+        self.step_ms = Some(match self.step_ms {
+            None => ms,
+            Some(avg) => 0.7 * avg + 0.3 * ms,
+        });
+    }
+
+    /// A pass verified `drafted` guesses and kept `accepted` in `ms` (guessing and its forward
+    /// pass).
+    pub fn record(&mut self, drafted: usize, accepted: usize, ms: f64) {
         self.k = if accepted == drafted { (drafted * 2).max(1) } else { accepted + 1 };
         self.k = self.k.min(self.max);
-        if accepted == 0 {
+        // The pass made accepted + 1 tokens; plain steps would have made ms / step_ms.
+        let paid = match self.step_ms {
+            Some(step) if step > 0.0 => (accepted + 1) as f64 * step > ms,
+            _ => accepted > 0,
+        };
+        if !paid {
             self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
             self.wait = self.backoff;
         } else {

@@ -290,6 +290,9 @@ pub struct Engine {
     /// The latest session's stepper: the next session takes over its KV cache and keeps the
     /// prefix the two prompts share (a chat's earlier turns, a branch's common start).
     latest: RefCell<Option<Slot>>,
+    /// A smaller model with the same vocabulary that sampling runs guess with (speculative
+    /// decoding), when one was given (`setDraft`).
+    draft: RefCell<Option<Rc<AnyModel>>>,
 }
 
 /// What `info()` says of a loaded model: its kind, backend and shapes. `load_path`: how its
@@ -318,6 +321,7 @@ fn describe(loaded: &Loaded, load_path: &'static str) -> InfoOut {
                 chat_template,
                 weights_in_wasm_bytes: 0,
                 load_path: "",
+                draft_parameters: None,
             };
         }
         AnyModel::Cpu(m) => &m.model,
@@ -342,6 +346,7 @@ fn describe(loaded: &Loaded, load_path: &'static str) -> InfoOut {
         words: Vec::new(),
         weights_in_wasm_bytes: model.held_bytes(),
         load_path,
+        draft_parameters: None,
     }
 }
 
@@ -382,7 +387,7 @@ fn score_promise(
 impl Engine {
     fn new(loaded: Loaded, load_path: &'static str) -> Engine {
         let info = describe(&loaded, load_path);
-        Engine { loaded, info, latest: RefCell::new(None) }
+        Engine { loaded, info, latest: RefCell::new(None), draft: RefCell::new(None) }
     }
 
     fn template(&self) -> Result<&ChatTemplate, JsError> {
@@ -400,8 +405,10 @@ impl Engine {
         // Taken even if this start fails: the old session's state may be cut back already.
         let previous = self.latest.borrow_mut().take().and_then(|slot| slot.borrow_mut().take());
         let model = &self.loaded.model;
-        let gen = Stepper::start_after(model, vocab.clone(), ids, opts, previous, stops)
-            .map_err(js_err)?;
+        let draft = self.draft.borrow();
+        let gen =
+            Stepper::start_after(model, draft.as_ref(), vocab.clone(), ids, opts, previous, stops)
+                .map_err(js_err)?;
         let session = Session::new(gen, vocab, ids.to_vec());
         *self.latest.borrow_mut() = Some(session.slot());
         Ok(session)
@@ -482,6 +489,33 @@ impl Engine {
     /// How the CPU path's decode steps walk the weight rows: "tiles" (adjacent), "streams"
     /// (spread tiles), or "timing" while the first decode steps still time both (`cpu::walk`);
     /// `undefined` off the CPU path.
+    /// Guess with `draft`'s model (speculative decoding): a GGUF model with this one's
+    /// vocabulary, usually much smaller. Sampling runs then verify its guesses several per
+    /// forward pass (`draft: false` in a run's options turns it off); the output is this model's.
+    /// `draft` itself may be freed after.
+    #[wasm_bindgen(js_name = setDraft)]
+    pub fn set_draft(&mut self, draft: &Engine) -> Result<(), JsError> {
+        let (main, guesser) = (&self.loaded.model, &draft.loaded.model);
+        if matches!(**main, AnyModel::Table(_)) || matches!(**guesser, AnyModel::Table(_)) {
+            return Err(JsError::new(
+                "a draft model speeds up a GGUF model with another GGUF model",
+            ));
+        }
+        if guesser.vocab_size() != main.vocab_size() || guesser.bos_token() != main.bos_token() {
+            return Err(JsError::new(&format!(
+                "the draft model's vocabulary ({} tokens, BOS {:?}) is not the model's ({} tokens, \
+                 BOS {:?}): a draft model must share the model's tokenizer",
+                guesser.vocab_size(),
+                guesser.bos_token(),
+                main.vocab_size(),
+                main.bos_token()
+            )));
+        }
+        self.info.draft_parameters = Some(draft.info.parameters);
+        *self.draft.borrow_mut() = Some(guesser.clone());
+        Ok(())
+    }
+
     #[wasm_bindgen(js_name = decodeWalk)]
     pub fn decode_walk(&self) -> Option<String> {
         match &*self.loaded.model {

@@ -104,6 +104,9 @@ pub(super) struct GenOptions {
     /// Speculative decoding: the most guesses one pass verifies (default 4, at most 16).
     #[serde(alias = "draft_max")]
     draft_max: Option<usize>,
+    /// With a draft model loaded (`load(url, {draft})`): guess with it (the default), or not
+    /// (`false`). `lookup` takes precedence.
+    draft: Option<bool>,
 }
 
 impl GenOptions {
@@ -141,6 +144,19 @@ impl GenOptions {
                 ..SpeculativeOptions::lookup()
             }),
             ..d
+        }
+    }
+
+    /// Whether a sampling run guesses with the engine's draft model, when it has one.
+    pub fn uses_draft(&self) -> bool {
+        !self.lookup && self.draft.unwrap_or(true)
+    }
+
+    /// Speculative decoding with the draft model, `draftMax` guesses at most.
+    pub fn draft_model_options(&self) -> SpeculativeOptions {
+        SpeculativeOptions {
+            max_draft: self.draft_max.unwrap_or(DEFAULT_MAX_DRAFT),
+            ..SpeculativeOptions::draft_model()
         }
     }
 
@@ -548,4 +564,7 @@ pub(super) struct InfoOut {
     /// released once uploaded) or "streamed" (WebGPU: from the download straight into GPU
     /// buffers, never in wasm memory). "" for table models.
     pub load_path: &'static str,
+    /// The draft model's parameters, when one guesses for this model (`Engine::setDraft`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_parameters: Option<usize>,
 }

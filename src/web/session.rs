@@ -57,8 +57,11 @@ impl Stepper {
     /// computing a token) holds in its KV cache: a sampling run keeps the longest prefix the two
     /// share and prefills only the rest (`reuse_prefix`: the logits are those of a fresh state).
     /// `extra_stops`: more end tokens (a chat template's end-of-turn markers).
+    /// `draft`: the engine's draft model, which a sampling run guesses with unless `opts` say
+    /// otherwise (`GenOptions::uses_draft`).
     pub fn start_after(
         model: &Rc<AnyModel>,
+        draft: Option<&Rc<AnyModel>>,
         vocab: Rc<dyn Vocab>,
         ids: &[u32],
         opts: &GenOptions,
@@ -66,7 +69,7 @@ impl Stepper {
         extra_stops: &[u32],
     ) -> Result<Self> {
         let cache = previous.and_then(Stepper::into_cache);
-        Stepper::start(model, vocab, ids, opts, cache, extra_stops)
+        Stepper::start(model, draft, vocab, ids, opts, cache, extra_stops)
     }
 
     /// A session over `ids`. `cache`: a state left by an earlier session with the ids it holds;
@@ -75,6 +78,7 @@ impl Stepper {
     /// (a chat template's end-of-turn markers).
     fn start(
         model: &Rc<AnyModel>,
+        draft: Option<&Rc<AnyModel>>,
         vocab: Rc<dyn Vocab>,
         ids: &[u32],
         opts: &GenOptions,
@@ -101,6 +105,10 @@ impl Stepper {
             None => {
                 let mut gen_opts = opts.generate_options();
                 gen_opts.stop_tokens.extend_from_slice(extra_stops);
+                let draft = draft.filter(|_| opts.uses_draft());
+                if draft.is_some() {
+                    gen_opts.speculative = Some(opts.draft_model_options());
+                }
                 let state = match cache {
                     Some((mut state, held)) => {
                         reuse_prefix(&**model, &mut state, &held, ids)?;
@@ -108,7 +116,7 @@ impl Stepper {
                     }
                     None => model.new_state(),
                 };
-                let generation = Generation::resume_with_clock(
+                let mut generation = Generation::resume_with_clock(
                     model.clone(),
                     vocab,
                     state,
@@ -116,6 +124,9 @@ impl Stepper {
                     gen_opts,
                     clock,
                 )?;
+                if let Some(draft) = draft {
+                    generation = generation.with_draft_model(draft.clone())?;
+                }
                 Stepper::Sample(Box::new(generation))
             }
         })

@@ -87,6 +87,59 @@ export async function pageTests(t) {
     }
   });
 
+  await test(`[${mode}] a draft model (load(url, {draft})): the chat model with the default model guessing gives the chat model's greedy reply; a sampled run is judged by the rejection rule; draft: false turns it off; a table as draft is refused`, async () => {
+    const page = await browser.newPage();
+    try {
+      await page.goto(`${base}/?nosw`);
+      const r = await page.evaluate(async () => {
+        const { NextToken } = await import("/nexttoken.js");
+        const run = async (nt, opts) => {
+          const ids = [];
+          const outcomes = [];
+          // The chat model answers a verse with (its idea of) the next one.
+          const messages = [{ role: "user", content: "In the beginning God created the heaven and the earth." }];
+          for await (const t of nt.reply(messages, { maxTokens: 48, ...opts })) {
+            ids.push(t.id);
+            if (t.speculated) outcomes.push(t.speculated.outcome);
+          }
+          return { ids, outcomes, speculation: nt.lastSummary.speculation ?? null };
+        };
+        const plain = new NextToken();
+        const spec = new NextToken();
+        try {
+          await plain.load("chat");
+          const info = await spec.load("chat", { draft: "default" });
+          const greedy = [await run(plain, { temperature: 0 }), await run(spec, { temperature: 0 })];
+          const sampled = await run(spec, { temperature: 0.8, seed: 11 });
+          const off = await run(spec, { temperature: 0, draft: false });
+          let refused = null;
+          try {
+            await spec.load("chat", { draft: "lesson-toy" });
+          } catch (e) {
+            refused = e.message;
+          }
+          return { greedy, sampled, off, draftParameters: info.draftParameters, refused };
+        } finally {
+          plain.terminate();
+          spec.terminate();
+        }
+      });
+      const [plain, fast] = r.greedy;
+      assertEq(JSON.stringify(fast.ids), JSON.stringify(plain.ids), "greedy with the draft model");
+      assert(
+        fast.speculation?.drafter === "draft model" && fast.speculation.passes > 0,
+        JSON.stringify(fast.speculation),
+      );
+      assert(fast.outcomes.includes("accepted"), `no guess kept: ${JSON.stringify(fast.outcomes)}`);
+      assert(r.sampled.speculation?.passes > 0 && r.sampled.ids.length > 0, JSON.stringify(r.sampled.speculation));
+      assertEq(r.off.speculation, null, "draft: false");
+      assert(r.draftParameters > 0, `info.draftParameters: ${r.draftParameters}`);
+      assert(/draft/.test(r.refused ?? ""), `a table as draft: ${r.refused}`);
+    } finally {
+      await page.close();
+    }
+  });
+
   await test(`[${mode}] settings out of range are refused by name; table models show words, not MB or tokens/s; the beam lesson starts empty and finds "a bird"`, async () => {
     const page = await browser.newPage();
     try {

@@ -3,7 +3,8 @@
 // after a long one (1024 tokens, or what the model's context leaves room for), the effective
 // bandwidth of decode (weight bytes per token x tok/s) against a memcpy in wasm memory, and the
 // wasm memory used; on WebGPU, the kernels' times per family in one decode step where the browser
-// has timestamp queries. The engine runs in a module Worker (this same file), as the app's does: a
+// has timestamp queries; speculative decoding against plain decoding (greedy, 64 tokens, replays
+// of known acceptance). The engine runs in a module Worker (this same file), as the app's does: a
 // page's main thread may not block, so the threads build would spin there. Result: a JSON object
 // in <pre id="result"> and window.benchResult (window.benchError on failure).
 //   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
@@ -59,6 +60,18 @@ async function run(engine, prompt, maxTokens) {
   try {
     while ((await s.next()) !== null) {}
     return s.summary();
+  } finally {
+    s.free();
+  }
+}
+
+/** One greedy generation with `options`: its token ids and summary. */
+async function runIds(engine, prompt, maxTokens, options) {
+  const s = engine.start(prompt, { temperature: 0, maxTokens, ...options });
+  try {
+    const ids = [];
+    for (let t = await s.next(); t !== null; t = await s.next()) ids.push(t.id);
+    return { ids, summary: s.summary() };
   } finally {
     s.free();
   }
@@ -125,6 +138,47 @@ async function main() {
       sampleText: druns[0].text,
     };
   }
+  // Speculative decoding against plain decoding, greedy from a 16-token prompt, as
+  // `nexttoken bench --speculative`: guesses of known acceptance (a replay of the plain run's
+  // tokens: all right, every other one wrong, all wrong), k = 4.
+  status("speculative decoding…");
+  const SPEC = 64;
+  const sprompt = promptOf(engine, 16, bos);
+  const plainRuns = [];
+  let ids = [];
+  for (let i = 0; i < reps; i++) {
+    const r = await runIds(engine, sprompt, SPEC + 1, {});
+    plainRuns.push(r.summary);
+    ids = r.ids;
+  }
+  // Where a pass rounds differently from one-token steps, the replay is the speculative run's
+  // own tokens (see nexttoken bench), so that "all right" is.
+  let guesses = ids;
+  for (let i = 0; i < 4; i++) {
+    const r = await runIds(engine, sprompt, SPEC + 1, { replayDraft: { ids: guesses } });
+    if (JSON.stringify(r.ids) === JSON.stringify(guesses)) break;
+    guesses = r.ids;
+  }
+  const plainTokS = median(plainRuns.map((s) => s.decodeTokS));
+  const speculative = { tokens: SPEC, k: 4, plainTokS, guessesArePlainTokens: guesses === ids, runs: {} };
+  for (const [name, wrongEvery] of [
+    ["allRight", 0],
+    ["everyOtherWrong", 2],
+    ["allWrong", 1],
+  ]) {
+    const runs = [];
+    for (let i = 0; i < reps; i++)
+      runs.push((await runIds(engine, sprompt, SPEC + 1, { replayDraft: { ids: guesses, wrongEvery } })).summary);
+    const tokS = median(runs.map((s) => s.decodeTokS));
+    const sp = runs[0].speculation;
+    speculative.runs[name] = {
+      tokS,
+      speedup: tokS / plainTokS,
+      tokensPerPass: sp.tokensPerPass,
+      acceptance: sp.acceptance,
+    };
+  }
+
   // On WebGPU, each kernel family's time in one decode step at both contexts (null where the
   // browser exposes no timestamp-query, e.g. Chrome without it enabled), as `bench --profile`.
   const profile = {};
@@ -164,6 +218,7 @@ async function main() {
     decodeLong: decode[longCtx],
     // The short decode again under its old name (bench.mjs's tables).
     decode: decode[16],
+    speculative,
     gpuProfile16: profile[16],
     gpuProfileLong: profile[longCtx],
   };

@@ -7,8 +7,8 @@ use wasm_bindgen::prelude::*;
 use crate::chat::Message;
 use crate::constraint::ConstraintSpec;
 use crate::generate::{
-    speculative::DEFAULT_MAX_DRAFT, BeamOptions, GenerateOptions, GenerationSummary, Score,
-    SpeculativeOptions, TextStream, TokenEvent,
+    speculative::DEFAULT_MAX_DRAFT, BeamOptions, DraftSource, GenerateOptions, GenerationSummary,
+    Score, SpeculativeOptions, TextStream, TokenEvent,
 };
 use crate::sampling::SamplerConfig;
 use crate::Vocab;
@@ -107,6 +107,18 @@ pub(super) struct GenOptions {
     /// With a draft model loaded (`load(url, {draft})`): guess with it (the default), or not
     /// (`false`). `lookup` takes precedence.
     draft: Option<bool>,
+    /// Benchmarks (the bench page): guesses of known acceptance, `{ids, wrongEvery}`: the guess
+    /// for the i-th generated token is `ids[i]`, every `wrongEvery`-th one (0: none) replaced.
+    #[serde(alias = "replay_draft")]
+    replay_draft: Option<ReplayDraft>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReplayDraft {
+    ids: Vec<u32>,
+    #[serde(default)]
+    wrong_every: usize,
 }
 
 impl GenOptions {
@@ -139,17 +151,26 @@ impl GenOptions {
             keep_candidates: self.keep_candidates.min(MAX_CANDIDATES),
             constraint: self.constraint.clone(),
             constraint_prefix: self.constraint_prefix,
-            speculative: self.lookup.then(|| SpeculativeOptions {
-                max_draft: self.draft_max.unwrap_or(DEFAULT_MAX_DRAFT),
-                ..SpeculativeOptions::lookup()
-            }),
+            speculative: self.speculative(),
             ..d
         }
     }
 
+    /// Speculative decoding by prompt lookup or a replay, when asked for.
+    fn speculative(&self) -> Option<SpeculativeOptions> {
+        let source = match (&self.replay_draft, self.lookup) {
+            (Some(r), _) => {
+                DraftSource::Replay { tokens: r.ids.clone(), wrong_every: r.wrong_every }
+            }
+            (None, true) => DraftSource::lookup(),
+            (None, false) => return None,
+        };
+        Some(SpeculativeOptions { source, max_draft: self.draft_max.unwrap_or(DEFAULT_MAX_DRAFT) })
+    }
+
     /// Whether a sampling run guesses with the engine's draft model, when it has one.
     pub fn uses_draft(&self) -> bool {
-        !self.lookup && self.draft.unwrap_or(true)
+        self.speculative().is_none() && self.draft.unwrap_or(true)
     }
 
     /// Speculative decoding with the draft model, `draftMax` guesses at most.

@@ -242,6 +242,17 @@ if (cpu1) {
     `wasm memory ${(cpu1.wasmMemoryBytes / 2 ** 20).toFixed(1)} MiB; decode bandwidth ${fmt(cpu1.decode16?.weightGBs)} GB/s of weights vs memcpy ${fmt(cpu1.memcpyGBs)} GB/s (1 thread); decode walk ${cpu1.decodeWalk}`,
   );
 }
+// Speculative decoding in wasm against plain decoding in the same run (bench.js's replays).
+for (const [name, r] of Object.entries(results)) {
+  const sp = r.speculative;
+  if (!sp) continue;
+  const runs = Object.entries(sp.runs).map(
+    ([k, v]) => `${k} ${fmt(v.tokS)} tok/s (${v.speedup.toFixed(2)}x, ${v.tokensPerPass.toFixed(2)} tokens/pass)`,
+  );
+  console.log(
+    `${name}: speculative, k = ${sp.k}, ${sp.tokens} tokens: plain ${fmt(sp.plainTokS)} tok/s; ${runs.join("; ")}`,
+  );
+}
 console.log("\nratio nexttoken/wllama, same thread count (higher = nexttoken faster; load: lower = nexttoken faster)");
 for (const t of [1, THREADS]) {
   const a = results[`nexttoken cpu ${t} thread${t > 1 ? "s" : ""}`],

@@ -10,7 +10,8 @@
 // greedy; the beam view is always greedy), seed (only for reproducible runs: without it each run
 // draws anew), top-k, top-p, min-p, beams (beam view default 2), show-probabilities (each token's P,
 // and the product), lookup (speculative decoding by prompt lookup: the same text in fewer
-// forward passes; tokens whose guess was kept or rejected are underlined), autorun (generate once loaded), eager (load at once: by default nothing is
+// forward passes; tokens whose guess was kept or rejected are underlined), draft (a draft
+// model's catalog id or URL: speculative decoding with a smaller model of the same tokenizer), autorun (generate once loaded), eager (load at once: by default nothing is
 // downloaded until the element is on screen or clicked), backend (auto | gpu | cpu), editable (let
 // the reader edit the prompt, and the candidates).
 // Events (bubbling, composed): "nt-load" (detail: the model info), "nt-token" (detail: the token
@@ -121,13 +122,14 @@ function styleSheet() {
 /** Loaded models, shared by the elements that name them: key -> {nt, loading, listeners, turn}. */
 const models = new Map();
 
-function sharedModel(model, tokenizer, backend) {
+function sharedModel(model, tokenizer, backend, draft) {
   const spec = resolveSpec(model, tokenizer);
-  const key = JSON.stringify([spec.url, spec.tokenizer, backend]);
+  const key = JSON.stringify([spec.url, spec.tokenizer, backend, draft]);
   let m = models.get(key);
   if (!m) {
     m = { nt: new NextToken({ shareWorker: true }), listeners: new Set(), turn: Promise.resolve() };
-    m.loading = m.nt.load(spec, { backend, onProgress: (p) => m.listeners.forEach((f) => f(p)) });
+    const onProgress = (p) => m.listeners.forEach((f) => f(p));
+    m.loading = m.nt.load(spec, { backend, draft, onProgress });
     // A failed load is not kept: the next element (or a retry) tries again.
     m.loading.catch(() => models.get(key) === m && models.delete(key));
     models.set(key, m);
@@ -146,7 +148,7 @@ const RUN_ARIA = {
 
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
-    return ["model", "tokenizer", "backend", "view", "prompt", "candidates"];
+    return ["model", "tokenizer", "backend", "draft", "view", "prompt", "candidates"];
   }
 
   constructor() {
@@ -294,7 +296,12 @@ class NextTokenElement extends HTMLElement {
     };
     let m;
     try {
-      m = sharedModel(model, this.getAttribute("tokenizer") || undefined, this.getAttribute("backend") || "auto");
+      m = sharedModel(
+        model,
+        this.getAttribute("tokenizer") || undefined,
+        this.getAttribute("backend") || "auto",
+        this.getAttribute("draft") || undefined,
+      );
     } catch (e) {
       return Promise.reject(this.fail(e.message)); // e.g. a malformed Hugging Face reference
     }

@@ -505,4 +505,8 @@ fn the_draft_length_follows_acceptance_and_cost() {
     assert_eq!(length.for_this_step(), 4);
     length.record(4, 0, 12.0);
     assert_eq!((length.for_this_step(), length.for_this_step()), (0, 1));
+    // A pass that kept nothing backs off further even when the clock says it was cheap.
+    length.record(1, 0, 1.0);
+    let waits = (0..8).take_while(|_| length.for_this_step() == 0).count();
+    assert_eq!(waits, 2, "backed off 2 steps");
 }

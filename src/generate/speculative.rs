@@ -274,10 +274,12 @@ impl DraftLength {
         self.k = if accepted == drafted { (drafted * 2).max(1) } else { accepted + 1 };
         self.k = self.k.min(self.max);
         // The pass made accepted + 1 tokens; plain steps would have made ms / step_ms.
-        let paid = match self.step_ms {
-            Some(step) if step > 0.0 => (accepted + 1) as f64 * step > ms,
-            _ => accepted > 0,
-        };
+        // (A pass that kept nothing never paid, whatever a noisy clock says.)
+        let paid = accepted > 0
+            && match self.step_ms {
+                Some(step) if step > 0.0 => (accepted + 1) as f64 * step > ms,
+                _ => true,
+            };
         if !paid {
             self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
             self.wait = self.backoff;

@@ -142,6 +142,30 @@ fn greedy_speculation_is_plain_greedy_token_for_token() {
 }
 
 #[test]
+fn speculative_tokens_carry_their_own_rows_candidates_and_probabilities() {
+    // The events of a verification pass describe the row each token was sampled from (its
+    // probability, alternatives and candidates for the sampler view), as plain steps do.
+    for (name, model, prompt) in models() {
+        let opts = GenerateOptions { keep_candidates: 8, ..plain(30, SamplerConfig::greedy()) };
+        let (want, _) = run(&model, &IdsOnly, &prompt, opts.clone());
+        let source = DraftSource::Replay { tokens: ids(&want), wrong_every: 3 };
+        let (got, _) = run(&model, &IdsOnly, &prompt, with(&opts, source, 4));
+        assert!(got.iter().any(|e| e.speculated.is_some()), "{name}: nothing speculated");
+        for (a, b) in got.iter().zip(&want) {
+            let same = |x: f32, y: f32| (x - y).abs() <= 1e-4 * (1.0 + y.abs());
+            assert!(same(a.logprob, b.logprob), "{name} at {}: {a:?} vs {b:?}", b.position);
+            let ids = |e: &TokenEvent| e.candidates.iter().map(|c| c.0).collect::<Vec<_>>();
+            assert_eq!(ids(a), ids(b), "{name} at {}: candidates", b.position);
+            assert!(a.candidates.iter().zip(&b.candidates).all(|(x, y)| same(x.1, y.1)));
+            assert_eq!(
+                a.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+                b.top.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
 fn sampling_with_guesses_made_without_a_distribution_is_the_plain_run() {
     // Prompt lookup and replays guess without a distribution: each row is sampled exactly as a
     // plain step samples it, so with one seed the tokens are the plain run's, whatever the

@@ -748,7 +748,6 @@ where
                 return Err(e);
             }
         };
-        self.after_row(&mut event)?;
         // The log-sum-exp the pick's plain probability came from (no second pass over the row),
         // for what the constraint removed and the candidates' probabilities.
         let lse = || match self.logits.get(event.id as usize) {
@@ -770,6 +769,8 @@ where
             event.candidates.retain(|&(_, logit)| logit.is_finite());
             event.candidates_logsumexp = lse;
         }
+        // Last: on a kept guess this moves the next row of the pass into `self.logits`.
+        self.after_row(&mut event)?;
         Ok(event)
     }
 

@@ -67,6 +67,15 @@ fn greedy_json_matches_transformers() {
         assert!(summary.get(key).is_some(), "summary lacks {key}: {summary}");
     }
     assert_eq!(summary["generated_tokens"].as_u64().unwrap() as usize, got.len());
+    // A recording (<next-token replay>): the tokens' texts make the summary's text, and the
+    // summary says what made it.
+    let texts: String = tokens.iter().map(|t| t["text"].as_str().unwrap()).collect();
+    assert_eq!(summary["text"].as_str().unwrap(), texts);
+    assert_eq!(summary["prompt"].as_str().unwrap(), prompt);
+    assert_eq!(summary["model"], "qwen2-f32.gguf");
+    assert_eq!(summary["options"]["temperature"], 0.0);
+    assert_eq!(summary["options"]["max_tokens"].as_u64().unwrap() as usize, want.len());
+    assert!(tokens.iter().all(|t| t["token"].is_string()), "each token's spelling");
 }
 
 #[test]
@@ -124,6 +133,13 @@ fn score_reports_chain_rule() {
     let ppl = (-0.42f64.ln() / 3.0).exp();
     assert!((v["perplexity"].as_f64().unwrap() - ppl).abs() < 1e-6);
     assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    // What a recording's score view shows: the scored text, its model, and each token's piece
+    // of the text (together, the text).
+    assert_eq!(v["text"], "the cat sat");
+    assert_eq!(v["model"], "lesson-toy.json");
+    let pieces: String =
+        v["tokens"].as_array().unwrap().iter().map(|t| t["piece"].as_str().unwrap()).collect();
+    assert_eq!(pieces, "the cat sat");
     let text = stdout(&nexttoken(&["score", "--model", &lesson, "--text", "the cat sat"]));
     assert!(text.contains("perplexity") && text.contains("logprob"), "{text}");
 }

@@ -247,7 +247,8 @@ function backendLabel(info) {
   // for (show the kernels only), or why WebGPU was not used, with the kernels in brackets at the end.
   const detail = info.backendDetail || "";
   const chosen = /^CPU backend chosen \((?:WebAssembly, )?(.*)\)$/.exec(detail);
-  return `CPU (WebAssembly SIMD)${detail ? ` — ${chosen ? chosen[1] : detail}` : ""}`;
+  const oneThread = info.threadsNote ? ` (${info.threadsNote})` : "";
+  return `CPU (WebAssembly SIMD)${detail ? ` — ${chosen ? chosen[1] : detail}` : ""}${oneThread}`;
 }
 
 /** Where the weights are: on WebGPU they never stay in wasm memory (streamed: never enter it). */

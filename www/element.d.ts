@@ -11,21 +11,43 @@ export class NextTokenElement extends HTMLElement {
   stop(): void;
 }
 
-/** nt-done's detail: the summary of a generation, or the score view's scores. */
+/** nt-done's detail: the summary of a generation, or the score view's scores; `recording` when
+ * a recording (the `replay` attribute) played instead of the model. */
 export type NextTokenDone =
   | (Summary & {
       probability: number;
       view: "generate" | "explore" | "beam";
       branch?: { at: number; token: Alternative };
     })
-  | { view: "score"; prompt: string; scores: { text: string; logprob: number; perplexity: number; avgNll: number }[] };
+  | {
+      recording: true;
+      text: string;
+      generatedTokens: number;
+      model: string;
+      probability: number;
+      view: "generate" | "explore" | "beam";
+    }
+  | {
+      view: "score";
+      prompt: string;
+      scores: { text: string; logprob: number; perplexity: number; avgNll: number }[];
+      recording?: true;
+    };
+
+/** nt-load's detail when the element plays a recording: the recorded model's file name, and
+ * why the live model does not run ("" when the element has no `model`). */
+export interface RecordingLoad {
+  kind: "recording";
+  name: string;
+  reason: string;
+}
 
 declare global {
   interface HTMLElementTagNameMap {
     "next-token": NextTokenElement;
   }
   interface HTMLElementEventMap {
-    "nt-load": CustomEvent<ModelInfo>;
+    "nt-load": CustomEvent<ModelInfo | RecordingLoad>;
     "nt-token": CustomEvent<Token>;
     "nt-done": CustomEvent<NextTokenDone>;
     "nt-error": CustomEvent<{ message: string }>;

@@ -80,6 +80,8 @@ export interface ModelInfo {
   wasmMemoryBytes: number;
   version: string;
   threads: number;
+  /** Why the wasm CPU path runs one thread ("" when it runs the threads build). */
+  threadsNote: string;
   spec: ModelSpec;
   timings: { downloadMs: number; initMs: number; backendMs?: number; fromCache?: boolean };
   [more: string]: unknown;

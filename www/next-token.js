@@ -13,7 +13,11 @@
 // forward passes; tokens whose guess was kept or rejected are underlined), draft (a draft
 // model's catalog id or URL: speculative decoding with a smaller model of the same tokenizer), autorun (generate once loaded), eager (load at once: by default nothing is
 // downloaded until the element is on screen or clicked), backend (auto | gpu | cpu), editable (let
-// the reader edit the prompt, and the candidates).
+// the reader edit the prompt, and the candidates), replay (a recording to play instead of running
+// the model: a URL of the JSON lines `nexttoken generate --json` writes, "#id" of a
+// <script type="application/json"> on the page, or empty for such a script inside the element;
+// without `model` nothing else is downloaded, with it the recording plays where the model cannot
+// load; either way it is marked as a recording, and the explorer and score views read it).
 // Events (bubbling, composed): "nt-load" (detail: the model info), "nt-token" (detail: the token
 // event), "nt-done" (detail: the summary + probability + view; the score view: {view, scores}),
 // "nt-error" (detail: {message}); the older "nexttoken-token" and "nexttoken-done" still fire.
@@ -35,9 +39,12 @@ import {
   beamTreeNodes,
   greedyLine,
   scoreNodes,
+  scoredText,
+  scoreTable,
   speculationText,
   speculationClass,
 } from "./views.js";
+import { MAX_RECORDING_BYTES, parseRecording, runFor, describeRun, totals } from "./recording.js";
 
 const STYLE = `
 [hidden] { display: none !important; }
@@ -79,6 +86,7 @@ button:disabled { opacity: .45; cursor: default; }
 .status, .product, .note { color: var(--_muted); font-size: .85rem; margin: .2rem 0; }
 .product { color: var(--_fg); font-variant-numeric: tabular-nums; }
 .error { color: var(--_error); font-size: .85rem; }
+.recording { font-size: .85rem; margin: .3rem 0 0; padding: .15rem .5rem; border-left: 3px solid var(--_accent); color: var(--_muted); }
 .detail { font-size: .9rem; border-top: 1px solid var(--_border); margin-top: .4rem; padding-top: .2rem; }
 h3 { font-size: .9rem; margin: .5rem 0 .2rem; }
 .alternatives, .sampler-bars { padding-left: 1.4rem; margin: .2rem 0; }
@@ -148,7 +156,7 @@ const RUN_ARIA = {
 
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
-    return ["model", "tokenizer", "backend", "draft", "view", "prompt", "candidates"];
+    return ["model", "tokenizer", "backend", "draft", "view", "prompt", "candidates", "replay"];
   }
 
   constructor() {
@@ -182,6 +190,7 @@ class NextTokenElement extends HTMLElement {
     const root = this.shadowRoot;
     root.adoptedStyleSheets = [styleSheet()];
     root.innerHTML = `<div class="bar"><input part="prompt" aria-label="prompt" spellcheck="false"><button part="run" class="run" type="button">Generate</button><button class="stop secondary" type="button" aria-label="stop generating" disabled>Stop</button></div>
+      <p class="recording" part="recording" role="note" hidden></p>
       <textarea part="candidates" class="candidates" rows="3" aria-label="candidate continuations, one per line" spellcheck="false" hidden></textarea>
       <div class="out" part="output"><span class="prompt"></span><span class="gen" role="group"></span></div>
       <p class="product" part="product" hidden></p>
@@ -216,13 +225,19 @@ class NextTokenElement extends HTMLElement {
   render() {
     const view = this.view;
     const editable = this.hasAttribute("editable");
-    this.$("input").value = this.getAttribute("prompt") ?? "";
-    this.$("input").hidden = !editable;
+    const input = this.$("input");
+    // A recording plays its own prompt: the reader can read it, not change it.
+    input.value = this.played ? this.played.prompt : (this.getAttribute("prompt") ?? "");
+    input.hidden = !editable;
+    input.readOnly = !!this.recording;
     const cands = this.$(".candidates");
     cands.value = this.candidateList().join("\n");
     cands.hidden = !(editable && view === "score");
-    this.$(".run").textContent = RUN_LABEL[view];
-    this.$(".run").setAttribute("aria-label", RUN_ARIA[view]);
+    this.$(".run").textContent = this.recording ? (view === "score" ? "Show" : "Play") : RUN_LABEL[view];
+    this.$(".run").setAttribute(
+      "aria-label",
+      this.recording ? `play the recording (${view === "score" ? "its scores" : "its tokens"})` : RUN_ARIA[view],
+    );
     this.$(".out").hidden = view === "score";
     this.$(".gen").setAttribute(
       "aria-label",
@@ -245,8 +260,8 @@ class NextTokenElement extends HTMLElement {
   start() {
     this.observer?.disconnect();
     this.observer = null;
-    if (this.loading) return;
-    this.load().then(
+    if (this.loading || this.recording) return;
+    this.ready().then(
       () => {
         if (this.hasAttribute("autorun") && !this.autoran) {
           this.autoran = true;
@@ -266,12 +281,17 @@ class NextTokenElement extends HTMLElement {
   }
 
   stop() {
-    if (this.generating) this.model?.nt.abort();
+    this.stopped = true; // a recording playing
+    if (this.generating && !this.recording) this.model?.nt.abort();
   }
 
   attributeChangedCallback(name, oldValue, newValue) {
     if (oldValue === newValue || !this.$) return;
-    if (["view", "prompt", "candidates"].includes(name)) this.render();
+    if (name === "replay") {
+      // Read again at the next run; until then what is shown stays.
+      this.recording = null;
+      this.played = null;
+    } else if (["view", "prompt", "candidates"].includes(name)) this.render();
     else if (oldValue !== null && this.model) {
       this.loading = null;
       this.load().catch(() => {});
@@ -282,11 +302,38 @@ class NextTokenElement extends HTMLElement {
     this.dispatchEvent(new CustomEvent(name, { detail, bubbles: true, composed: true }));
   }
 
+  /**
+   * "live" once the model is loaded; "recording" where the element plays its recording instead
+   * (`replay` without `model`, or a model that could not load here).
+   */
+  async ready() {
+    if (this.recording) {
+      await this.recording;
+      return "recording";
+    }
+    const replay = this.hasAttribute("replay");
+    if (replay && !this.getAttribute("model")) {
+      await this.useRecording("");
+      return "recording";
+    }
+    try {
+      await this.load();
+      return "live";
+    } catch (e) {
+      if (!replay) throw e;
+      await this.useRecording(e.message);
+      return "recording";
+    }
+  }
+
   load() {
     if (this.loading) return this.loading;
     this.observer?.disconnect();
+    // With a recording to fall back on, a failed load is not shown as an error (ready() plays
+    // the recording and says why).
+    const failed = (message) => (this.hasAttribute("replay") ? new Error(message) : this.fail(message));
     const model = this.getAttribute("model");
-    if (!model) return Promise.reject(this.fail("set the model attribute (a table .json or a .gguf URL)"));
+    if (!model) return Promise.reject(failed("set the model attribute (a table .json or a .gguf URL)"));
     // Run stays enabled while loading: a click then runs once the model is there (a click that
     // scrolls a lazy element into view must not land on a button the load just disabled).
     this.$(".status").textContent = "loading the model…";
@@ -303,7 +350,7 @@ class NextTokenElement extends HTMLElement {
         this.getAttribute("draft") || undefined,
       );
     } catch (e) {
-      return Promise.reject(this.fail(e.message)); // e.g. a malformed Hugging Face reference
+      return Promise.reject(failed(e.message)); // e.g. a malformed Hugging Face reference
     }
     this.model = m;
     m.listeners.add(onProgress);
@@ -319,10 +366,61 @@ class NextTokenElement extends HTMLElement {
         },
         (e) => {
           this.loading = null;
-          throw this.fail(e.message);
+          throw failed(e.message);
         },
       );
     return this.loading;
+  }
+
+  /** Switch to the recording (`reason`: why the model does not run, or ""); once. */
+  useRecording(reason) {
+    this.recording ??= this.readRecording().then(
+      (recording) => {
+        this.played = runFor(recording, this.getAttribute("prompt") ?? "") ?? null;
+        const what = this.played ? ` (${describeRun(this.played)})` : "";
+        const why = reason ? ` The model could not run here: ${reason}` : "";
+        const note = this.$(".recording");
+        note.textContent = `▶ A recording${what}: computed earlier, not on this device.${why}`;
+        note.hidden = false;
+        this.dataset.source = "recording";
+        this.$(".status").textContent = "";
+        this.render();
+        this.emit("nt-load", { kind: "recording", name: this.played?.model ?? "", reason });
+        return recording;
+      },
+      (e) => {
+        this.recording = null;
+        throw this.fail(reason ? `${reason} (and the recording: ${e.message})` : e.message);
+      },
+    );
+    return this.recording;
+  }
+
+  /** The recording `replay` names, parsed (an Error that says what is wrong with it). */
+  async readRecording() {
+    const src = (this.getAttribute("replay") || "").trim();
+    if (!src || src.startsWith("#")) {
+      const node = src
+        ? document.getElementById(src.slice(1))
+        : this.querySelector('script[type="application/json"], script[type="application/x-ndjson"]');
+      if (!node)
+        throw new Error(
+          src
+            ? `replay="${src}": no element with that id on the page`
+            : 'replay: give a URL, "#id", or a <script type="application/json"> inside the element',
+        );
+      return parseRecording(node.textContent);
+    }
+    let res;
+    try {
+      res = await fetch(new URL(src, document.baseURI));
+    } catch (e) {
+      throw new Error(`replay: ${src}: ${e.message}`);
+    }
+    if (!res.ok) throw new Error(`replay: ${src}: HTTP ${res.status}`);
+    if (Number(res.headers.get("content-length")) > MAX_RECORDING_BYTES)
+      throw new Error(`replay: ${src} is larger than ${MAX_RECORDING_BYTES >> 20} MB: not a lesson's recording`);
+    return parseRecording(await res.text());
   }
 
   fail(message) {
@@ -363,9 +461,9 @@ class NextTokenElement extends HTMLElement {
     if (this.generating || this.queued) return;
     this.queued = true; // one run at a time per element, from the click until it ends
     try {
-      await this.load();
       const view = this.view;
-      await this.turn(() => (view === "score" ? this.score() : this.generate(view)));
+      if ((await this.ready()) === "recording") await (view === "score" ? this.playScores() : this.play(view));
+      else await this.turn(() => (view === "score" ? this.score() : this.generate(view)));
     } finally {
       this.queued = false;
     }
@@ -416,9 +514,8 @@ class NextTokenElement extends HTMLElement {
     return span;
   }
 
-  async generate(view) {
-    const m = this.model;
-    const prompt = this.$("input").value;
+  /** Clear the output for a run from `prompt`; the element of the generated tokens. */
+  clearOutput(prompt) {
     const gen = this.$(".gen");
     gen.replaceChildren();
     this.$(".prompt").textContent = prompt;
@@ -426,6 +523,13 @@ class NextTokenElement extends HTMLElement {
     this.$(".detail").hidden = true;
     this.tokens = [];
     this.prompt = prompt;
+    return gen;
+  }
+
+  async generate(view) {
+    const m = this.model;
+    const prompt = this.$("input").value;
+    const gen = this.clearOutput(prompt);
     this.begin();
     try {
       const opts = this.options();
@@ -454,6 +558,68 @@ class NextTokenElement extends HTMLElement {
     } finally {
       this.end();
     }
+  }
+
+  /** The recording's tokens, streamed as they were generated (at most 60 a second). */
+  async play(view) {
+    const r = this.played;
+    if (!r) throw this.fail('this recording holds scores only: show it with view="score"');
+    const gen = this.clearOutput(r.prompt);
+    this.begin();
+    this.stopped = false;
+    const still = globalThis.matchMedia?.("(prefers-reduced-motion: reduce)").matches;
+    const delay = still ? 0 : 1000 / Math.min(60, Math.max(10, r.tokensPerSecond || 30));
+    try {
+      for (const t of r.tokens) {
+        await new Promise((go) => setTimeout(go, delay));
+        if (this.stopped) break;
+        this.tokens.push(t);
+        gen.append(this.tokenSpan(t, this.tokens.length - 1));
+        this.emit("nt-token", t);
+        this.dispatchEvent(new CustomEvent("nexttoken-token", { detail: t }));
+      }
+      const probability = this.showProduct();
+      if (view === "beam") this.note("Beam search needs the live model: this is the recorded generation.");
+      if (view === "explore")
+        this.$(".status").textContent = "Click a token (or Tab to it and press Enter) to see the alternatives.";
+      const text = this.tokens.map((t) => t.text).join("");
+      const detail = { text, generatedTokens: this.tokens.length, recording: true, model: r.model, probability, view };
+      this.emit("nt-done", detail);
+      this.dispatchEvent(new CustomEvent("nexttoken-done", { detail }));
+    } finally {
+      this.end();
+    }
+  }
+
+  /** The score view from a recording: its scored texts (score lines), else its continuation. */
+  async playScores() {
+    const recording = await this.recording;
+    const r = this.played;
+    const scored = recording.scores.map((s) => ({ label: s.text, s }));
+    if (!scored.length && r) {
+      const tokens = r.tokens.map((t) => ({ token: t.token, piece: t.text, prob: t.prob, logprob: t.logprob }));
+      scored.push({ label: `the recorded continuation of ${JSON.stringify(r.prompt)}`, s: totals(tokens) });
+    }
+    const detail = this.$(".detail");
+    detail.replaceChildren(
+      el("p", { className: "note", textContent: "P of each token given everything before it, as recorded." }),
+      ...scored.map(({ label, s }) => scoredText(label, s)),
+    );
+    if (scored.length === 1) detail.append(scoreTable(scored[0].s));
+    detail.hidden = false;
+    const scores = scored.map(({ label, s }) => ({
+      text: label,
+      logprob: s.logprob,
+      perplexity: s.perplexity,
+      avgNll: s.avgNll,
+    }));
+    this.emit("nt-done", { view: "score", prompt: r?.prompt ?? "", scores, recording: true });
+  }
+
+  note(text) {
+    const detail = this.$(".detail");
+    detail.replaceChildren(el("p", { className: "note", textContent: text }));
+    detail.hidden = false;
   }
 
   /** The product line (show-probabilities); the text's probability. */
@@ -486,10 +652,18 @@ class NextTokenElement extends HTMLElement {
     const heading = el("h3", {
       textContent: `Step ${i + 1}: after “${before}”, the model chose “${t.text || t.token}” (P = ${t.prob.toFixed(2)})`,
     });
-    const list = alternativesList(t, this.promptIds && !this.generating ? (alt) => this.branch(i, alt) : null);
+    const live = !this.recording;
+    const list = alternativesList(t, live && this.promptIds && !this.generating ? (alt) => this.branch(i, alt) : null);
     detail.replaceChildren(heading, list);
+    if (!live)
+      detail.append(
+        el("p", {
+          className: "note",
+          textContent: "As recorded: continuing with another token, and the sampler view, need the live model.",
+        }),
+      );
     if (t.speculated) detail.append(el("p", { className: "speculated", textContent: speculationText(t) }));
-    if (t.candidates) {
+    if (t.candidates && live) {
       const history = [...(this.promptIds ?? []), ...this.tokens.slice(0, i).map((x) => x.id)];
       detail.append(samplerPanel(this.model.nt, t, this.options(), history, ["temperature", "topK", "topP", "minP"]));
     }

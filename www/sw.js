@@ -16,6 +16,7 @@ const SHELL = [
   "openai.js",
   "next-token.js",
   "views.js",
+  "recording.js",
   "model-cache.js",
   "worker.js",
   "wasm.js",

@@ -4,7 +4,8 @@
 // one-thread build (pkg/), also when this script comes from another origin than the page.
 // The pool's workers are started by the page that started this worker (pool.js: hostPool), which
 // says so with a "pool-host" message; without it, one thread.
-// Resolves to the module's exports plus `threads` (the pool's size).
+// Resolves to the module's exports plus `threads` (the pool's size) and, when that is one,
+// `threadsNote`: why (the page's stats show it).
 
 /** Most pool threads (src/web/pool.rs: MAX_POOL_THREADS). */
 const MAX_POOL_THREADS = 64;
@@ -21,7 +22,8 @@ export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } 
   // The pool's workers start from a URL beside this script: impossible when the script comes from
   // another origin (a CDN; this worker then runs from a blob: trampoline).
   const sameOrigin = new URL(import.meta.url).origin === self.location.origin;
-  if (globalThis.crossOriginIsolated && threads > 1 && sameOrigin && poolHost) {
+  let threadsNote = oneThreadReason(threads, sameOrigin);
+  if (!threadsNote) {
     try {
       const mainJS = new URL("./pkg-threads/nexttoken.js", import.meta.url).href;
       const m = await import(mainJS);
@@ -29,12 +31,27 @@ export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } 
       await startPool(threads, { mainJS, module: m.poolModule(), memory: m.poolMemory() });
       return { ...m, threads: m.buildPool(threads) };
     } catch (e) {
+      threadsNote = `one thread: the threads build did not start (${e?.message || e})`;
       console.warn(`wasm threads build unavailable (${e?.message || e}); running one thread`);
     }
   }
   const m = await import("./pkg/nexttoken.js");
   await m.default({ module_or_path: new URL("./pkg/nexttoken_bg.wasm", import.meta.url) });
-  return { ...m, threads: 1 };
+  return { ...m, threads: 1, threadsNote };
+}
+
+/** Why the threads build cannot run here (a sentence), or "" when it may. */
+function oneThreadReason(threads, sameOrigin) {
+  if (threads <= 1) return "one thread: one was asked for, or the device reports one core";
+  if (!globalThis.crossOriginIsolated)
+    return "one thread: the page is not cross-origin isolated (the threads build needs the headers Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)";
+  // WebKitGTK, for one, keeps it off on an isolated page unless told otherwise.
+  if (typeof SharedArrayBuffer === "undefined")
+    return "one thread: this browser keeps SharedArrayBuffer off although the page is cross-origin isolated";
+  if (!sameOrigin)
+    return "one thread: the engine's scripts come from another origin than the page (a CDN), and the thread pool's workers must start from the page's origin";
+  if (!poolHost) return "one thread: the page that started the engine does not host its thread pool";
+  return "";
 }
 
 /** Ask the page for `threads` pool workers running the module of `init`; resolves once they wait. */

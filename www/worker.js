@@ -245,6 +245,7 @@ function infoOf(engine, backendReason) {
     backendReason,
     version: wasm.version(),
     threads: wasm.threads,
+    threadsNote: wasm.threadsNote ?? "",
     wasmMemoryBytes: wasm.wasmMemoryBytes(),
   };
 }

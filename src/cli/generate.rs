@@ -17,7 +17,7 @@ use nexttoken::generate::{
 use nexttoken::sampling::{fresh_seed, SamplerConfig, FRONT_END_TEMPERATURE};
 use nexttoken::{Error, LanguageModel, Result, Vocab};
 
-use super::load::{read_text, ModelArgs};
+use super::load::{file_name, read_text, ModelArgs};
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
@@ -175,15 +175,15 @@ impl SamplingArgs {
     }
 }
 
-/// A token's speculative decoding, for `--json`: the pass, the row, its guesses and whether
-/// this row's guess was kept.
-pub(crate) fn speculated_json(ev: &TokenEvent) -> serde_json::Value {
+/// A token's speculative decoding, for `--json`: the pass, the row, its guesses (as the JS API
+/// gives them: id and text) and whether this row's guess was kept.
+pub(crate) fn speculated_json(vocab: &dyn Vocab, ev: &TokenEvent) -> serde_json::Value {
     match &ev.speculated {
         None => serde_json::Value::Null,
         Some(s) => json!({
             "pass": s.pass,
             "row": s.row,
-            "drafted": s.drafted,
+            "drafted": s.drafted.iter().map(|&id| json!({"id": id, "piece": vocab.decode(&[id])})).collect::<Vec<_>>(),
             "outcome": s.outcome.name(),
         }),
     }
@@ -204,6 +204,20 @@ pub(crate) fn speculation_json(s: &GenerationSummary) -> serde_json::Value {
             "draft_ms": st.draft_ms,
         }),
     }
+}
+
+/// The decoding options of a run, for `--json` summaries.
+fn options_json(s: &SamplingArgs) -> serde_json::Value {
+    json!({
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repeat_penalty,
+        "lookup": s.lookup,
+        "draft": s.draft.as_ref().map(|p| file_name(p)),
+    })
 }
 
 /// What speculative decoding did, for the stats line on stderr ("" when it was off).
@@ -326,12 +340,12 @@ fn generate_to<M: LanguageModel>(
     }
     while let Some(ev) = generation.step()? {
         if args.model.json {
-            let mut line = json!({"id": ev.id, "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
+            let mut line = json!({"id": ev.id, "token": vocab.token_text(ev.id), "text": ev.text, "prob": ev.prob, "logprob": ev.logprob, "top": top_json(vocab, &ev.top)});
             if generation.is_constrained() {
                 line["removed"] = top_json(vocab, &ev.removed);
             }
             if ev.speculated.is_some() {
-                line["speculated"] = speculated_json(&ev);
+                line["speculated"] = speculated_json(vocab, &ev);
             }
             writeln!(out, "{line}").map_err(write_err)?;
         } else {
@@ -351,6 +365,10 @@ fn generate_to<M: LanguageModel>(
             "seed": seed,
             "speculation": speculation_json(&s),
             "text": s.text,
+            // What a recording needs to say what it is (<next-token replay> plays these lines).
+            "prompt": args.prompt,
+            "model": args.model.describe(),
+            "options": options_json(&args.sampling),
         });
         writeln!(out, "{summary}").map_err(write_err)?;
     } else {

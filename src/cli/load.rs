@@ -49,6 +49,18 @@ pub(crate) struct ModelArgs {
     pub(crate) isa: Option<String>,
 }
 
+impl ModelArgs {
+    /// The model's file name ("default.gguf" for the embedded one), for records of a run.
+    pub(crate) fn describe(&self) -> String {
+        self.model.as_deref().map_or_else(|| "default.gguf".into(), file_name)
+    }
+}
+
+/// A path's last part (the whole path when it has none), as text.
+pub(crate) fn file_name(path: &Path) -> String {
+    path.file_name().unwrap_or(path.as_os_str()).to_string_lossy().into_owned()
+}
+
 /// The model `args` names on the backend `--backend` picks, with its tokenizer and chat
 /// template.
 pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {

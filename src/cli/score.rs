@@ -31,11 +31,13 @@ pub(crate) fn score_with<M: LanguageModel>(
     if args.model.json {
         let list: Vec<_> = tokens
             .iter()
-            .map(|(id, text, lp)| json!({"id": id, "token": text, "prob": lp.exp(), "logprob": lp}))
+            .zip(generate::scored_pieces(vocab, &ids))
+            .map(|((id, text, lp), piece)| json!({"id": id, "token": text, "piece": piece, "prob": lp.exp(), "logprob": lp}))
             .collect();
+        // With `text` and `model`, a line <next-token view="score" replay> can show.
         println!(
             "{}",
-            json!({"tokens": list, "logprob": score.total_logprob, "avg_nll": score.avg_nll, "perplexity": score.perplexity})
+            json!({"text": args.text, "model": args.model.describe(), "tokens": list, "logprob": score.total_logprob, "avg_nll": score.avg_nll, "perplexity": score.perplexity})
         );
     } else {
         for (id, text, lp) in &tokens {

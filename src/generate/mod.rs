@@ -27,7 +27,7 @@ pub use beam::{
     beam_search, beam_search_constrained, replay, Beam, BeamNode, BeamOptions, BeamReplay,
     BeamSearch, BeamToken,
 };
-pub use score::{continuation_ids, score, score_async, Score, Scoring};
+pub use score::{continuation_ids, score, score_async, scored_pieces, Score, Scoring};
 use speculative::{Draft, DraftLength, Drafter};
 pub use speculative::{DraftSource, Outcome, Speculated, SpeculationStats, SpeculativeOptions};
 

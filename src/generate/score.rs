@@ -7,6 +7,23 @@
 use crate::error::{Error, Result};
 use crate::lm::LanguageModel;
 use crate::sampling::{bad_logits, log_softmax_at};
+use crate::Vocab;
+
+use super::TextStream;
+
+/// The text each scored token (`ids[1..]`; `ids[0]` is the unscored context) adds to the
+/// scored text, as generation would stream it (a word's space included; "" for a byte that
+/// only completes a character with a later token): the pieces, concatenated, are the text.
+pub fn scored_pieces(vocab: &dyn Vocab, ids: &[u32]) -> Vec<String> {
+    let Some(context) = ids.get(..1) else { return Vec::new() };
+    let mut text = TextStream::new(vocab, context);
+    (1..ids.len())
+        .map(|i| {
+            text.push(ids[i]);
+            text.take(vocab, &[], i + 1 == ids.len()).0
+        })
+        .collect()
+}
 
 /// How probable a sequence is under a model, token by token. Everything is in log space: a
 /// product of hundreds of probabilities underflows even f64, a sum of their logs does not.

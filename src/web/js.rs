@@ -7,8 +7,8 @@ use wasm_bindgen::prelude::*;
 use crate::chat::Message;
 use crate::constraint::ConstraintSpec;
 use crate::generate::{
-    speculative::DEFAULT_MAX_DRAFT, BeamOptions, DraftSource, GenerateOptions, GenerationSummary,
-    Score, SpeculativeOptions, TextStream, TokenEvent,
+    scored_pieces, speculative::DEFAULT_MAX_DRAFT, BeamOptions, DraftSource, GenerateOptions,
+    GenerationSummary, Score, SpeculativeOptions, TokenEvent,
 };
 use crate::sampling::SamplerConfig;
 use crate::Vocab;
@@ -531,15 +531,16 @@ pub(super) fn score_out(
     score: &Score,
     backend: &'static str,
 ) -> ScoreOut {
-    let mut text = TextStream::new(vocab, &ids[..1]);
     let tokens = ids[1..]
         .iter()
         .zip(&score.token_logprobs)
-        .enumerate()
-        .map(|(i, (&id, &lp))| {
-            text.push(id);
-            let (piece, _) = text.take(vocab, &[], i + 2 == ids.len());
-            ScoredOut { id, token: vocab.token_text(id), piece, prob: lp.exp(), logprob: lp }
+        .zip(scored_pieces(vocab, ids))
+        .map(|((&id, &lp), piece)| ScoredOut {
+            id,
+            token: vocab.token_text(id),
+            piece,
+            prob: lp.exp(),
+            logprob: lp,
         })
         .collect();
     ScoreOut {

@@ -51,6 +51,8 @@ async function instrument(page) {
     window.__done = 0;
     window.__csp = [];
     window.__workers = [];
+    window.__threadsNotes = [];
+    document.addEventListener("nt-load", (e) => window.__threadsNotes.push(e.detail.threadsNote), true);
     document.addEventListener("nexttoken-done", () => window.__done++, true);
     document.addEventListener("securitypolicyviolation", (e) =>
       window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`),
@@ -133,7 +135,13 @@ export async function embedTests(t) {
             workers: window.__workers,
             csp: window.__csp,
             isolated: crossOriginIsolated,
+            threadsNote: window.__threadsNotes[0],
           }));
+          // One thread from a CDN, and the model's info says why.
+          const why = isolated
+            ? /one thread: the engine's scripts come from another origin/
+            : /not cross-origin isolated/;
+          assert(why.test(r.threadsNote), `${label}: the one-thread reason: ${r.threadsNote}`);
           assertEq(r.isolated, isolated, "crossOriginIsolated");
           assertEq(r.workers.length, 1, `${label}: workers the page created (${r.workers})`);
           assert(r.workers[0].startsWith("blob:"), `${label}: the worker is not a blob: trampoline: ${r.workers[0]}`);

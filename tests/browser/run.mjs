@@ -46,6 +46,7 @@ const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
 const { embedTests } = await import("./embed.mjs");
 const { elementTests } = await import("./element.mjs");
+const { replayTests } = await import("./replay.mjs");
 const { makeBigModel, streamTests } = await import("./stream.mjs");
 const { structuredTests } = await import("./structured.mjs");
 const faulty = faultyServer();
@@ -565,7 +566,12 @@ async function runConfig(mode) {
             });
             let text = "";
             for await (const t of nt.generate("In the beginning", { temperature: 0, maxTokens: 8 })) text += t.text;
-            const pick = (i) => ({ backend: i.backend, detail: i.backendDetail, threads: i.threads });
+            const pick = (i) => ({
+              backend: i.backend,
+              detail: i.backendDetail,
+              threads: i.threads,
+              threadsNote: i.threadsNote,
+            });
             return {
               fast: pick(fast),
               exact: pick(exact),
@@ -586,8 +592,10 @@ async function runConfig(mode) {
           new RegExp(`simd128 int8 kernels, ${pool} threads?\\)$`).test(r.fast.detail),
           `the default is not the fast path on the pool's ${pool} thread(s): ${r.fast.detail}`,
         );
-        if (haveThreadsBuild && r.isolated && os.cpus().length > 1)
+        if (haveThreadsBuild && r.isolated && os.cpus().length > 1) {
           assert(pool > 1, `expected the threads build's pool, got ${pool} thread(s)`);
+          assertEq(r.fast.threadsNote, "", "no one-thread reason where the pool runs");
+        }
         assert(
           /exact reference kernels, 1 thread\)$/.test(r.exact.detail),
           `exact, 1 thread not reported: ${r.exact.detail}`,
@@ -750,6 +758,10 @@ async function runConfig(mode) {
             assertEq(await plain.evaluate(() => crossOriginIsolated), false, "crossOriginIsolated");
             const stats = await statsOf(plain);
             assert(/, 1 thread\b/.test(stats.backend), `expected one thread: ${stats.backend}`);
+            assert(
+              /one thread: the page is not cross-origin isolated/.test(stats.backend),
+              `the stats say why one thread: ${stats.backend}`,
+            );
             await generateAndCheck(plain, `${mode} not isolated`);
           } finally {
             await plain.close();
@@ -1264,6 +1276,8 @@ async function runConfig(mode) {
     await embedTests({ test, assert, assertEq, browser, mode, www });
 
     await elementTests({ test, assert, assertEq, browser, base, mode, outDir });
+
+    if (haveShared) await replayTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), fixtures });
 
     // A model bigger than the quota the storage test leaves after the app shell: the chat fixture (16 MB).
     const bigModelUrl = fs.existsSync(path.join(fixtures, "chat", "chat.gguf")) ? "/test/chat/chat.gguf" : null;

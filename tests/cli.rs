@@ -1034,3 +1034,33 @@ fn bench_defaults_to_the_embedded_model() {
     let params = report["parameters"].as_u64().unwrap();
     assert!(params > 0 && info.contains(&params.to_string()), "{params} not in:\n{info}");
 }
+
+/// The recording the lesson page plays (`www/models/default-recording.jsonl`, made by
+/// `generate --json` on the default model) is what the default model generates now: a lesson
+/// must not show a recording of a model it no longer ships.
+#[test]
+fn the_shipped_recording_is_the_default_models_generation() {
+    let path = common::repo().join("www/models/default-recording.jsonl");
+    let recorded: Vec<Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (summary, tokens) = recorded.split_last().unwrap();
+    let model = common::repo().join("www/models/default.gguf").display().to_string();
+    let prompt = summary["prompt"].as_str().unwrap();
+    assert_eq!(summary["options"]["temperature"], 0.0, "a greedy recording");
+    let n = tokens.len().to_string();
+    let args = ["generate", "--model", &model, "--prompt", prompt, "--temperature", "0"];
+    let more = ["--max-tokens", &n, "--backend", "cpu", "--exact", "--json"];
+    let out = stdout(&nexttoken(&[&args[..], &more[..]].concat()));
+    let now: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(now.len(), recorded.len());
+    for (i, (a, b)) in tokens.iter().zip(&now).enumerate() {
+        assert_eq!(a["id"], b["id"], "token {i}");
+        assert_eq!(a["text"], b["text"], "token {i}");
+        let (pa, pb) = (a["prob"].as_f64().unwrap(), b["prob"].as_f64().unwrap());
+        assert!((pa - pb).abs() < 1e-5, "token {i}: P {pa} recorded, {pb} now");
+    }
+    assert_eq!(summary["text"], now.last().unwrap()["text"]);
+}

@@ -28,6 +28,7 @@ const SHELL = [
   "models/lesson-toy.json",
   "models/lesson-beam.json",
   "models/lesson-perplexity.json",
+  "models/default-recording.jsonl",
 ];
 
 // The wasm threads build (only used by cross-origin isolated pages; absent with NO_THREADS=1):

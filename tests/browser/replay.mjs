@@ -29,7 +29,7 @@ function cli(bin, args) {
 const inline = (jsonl) => jsonl.replaceAll("</", "<\\/");
 
 export async function replayTests(t) {
-  const { test, assert, assertEq, browser, base, mode, bin, fixtures } = t;
+  const { test, assert, assertEq, browser, base, mode, bin, fixtures, www } = t;
   if (mode !== "cpu") return; // a recording runs no model
   const model = path.join(fixtures, "stories260K-f32.gguf");
   if (!fs.existsSync(model)) return; // run.mjs says loudly that ../shared is missing
@@ -89,10 +89,17 @@ export async function replayTests(t) {
       `<next-token id="rec" replay="/test/replay/story.jsonl" view="explore" show-probabilities autorun eager></next-token>
        <next-token id="scores" replay="/test/replay/scores.jsonl" view="score" autorun eager></next-token>
        <next-token id="cont" replay="/test/replay/story.jsonl" view="score" autorun eager></next-token>
-       <next-token id="bad" replay="/test/tokenizer.json" autorun eager></next-token>`,
+       <next-token id="bad" replay="/test/tokenizer.json" autorun eager></next-token>
+       <next-token id="shipped" replay="/models/default-recording.jsonl" autorun eager></next-token>`,
     );
     try {
-      await done(page, ["rec", "scores", "cont"]);
+      await done(page, ["rec", "scores", "cont", "shipped"]);
+      const shipped = fs.readFileSync(path.join(www, "models", "default-recording.jsonl"), "utf8");
+      assertEq(
+        (await shown(page, "shipped")).text,
+        JSON.parse(shipped.trim().split("\n").at(-1)).text,
+        "the lesson page's recording plays its text",
+      );
       const rec = await shown(page, "rec");
       assertEq(rec.text, summary.text, "the recording's text");
       assertEq(

@@ -1277,7 +1277,7 @@ async function runConfig(mode) {
 
     await elementTests({ test, assert, assertEq, browser, base, mode, outDir });
 
-    if (haveShared) await replayTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), fixtures });
+    if (haveShared) await replayTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), fixtures, www });
 
     // A model bigger than the quota the storage test leaves after the app shell: the chat fixture (16 MB).
     const bigModelUrl = fs.existsSync(path.join(fixtures, "chat", "chat.gguf")) ? "/test/chat/chat.gguf" : null;

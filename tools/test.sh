@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 # Mesa's software Vulkan (lavapipe) runs the real WGSL kernels where no GPU exists; Debian's
 # Chromium runs the browser tests (WebGPU through SwiftShader with --enable-unsafe-webgpu), and
-# Debian's Firefox ESR the CPU-path ones again.
+# Debian's Firefox ESR and WebKitGTK (Safari's engine: MiniBrowser under Xvfb, driven by
+# WebKitWebDriver) the CPU-path ones again.
 missing=()
-for pkg in mesa-vulkan-drivers libvulkan1 chromium firefox-esr; do
+for pkg in mesa-vulkan-drivers libvulkan1 chromium firefox-esr webkit2gtk-driver xvfb xauth; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -82,6 +83,11 @@ test_aarch64
 # The CPU-path browser checks again in Firefox (puppeteer-core over WebDriver BiDi): the app, the
 # element, the Cache API and offline; Firefox has no WebGPU here, so the CPU path must be chosen.
 node tests/browser/firefox.mjs
+
+# And in WebKit (WebKitGTK's MiniBrowser over plain WebDriver; no WebGPU there either): as shipped
+# (one thread: SharedArrayBuffer is off, and the stats say so) and with JSC_useSharedArrayBuffer=true
+# (the threads build).
+node tests/browser/webkit.mjs
 
 # The browser benchmark (www/bench.html) for the wasm CPU path, WebGPU (SwiftShader here) and
 # wllama (llama.cpp in wasm) on the same file: prints numbers, asserts only that each run produced them.

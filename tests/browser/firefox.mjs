@@ -13,12 +13,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { assert, assertEq, nativeGreedy, outDir, runner, www } from "./harness.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, "../..");
-const www = path.join(repo, "www");
-const outDir = path.join(repo, "target", "browser-tests");
-fs.mkdirSync(outDir, { recursive: true });
 const firefoxPath = process.env.FIREFOX || "/usr/bin/firefox-esr";
 if (!fs.existsSync(firefoxPath)) {
   console.log(`no Firefox at ${firefoxPath} (apt-get install firefox-esr, or set FIREFOX)\n0 passed, 1 failed`);
@@ -33,70 +30,11 @@ if (!fs.existsSync(path.join(here, "node_modules", "puppeteer-core"))) {
 }
 const { default: puppeteer } = await import("puppeteer-core");
 const { serve } = await import("./serve.mjs");
-
-let passed = 0;
-let failed = 0;
-async function test(name, fn) {
-  const t0 = Date.now();
-  try {
-    await fn();
-    passed++;
-    console.log(`ok    [firefox] ${name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(
-      `FAIL  [firefox] ${name}\n      ${String(e?.stack ? e.stack : e)
-        .split("\n")
-        .slice(0, 6)
-        .join("\n      ")}`,
-    );
-  }
-}
-const assert = (cond, message) => {
-  if (!cond) throw new Error(message);
-};
-const assertEq = (got, want, what) =>
-  assert(got === want, `${what}:\n        got:  ${JSON.stringify(got)}\n        want: ${JSON.stringify(want)}`);
-
-/** The native CLI: the newer of the release and debug builds. */
-function nativeBin() {
-  const built = [path.join(repo, "target/release/nexttoken"), path.join(repo, "target/debug/nexttoken")].filter((p) =>
-    fs.existsSync(p),
-  );
-  built.sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
-  const bin = process.env.NEXTTOKEN_BIN || built[0];
-  assert(bin, "no native CLI: run cargo build");
-  return bin;
-}
+const { test, finish, failed } = runner("firefox");
 
 const PROMPT = "In the beginning";
 const N = 24;
-const cli = spawnSync(
-  nativeBin(),
-  [
-    "generate",
-    "--model",
-    path.join(www, "models/default.gguf"),
-    "--prompt",
-    PROMPT,
-    "--temperature",
-    "0",
-    "--max-tokens",
-    String(N),
-    "--backend",
-    "cpu",
-    "--isa",
-    "scalar",
-    "--threads",
-    "1",
-  ],
-  { encoding: "utf8" },
-);
-if (cli.status !== 0) {
-  console.log(`the CLI failed: ${cli.stderr}\n0 passed, 1 failed`);
-  process.exit(1);
-}
-const expected = cli.stdout.slice(PROMPT.length).replace(/\n$/, "");
+const expected = nativeGreedy(PROMPT, N);
 
 let server = await serve(www, 0, {}, {});
 const port = server.address().port;
@@ -223,10 +161,9 @@ try {
     }
   });
 } finally {
-  if (failed) fs.writeFileSync(path.join(outDir, "console-firefox.log"), consoleLines.join("\n"));
+  if (failed()) fs.writeFileSync(path.join(outDir, "console-firefox.log"), consoleLines.join("\n"));
   await browser.close().catch(() => {});
   await stopServer().catch(() => {});
   fs.rmSync(profile, { recursive: true, force: true });
 }
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish();

@@ -19,7 +19,7 @@
 // `completions` use one shared instance.
 
 import { openAI } from "./openai.js";
-import { hostPool } from "./pool.js";
+import { hostPool, moduleWorker } from "./pool.js";
 
 /** Models the page offers (`url`: a URL or a Hugging Face reference, see `resolveModelUrl`). */
 export const CATALOG = [
@@ -180,18 +180,6 @@ export async function requestPersistentStorage() {
   }
 }
 
-/**
- * A module worker for `url`. The Worker constructor refuses a script of another origin (a page
- * that loads nexttoken from a CDN): then a same-origin blob: module worker imports it instead, so
- * the host needs only CORS. (The blob URL stays alive: the worker fetches it after this returns.)
- */
-function startWorker(url) {
-  url = new URL(url, pageBase());
-  if (url.origin === new URL(pageBase()).origin) return new Worker(url, { type: "module" });
-  const trampoline = new Blob([`import ${JSON.stringify(url.href)};`], { type: "text/javascript" });
-  return new Worker(URL.createObjectURL(trampoline), { type: "module" });
-}
-
 /** One worker and its message routing; several NextToken instances may share one. */
 class WorkerLink {
   constructor(workerUrl) {
@@ -203,7 +191,7 @@ class WorkerLink {
       for (const handler of this.pending.values()) handler({ type: "error", message });
     };
     try {
-      this.worker = startWorker(url);
+      this.worker = moduleWorker(url);
     } catch (e) {
       // Reported to every request, as a worker that fails later would be.
       this.worker = { postMessage: () => queueMicrotask(() => fail(e.message)), terminate() {} };

@@ -7,6 +7,20 @@
 //                 | {type:"pool-failed", message}
 
 /**
+ * A module worker for `url`. The Worker constructor refuses a script of another origin (a page
+ * that loads nexttoken from a CDN): then a same-origin blob: module worker imports it instead, so
+ * the host needs only CORS. (The blob URL stays alive: the worker fetches it after this returns.)
+ * The engine's worker and the thread pool's workers both start this way.
+ */
+export function moduleWorker(url) {
+  const here = globalThis.document?.baseURI ?? self.location.href;
+  url = new URL(url, here);
+  if (url.origin === new URL(here).origin) return new Worker(url, { type: "module" });
+  const trampoline = new Blob([`import ${JSON.stringify(url.href)};`], { type: "text/javascript" });
+  return new Worker(URL.createObjectURL(trampoline), { type: "module" });
+}
+
+/**
  * Start pools for `worker` (an inference worker running worker.js) when it asks. Returns a
  * function that ends the pool's workers (call it when terminating `worker`).
  */
@@ -21,7 +35,7 @@ export function hostPool(worker) {
     if (data?.type === "stop-pool") return stop();
     if (data?.type !== "start-pool") return;
     try {
-      const started = Array.from({ length: data.threads }, () => new Worker(data.script, { type: "module" }));
+      const started = Array.from({ length: data.threads }, () => moduleWorker(data.script));
       threads.push(...started);
       await Promise.all(started.map((t) => ready(t, data.init)));
       worker.postMessage({ type: "pool-started" });

@@ -1,9 +1,9 @@
 // Loads the wasm engine. On a cross-origin isolated page (SharedArrayBuffer available) with more
 // than one core, the threads build (pkg-threads/, built by ./build.sh) with a pool of Web Workers
 // that share its memory, so the CPU path runs on several cores; otherwise, or if that fails, the
-// one-thread build (pkg/), also when this script comes from another origin than the page.
-// The pool's workers are started by the page that started this worker (pool.js: hostPool), which
-// says so with a "pool-host" message; without it, one thread.
+// one-thread build (pkg/). The pool's workers are started by the page that started this worker
+// (pool.js: hostPool; from a CDN, as blob: workers of the page's origin that import the CDN's
+// script), which says so with a "pool-host" message; without it, one thread.
 // Resolves to the module's exports plus `threads` (the pool's size) and, when that is one,
 // `threadsNote`: why (the page's stats show it).
 
@@ -19,10 +19,7 @@ self.addEventListener("message", ({ data }) => {
 
 export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } = {}) {
   threads = Math.min(threads, MAX_POOL_THREADS);
-  // The pool's workers start from a URL beside this script: impossible when the script comes from
-  // another origin (a CDN; this worker then runs from a blob: trampoline).
-  const sameOrigin = new URL(import.meta.url).origin === self.location.origin;
-  let threadsNote = oneThreadReason(threads, sameOrigin);
+  let threadsNote = oneThreadReason(threads);
   if (!threadsNote) {
     try {
       const mainJS = new URL("./pkg-threads/nexttoken.js", import.meta.url).href;
@@ -41,15 +38,13 @@ export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } 
 }
 
 /** Why the threads build cannot run here (a sentence), or "" when it may. */
-function oneThreadReason(threads, sameOrigin) {
+function oneThreadReason(threads) {
   if (threads <= 1) return "one thread: one was asked for, or the device reports one core";
   if (!globalThis.crossOriginIsolated)
     return "one thread: the page is not cross-origin isolated (the threads build needs the headers Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)";
   // WebKitGTK, for one, keeps it off on an isolated page unless told otherwise.
   if (typeof SharedArrayBuffer === "undefined")
     return "one thread: this browser keeps SharedArrayBuffer off although the page is cross-origin isolated";
-  if (!sameOrigin)
-    return "one thread: the engine's scripts come from another origin than the page (a CDN), and the thread pool's workers must start from the page's origin";
   if (!poolHost) return "one thread: the page that started the engine does not host its thread pool";
   return "";
 }

@@ -22,6 +22,7 @@ pub mod gpu;
 pub mod lm;
 pub mod load;
 pub mod model;
+pub mod preflight;
 pub mod quant;
 pub mod sampling;
 pub mod synthetic;

@@ -19,6 +19,7 @@ import {
   scoreNodes,
   speculationText,
   speculationClass,
+  preflightText,
 } from "./views.js";
 
 const $ = (id) => document.getElementById(id);
@@ -127,7 +128,18 @@ async function loadPicked() {
   if (local || (await isCached(spec.url).catch(() => false))) return loadSelected();
   $("generate").disabled = $("score-btn").disabled = true;
   const loaded = loadedSpec ? ` (${loadedSpec.name || loadedSpec.url} is still loaded)` : "";
-  $("status").textContent = `Press Load to download ${spec.name || spec.url}: Generate and Score wait for it${loaded}.`;
+  const wait = `Press Load to download ${spec.name || spec.url}: Generate and Score wait for it${loaded}.`;
+  $("status").textContent = wait;
+  // Before the download: its size, the memory it needs and the speed to expect (or why it cannot
+  // run here). Unreachable now (offline): the line above stays.
+  const picked = selectedSpec();
+  nt.preflight(spec).then(
+    (p) => {
+      if (JSON.stringify(selectedSpec()) !== JSON.stringify(picked) || pickedIsLoaded()) return;
+      $("status").textContent = p.refusal ? `${p.refusal}.` : `${wait} ${preflightText(p)}.`;
+    },
+    () => {},
+  );
 }
 
 async function loadSelected() {

@@ -361,6 +361,8 @@ export class NextToken {
   /** With `after`: `text` scored as the continuation of that prefix, P(text | after); the two are
    * joined exactly (`text` starts with its own space, as generated text does). */
   score(text: string, options?: { after?: string }): Promise<Score>;
+  /** What loading `model` would cost, known before a byte of its weights (its size and header). */
+  preflight(model: ModelRef, options?: LoadOptions): Promise<Preflight>;
   /** What the sampler keeps from a step's candidates with these settings, with the probabilities it draws with. */
   samplerView(
     candidates: Candidates,
@@ -408,3 +410,39 @@ export function score(text: string, options?: { after?: string }): Promise<Score
 export function abort(): void;
 export const chat: Chat;
 export const completions: Completions;
+
+/** `NextToken.preflight`'s answer. */
+export interface Preflight {
+  url: string;
+  name: string;
+  kind: "gguf" | "table";
+  sizeBytes: number;
+  /** 0 when the file is stored whole in this browser already. */
+  downloadBytes: number;
+  cached: boolean;
+  /** From the GGUF header (absent for tables, split models and refusals by size). */
+  plan?: {
+    arch: string;
+    parameters: number;
+    fileBytes: number;
+    weightType: string;
+    weightBytesPerToken: number;
+    layers: number;
+    vocab: number;
+    contextLength: number;
+    kvBytesPerPosition: number;
+  };
+  /** Bytes of the header read to make the plan. */
+  headerBytes?: number;
+  /** The memory a CPU-path load needs: the file, its KV cache at `maxSeq`, the engine. */
+  memoryBytes?: number;
+  memoryLimitBytes?: number | null;
+  /** `navigator.deviceMemory` in bytes, where the browser tells it. */
+  deviceMemoryBytes?: number | null;
+  storageAvailableBytes?: number | null;
+  /** The CPU path's expected decode speed here, from a short calibration on random models. */
+  cpu?: { tokensPerSecond: number; shapeMs: number; bytesPerSecond: number };
+  /** Why the model cannot run here; "" when it can. */
+  refusal: string;
+  warnings: string[];
+}

@@ -12,7 +12,10 @@
 // and the product), lookup (speculative decoding by prompt lookup: the same text in fewer
 // forward passes; tokens whose guess was kept or rejected are underlined), draft (a draft
 // model's catalog id or URL: speculative decoding with a smaller model of the same tokenizer), autorun (generate once loaded), eager (load at once: by default nothing is
-// downloaded until the element is on screen or clicked), backend (auto | gpu | cpu), editable (let
+// downloaded until the element is on screen or clicked), preflight (before any byte of the weights:
+// the download size, the memory it needs, whether it fits and the speed to expect here, shown in
+// the element; a model that cannot fit is refused, and nothing is downloaded until Generate is
+// clicked unless eager or autorun), backend (auto | gpu | cpu), editable (let
 // the reader edit the prompt, and the candidates), replay (a recording to play instead of running
 // the model: a URL of the JSON lines `nexttoken generate --json` writes, "#id" of a
 // <script type="application/json"> on the page, or empty for such a script inside the element;
@@ -43,6 +46,7 @@ import {
   scoreTable,
   speculationText,
   speculationClass,
+  preflightText,
 } from "./views.js";
 import { MAX_RECORDING_BYTES, parseRecording, runFor, describeRun, totals } from "./recording.js";
 
@@ -256,11 +260,16 @@ class NextTokenElement extends HTMLElement {
       .filter(Boolean);
   }
 
-  /** Load, then run once if `autorun`. */
+  /** Load, then run once if `autorun` (with `preflight` and neither: only the preflight). */
   start() {
     this.observer?.disconnect();
     this.observer = null;
     if (this.loading || this.recording) return;
+    const wait = this.hasAttribute("preflight") && !this.hasAttribute("autorun") && !this.hasAttribute("eager");
+    if (wait && this.getAttribute("model")) {
+      this.preflighted().catch((e) => this.hasAttribute("replay") && this.useRecording(e.message).catch(() => {}));
+      return;
+    }
     this.ready().then(
       () => {
         if (this.hasAttribute("autorun") && !this.autoran) {
@@ -294,6 +303,7 @@ class NextTokenElement extends HTMLElement {
     } else if (["view", "prompt", "candidates"].includes(name)) this.render();
     else if (oldValue !== null && this.model) {
       this.loading = null;
+      this.checked = null;
       this.load().catch(() => {});
     }
   }
@@ -317,6 +327,7 @@ class NextTokenElement extends HTMLElement {
       return "recording";
     }
     try {
+      if (this.hasAttribute("preflight")) await this.preflighted();
       await this.load();
       return "live";
     } catch (e) {
@@ -370,6 +381,36 @@ class NextTokenElement extends HTMLElement {
         },
       );
     return this.loading;
+  }
+
+  /**
+   * The model's preflight (once): its numbers in the status line and an "nt-preflight" event;
+   * rejects with the reason where the model cannot run here (shown as the error unless a
+   * recording takes over).
+   */
+  preflighted() {
+    this.checked ??= (async () => {
+      const model = this.getAttribute("model");
+      this.$(".status").textContent = "checking what the model needs…";
+      const nt = new NextToken({ shareWorker: true });
+      let p;
+      try {
+        p = await nt.preflight(resolveSpec(model, this.getAttribute("tokenizer") || undefined), {
+          backend: this.getAttribute("backend") || "auto",
+        });
+      } finally {
+        nt.terminate();
+      }
+      this.preflightResult = p;
+      this.emit("nt-preflight", p);
+      if (p.refusal) throw new Error(p.refusal);
+      this.$(".status").textContent = preflightText(p);
+      return p;
+    })().catch((e) => {
+      this.checked = null;
+      throw this.hasAttribute("replay") ? e : this.fail(e.message);
+    });
+    return this.checked;
   }
 
   /** Switch to the recording (`reason`: why the model does not run, or ""); once. */

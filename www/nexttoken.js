@@ -375,6 +375,19 @@ export class NextToken {
     });
   }
 
+  /**
+   * What loading `model` (as `load` takes it) with `options` would cost, known before a byte of
+   * its weights is downloaded: `{name, sizeBytes, downloadBytes, cached, plan: {arch, parameters,
+   * weightType, weightBytesPerToken, layers, vocab, contextLength, kvBytesPerPosition},
+   * memoryBytes, memoryLimitBytes, deviceMemoryBytes, storageAvailableBytes, cpu:
+   * {tokensPerSecond, shapeMs, bytesPerSecond}, refusal, warnings}`. `refusal` ("" when none)
+   * says why the model cannot run here. Reads the file's size and its header only.
+   */
+  preflight(model, { tokenizer, backend, maxSeq, exact, threads } = {}) {
+    const options = { backend, maxSeq, exact, threads };
+    return this.#request({ type: "preflight", spec: resolveSpec(model, tokenizer), options });
+  }
+
   /** The prompt text the chat template makes of `messages`: what the model reads. */
   renderChat(messages, { addGenerationPrompt = true } = {}) {
     return this.#request({ type: "render-chat", messages, addGenerationPrompt });

@@ -310,3 +310,15 @@ export async function scoreNodes(nt, prompt, candidates) {
     verdict,
   ];
 }
+
+const megabytes = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
+
+/** A preflight (`NextToken.preflight`) in one line: what a load downloads and needs, and how fast it should run here. */
+export function preflightText(p) {
+  const parts = [
+    p.cached ? `${p.name}: stored here, no download` : `${p.name}: ${megabytes(p.downloadBytes)} to download`,
+  ];
+  if (p.memoryBytes) parts.push(`needs about ${megabytes(p.memoryBytes)} of memory`);
+  if (p.cpu) parts.push(`about ${Math.round(p.cpu.tokensPerSecond)} tokens/s on this device's CPU (estimated)`);
+  return [...parts, ...p.warnings].join(" · ");
+}

@@ -7,6 +7,7 @@
 //               {type:"chat", id, messages, options} | {type:"render-chat", id, messages}
 //               {type:"sampler-view", id, ids, logits, options, history}
 //               {type:"abort", id} | {type:"score", id, text, after} | {type:"cancel-load", id}
+//               {type:"preflight", id, spec, options} (what a load would cost, before it)
 //               {type:"unload"} | {type:"simulate-gpu-loss"} (tests: WebGPU lost as in a reset)
 //               Each message names its `slot`: one page may share this worker among several
 //               NextToken instances (several <next-token> elements), each with its own model.
@@ -17,7 +18,7 @@
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
 import { loadWasm } from "./wasm.js";
-import { fetchModelFile, dropOldCaches, deleteCached, splitPartUrls } from "./model-cache.js";
+import { fetchModelFile, dropOldCaches, deleteCached, splitPartUrls, listCached } from "./model-cache.js";
 
 let ready = null;
 const engines = new Map(); // slot -> the model's engine
@@ -427,6 +428,103 @@ async function preflight(url, size, id, inWasm = true) {
   }
 }
 
+/** A GGUF header larger than this is not read by a preflight (the largest vocabularies' are ~10 MB). */
+const MAX_HEADER_BYTES = 64 << 20;
+
+/**
+ * What loading `spec` would cost, known before a byte of its weights: its size (the catalog's,
+ * else the server's answer to HEAD or to a one-byte range), its header (the file's first bytes,
+ * by a Range request or a download cut short), the memory a load needs against what this tab can
+ * hold, the storage to keep it, and the CPU path's decode speed to expect here (preflightGguf:
+ * a short calibration on random models). `refusal` says why it cannot run here ("" when it can).
+ */
+async function preflightModel({ spec, options = {} }) {
+  await wasmReady();
+  const url = spec.url;
+  const name = decodeURIComponent(new URL(url).pathname.split("/").pop());
+  const mb = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
+  const stored = (await listCached().catch(() => [])).find((e) => e.url === url && e.complete);
+  const size = spec.size || stored?.size || (await remoteSize(url, name));
+  const out = { url, name, kind: spec.kind, sizeBytes: size, cached: !!stored, downloadBytes: stored ? 0 : size };
+  out.warnings = [];
+  out.refusal = "";
+  if (spec.kind === "table") return out;
+  if (splitPartUrls(url).length > 1) {
+    out.warnings.push("a split model: its size is its first part's, and its header is not read");
+    return out;
+  }
+  // The CPU path holds the weights in wasm memory; a GPU-only load streams them past it.
+  const gpuOnly = options.backend === "gpu";
+  if (!gpuOnly && size > WASM_MEMORY_LIMIT * 0.9) {
+    out.refusal = `${name} is ${mb(size)}: more than the ${mb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`;
+    return out; // its header is not worth reading
+  }
+  const maxSeq = options.maxSeq || 2048;
+  const threads = Math.min(options.threads ?? wasm.threads, wasm.threads);
+  let n = Math.min(size, 256 << 10);
+  let r;
+  for (;;) {
+    r = wasm.preflightGguf(await firstBytes(url, n, name), size, maxSeq, !!options.exact, threads);
+    if (!r.needMore) break;
+    if (r.needMore > MAX_HEADER_BYTES) throw new Error(`${name}: its header is over ${mb(MAX_HEADER_BYTES)}`);
+    n = Math.min(size, Math.max(r.needMore, 2 * n));
+  }
+  Object.assign(out, { plan: r.plan, memoryBytes: r.memoryBytes, cpu: r.cpu, headerBytes: n });
+  const deviceBytes = navigator.deviceMemory ? navigator.deviceMemory * 2 ** 30 : null;
+  out.memoryLimitBytes = gpuOnly ? deviceBytes : Math.min(WASM_MEMORY_LIMIT, deviceBytes ?? Infinity);
+  out.deviceMemoryBytes = deviceBytes;
+  if (!gpuOnly && r.memoryBytes > WASM_MEMORY_LIMIT)
+    out.refusal = `${name} needs about ${mb(r.memoryBytes)} of memory (the file, its KV cache for ${maxSeq} positions and the engine): more than the ${mb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold; pick a smaller model or a stronger quantisation`;
+  else if (deviceBytes && r.memoryBytes > deviceBytes)
+    out.refusal = `${name} needs about ${mb(r.memoryBytes)} of memory: more than this device's ${mb(deviceBytes)}`;
+  else if (deviceBytes && r.memoryBytes > deviceBytes / 2)
+    out.warnings.push(
+      `${name} needs about ${mb(r.memoryBytes)}, over half this device's memory: the tab may be closed`,
+    );
+  const estimate = await navigator.storage?.estimate?.().catch(() => null);
+  out.storageAvailableBytes = estimate?.quota ? estimate.quota - (estimate.usage || 0) : null;
+  if (!stored && out.storageAvailableBytes !== null && size > out.storageAvailableBytes)
+    out.warnings.push(
+      `${name} is more than the ${mb(out.storageAvailableBytes)} of storage this browser offers: it can run but not be kept for offline use`,
+    );
+  return out;
+}
+
+/** A file's size from the server: HEAD, else a one-byte range (Content-Range says the whole). */
+async function remoteSize(url, name) {
+  const head = await fetch(url, { method: "HEAD" }).catch(() => null);
+  const length = Number(head?.ok && head.headers.get("content-length"));
+  if (length > 0) return length;
+  const res = await fetch(url, { headers: { range: "bytes=0-0" } }).catch((e) => {
+    throw new Error(`cannot reach ${name}: ${errorMessage(e)}`);
+  });
+  await res.body?.cancel().catch(() => {});
+  const total = Number(/\/(\d+)$/.exec(res.headers.get("content-range") || "")?.[1]);
+  if (total > 0) return total;
+  if (!res.ok) throw new Error(`${name}: HTTP ${res.status}`);
+  throw new Error(`${name}: the server does not say how large it is`);
+}
+
+/** The first `n` bytes of `url`: a Range request, or a download cut short where ranges are ignored. */
+async function firstBytes(url, n, name) {
+  const res = await fetch(url, { headers: { range: `bytes=0-${n - 1}` } }).catch((e) => {
+    throw new Error(`cannot reach ${name}: ${errorMessage(e)}`);
+  });
+  if (!res.ok) throw new Error(`${name}: HTTP ${res.status}`);
+  const out = new Uint8Array(n);
+  let got = 0;
+  const reader = res.body.getReader();
+  while (got < n) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    const take = Math.min(value.length, n - got);
+    out.set(value.subarray(0, take), got);
+    got += take;
+  }
+  await reader.cancel().catch(() => {});
+  return out.subarray(0, got);
+}
+
 const deleteAll = (urls) => Promise.all(urls.map((u) => deleteCached(u).catch(() => {})));
 
 function unload({ slot }) {
@@ -580,6 +678,12 @@ self.onmessage = (event) => {
       break;
     case "score":
       score(msg);
+      break;
+    case "preflight":
+      preflightModel(msg).then(
+        (value) => post({ type: "result", id: msg.id, value }),
+        (e) => post({ type: "error", id: msg.id, message: errorMessage(e) }),
+      );
       break;
     case "sampler-view":
       try {

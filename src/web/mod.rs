@@ -148,3 +148,29 @@ pub fn memcpy_bandwidth(mib: usize) -> f64 {
 pub fn wasm_memory_bytes() -> f64 {
     (core::arch::wasm32::memory_size(0) * 65536) as f64
 }
+
+/// A model's preflight from the first bytes of its GGUF file (`fileLen` bytes in all): `{needMore:
+/// n}` while its header runs past `prefix` (n bytes from the start at least), else `{plan, cpu}`:
+/// the header's numbers (`preflight::ModelPlan`, with `memoryBytes` at `maxSeq` positions) and
+/// the CPU path's expected decode speed here with `exact` and `threads`, from a short
+/// calibration on random models made in memory (`preflight::cpu_estimate`). A file that is not
+/// a GGUF, or whose header lies, throws.
+#[wasm_bindgen(js_name = preflightGguf)]
+pub fn preflight_gguf(
+    prefix: &[u8],
+    file_len: f64,
+    max_seq: usize,
+    exact: bool,
+    threads: usize,
+) -> Result<JsValue, JsError> {
+    use crate::preflight::{cpu_estimate, ModelPlan, PlanFromPrefix};
+    let plan = match ModelPlan::from_prefix(prefix, file_len as usize).map_err(js_err)? {
+        PlanFromPrefix::NeedMore(n) => return js::to_js(&serde_json::json!({ "needMore": n })),
+        PlanFromPrefix::Plan(plan) => plan,
+    };
+    let precision = if exact { crate::cpu::Precision::Exact } else { crate::cpu::Precision::Fast };
+    let threads = threads.clamp(1, crate::cpu::browser_threads());
+    let cpu = cpu_estimate(&plan, precision, threads).map_err(js_err)?;
+    let memory_bytes = plan.memory_bytes(max_seq.max(1));
+    js::to_js(&serde_json::json!({ "plan": plan, "memoryBytes": memory_bytes, "cpu": cpu }))
+}

@@ -47,6 +47,7 @@ const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await 
 const { embedTests } = await import("./embed.mjs");
 const { elementTests } = await import("./element.mjs");
 const { replayTests } = await import("./replay.mjs");
+const { preflightTests } = await import("./preflight.mjs");
 const { makeBigModel, streamTests } = await import("./stream.mjs");
 const { structuredTests } = await import("./structured.mjs");
 const faulty = faultyServer();
@@ -1277,7 +1278,10 @@ async function runConfig(mode) {
 
     await elementTests({ test, assert, assertEq, browser, base, mode, outDir });
 
-    if (haveShared) await replayTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), fixtures, www });
+    if (haveShared) {
+      await replayTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), fixtures, www });
+      await preflightTests({ test, assert, assertEq, browser, mode, bin: nativeBin(), fixtures, www });
+    }
 
     // A model bigger than the quota the storage test leaves after the app shell: the chat fixture (16 MB).
     const bigModelUrl = fs.existsSync(path.join(fixtures, "chat", "chat.gguf")) ? "/test/chat/chat.gguf" : null;

@@ -58,6 +58,8 @@ function consume(onChunk, bytes) {
 
 const mb = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 2 : 1)} MB`;
 export const formatBytes = mb;
+/** Whole megabytes past 10 MB, one decimal below: a preflight's round figures. */
+export const roundMegabytes = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
 
 function nameOf(url) {
   try {

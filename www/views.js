@@ -3,6 +3,7 @@
 // Everything returns DOM nodes; model output only enters them as text, never as HTML.
 
 import { RunningLogP } from "./nexttoken.js";
+import { roundMegabytes as megabytes } from "./model-cache.js";
 
 export const el = (tag, props = {}, ...children) => {
   const node = Object.assign(document.createElement(tag), props);
@@ -310,8 +311,6 @@ export async function scoreNodes(nt, prompt, candidates) {
     verdict,
   ];
 }
-
-const megabytes = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
 
 /** A preflight (`NextToken.preflight`) in one line: what a load downloads and needs, and how fast it should run here. */
 export function preflightText(p) {

@@ -18,7 +18,14 @@
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 
 import { loadWasm } from "./wasm.js";
-import { fetchModelFile, dropOldCaches, deleteCached, splitPartUrls, listCached } from "./model-cache.js";
+import {
+  fetchModelFile,
+  dropOldCaches,
+  deleteCached,
+  splitPartUrls,
+  listCached,
+  roundMegabytes as mb,
+} from "./model-cache.js";
 
 let ready = null;
 const engines = new Map(); // slot -> the model's engine
@@ -403,6 +410,9 @@ async function fetchParts(spec, urls, id, signal, onPart) {
 /** WebAssembly memory is 32-bit: the model's bytes and everything else share 4 GiB. */
 const WASM_MEMORY_LIMIT = 4 * 2 ** 30;
 
+/** A file of `size` bytes leaves no room for a KV cache in wasm memory. */
+const tooLargeForWasm = (size) => size > WASM_MEMORY_LIMIT * 0.9;
+
 /**
  * Before a download: refuse a model that cannot fit in WebAssembly memory (`inWasm`: unless it
  * streams to WebGPU with no CPU fallback, `backend: "gpu"`: then the GPU's memory is the limit),
@@ -413,7 +423,7 @@ async function preflight(url, size, id, inWasm = true) {
   if (!size) return;
   const name = decodeURIComponent(new URL(url).pathname.split("/").pop());
   const gb = (n) => `${(n / 1e9).toFixed(2)} GB`;
-  if (inWasm && size > WASM_MEMORY_LIMIT * 0.9) {
+  if (inWasm && tooLargeForWasm(size)) {
     throw new Error(
       `${name} is ${gb(size)} (as the server announced it): more than the ${gb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`,
     );
@@ -442,7 +452,6 @@ async function preflightModel({ spec, options = {} }) {
   await wasmReady();
   const url = spec.url;
   const name = decodeURIComponent(new URL(url).pathname.split("/").pop());
-  const mb = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
   const stored = (await listCached().catch(() => [])).find((e) => e.url === url && e.complete);
   const size = spec.size || stored?.size || (await remoteSize(url, name));
   const out = { url, name, kind: spec.kind, sizeBytes: size, cached: !!stored, downloadBytes: stored ? 0 : size };
@@ -455,7 +464,7 @@ async function preflightModel({ spec, options = {} }) {
   }
   // The CPU path holds the weights in wasm memory; a GPU-only load streams them past it.
   const gpuOnly = options.backend === "gpu";
-  if (!gpuOnly && size > WASM_MEMORY_LIMIT * 0.9) {
+  if (!gpuOnly && tooLargeForWasm(size)) {
     out.refusal = `${name} is ${mb(size)}: more than the ${mb(WASM_MEMORY_LIMIT)} WebAssembly memory can hold with room for the KV cache; pick a smaller model or a stronger quantisation`;
     return out; // its header is not worth reading
   }

@@ -13,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { assert, assertEq, nativeGreedy, outDir, runner, www } from "./harness.mjs";
+import { assert, assertEq, nativeGreedy, outDir, runner, setGreedy, www } from "./harness.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const firefoxPath = process.env.FIREFOX || "/usr/bin/firefox-esr";
@@ -85,14 +85,7 @@ const errorText = () =>
 async function generateDefault(label) {
   await waitState(["ready", "error"]);
   assertEq(await errorText(), "", `${label}: error shown`);
-  await page.evaluate((n) => {
-    for (const [id, v] of [
-      ["temperature", "0"],
-      ["max-tokens", String(n)],
-      ["beams", "1"],
-    ])
-      document.getElementById(id).value = v;
-  }, N);
+  await page.evaluate(setGreedy, N);
   await page.click("#generate");
   await waitState("ready");
   assertEq(await errorText(), "", `${label}: generation error`);

@@ -52,6 +52,27 @@ export function nativeBin() {
   return bin;
 }
 
+/** In the page (passed to a driver's evaluate): the app's settings for a greedy run of `n` tokens. */
+export function setGreedy(n) {
+  for (const [id, v] of [
+    ["temperature", "0"],
+    ["max-tokens", String(n)],
+    ["beams", "1"],
+  ])
+    document.getElementById(id).value = v;
+}
+
+/** In the page: what the app shows after a run (text, error, backend line, cores, download line). */
+export function appOutcome() {
+  return {
+    text: document.getElementById("output-tokens").textContent,
+    error: document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent,
+    backend: window.nexttokenApp.stats.backend,
+    cores: navigator.hardwareConcurrency,
+    download: window.nexttokenApp.stats.download || "",
+  };
+}
+
 /** The native CLI's greedy continuation of `prompt` on the default model, computed as the wasm
  * CPU path computes it (scalar kernels, one thread); exits with a failure if the CLI does. */
 export function nativeGreedy(prompt, n) {

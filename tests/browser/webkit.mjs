@@ -14,7 +14,7 @@ import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
 import path from "node:path";
-import { assert, assertEq, nativeGreedy, outDir, runner, www } from "./harness.mjs";
+import { appOutcome, assert, assertEq, nativeGreedy, outDir, runner, setGreedy, www } from "./harness.mjs";
 import { serve } from "./serve.mjs";
 
 /** The MiniBrowser that libwebkit2gtk installs (its path depends on the architecture). */
@@ -137,27 +137,14 @@ async function waitFor(b, fn, what, timeout = 180_000) {
 /** The app's greedy text for PROMPT (the default model), its error and its backend line. */
 async function generateDefault(b, label) {
   await waitFor(b, () => ["ready", "error"].includes(document.body.dataset.state), `${label}: the model loaded`);
-  await b.run((n) => {
-    for (const [id, v] of [
-      ["temperature", "0"],
-      ["max-tokens", String(n)],
-      ["beams", "1"],
-    ])
-      document.getElementById(id).value = v;
-    document.getElementById("generate").click();
-  }, N);
+  await b.run(setGreedy, N);
+  await b.run(() => document.getElementById("generate").click());
   await waitFor(
     b,
     () => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent,
     `${label}: generation`,
   );
-  return b.run(() => ({
-    text: document.getElementById("output-tokens").textContent,
-    error: document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent,
-    backend: window.nexttokenApp.stats.backend,
-    cores: navigator.hardwareConcurrency,
-    download: window.nexttokenApp.stats.download || "",
-  }));
+  return b.run(appOutcome);
 }
 
 let server = await serve(www, 0, {}, {});

@@ -237,7 +237,8 @@ impl GgufVocab {
 }
 
 /// A model ready to run: the model, its vocabulary, its chat template, and a line saying which
-/// backend runs it and why.
+/// backend runs it and why. A clone shares the model (weights are not copied).
+#[derive(Clone)]
 pub struct Loaded {
     pub model: Rc<AnyModel>,
     pub vocab: Rc<dyn Vocab>,

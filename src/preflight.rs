@@ -1,16 +1,19 @@
 //! What a model will cost, known before a byte of its weights is read: from its GGUF header alone
 //! (the first kilobytes or megabytes of the file), its size, parameters, the bytes one decode step
 //! reads and the KV cache's bytes per position; from those, the memory a load needs; and from a
-//! short calibration of the CPU path on random models, the decode speed to expect on this
-//! machine. The browser's `preflight(url)` is built on it, to say before a download whether a
-//! model fits and how fast it will run.
+//! short calibration on random models (of the CPU path, and of the GPU where one would run it),
+//! the decode speed to expect on this machine. The browser's `preflight(url)` is built on it, to
+//! say before a download whether a model fits and how fast it will run.
 
 use serde::Serialize;
 
-use crate::backend::{cpu_decode_ms, cpu_decode_rate_for};
+use std::sync::Arc;
+
+use crate::backend::{cpu_decode_ms, cpu_decode_rate_for, gpu_decode_ms};
 use crate::cpu::{CpuModel, Precision};
 use crate::error::Result;
 use crate::gguf::{Gguf, Header};
+use crate::gpu::{GpuContext, GpuModel};
 use crate::model::Model;
 use crate::quant::GgmlType;
 use crate::synthetic::Spec;
@@ -133,4 +136,71 @@ pub fn cpu_estimate(plan: &ModelPlan, precision: Precision, threads: usize) -> R
     let extra = plan.weight_bytes_per_token.saturating_sub(probe_bytes) as f64;
     let ms = shape_ms + 1e3 * extra / bytes_per_second.max(1.0);
     Ok(CpuEstimate { tokens_per_second: 1e3 / ms.max(1e-6), shape_ms, bytes_per_second })
+}
+
+/// What the GPU's decode step should cost for a plan, from [`gpu_estimate`]'s measurements.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuEstimate {
+    pub tokens_per_second: f64,
+    /// A step's cost that does not grow with the weights' bytes (on a GPU mostly its dispatches,
+    /// a few per layer, and the readback), measured on a narrow random model of the plan's shape.
+    pub shape_ms: f64,
+    /// How fast the kernels read the plan's weight type: the difference in bytes over the
+    /// difference in time of two random models that differ only in width.
+    pub bytes_per_second: f64,
+    /// The adapter it was measured on.
+    pub adapter: String,
+}
+
+/// The decode speed the GPU of `ctx` can expect for `plan`, as [`cpu_estimate`] makes the CPU
+/// path's: a narrow random model with the plan's layers and vocabulary timed on the GPU (its
+/// fixed cost), and the kernels' rate on the plan's weight type (Q8_0 where the kernels have
+/// none for it) from a wide and a narrow two-layer model: a GPU step of a small model is mostly
+/// fixed cost, so one model's bytes over its time would understate the rate. About 40 MB of
+/// random weights are uploaded, then freed; nothing is downloaded.
+pub async fn gpu_estimate(plan: &ModelPlan, ctx: Arc<GpuContext>) -> Result<GpuEstimate> {
+    let arch = crate::model::Arch::from_gguf_name(&plan.arch)?;
+    let ty = GgmlType::ALL.into_iter().find(|t| t.name() == plan.weight_type);
+    let timed = |spec: Spec| {
+        let ctx = ctx.clone();
+        async move {
+            let model = Model::from_bytes(crate::synthetic::write(&spec)?)?;
+            let bytes = model.weight_bytes_per_token();
+            let gpu = GpuModel::with_context(ctx, model).await?;
+            Ok::<_, crate::Error>((bytes as f64, gpu_decode_ms(&gpu).await?))
+        }
+    };
+    let two_layers = |ty: GgmlType, dim: usize, ffn: usize| Spec {
+        weight_type: ty,
+        tied: true,
+        ..Spec::new(arch, 256, dim, 2, dim / 64, ffn, 64)
+    };
+    let narrow_pair = timed(two_layers(GgmlType::Q8_0, 64, 64)).await?;
+    let wide_type = ty.unwrap_or(GgmlType::Q8_0);
+    let wide = match timed(two_layers(wide_type, 1024, 4096)).await {
+        Err(_) if wide_type != GgmlType::Q8_0 => {
+            timed(two_layers(GgmlType::Q8_0, 1024, 4096)).await?
+        }
+        wide => wide?,
+    };
+    let bytes_per_second = if wide.1 > narrow_pair.1 {
+        (wide.0 - narrow_pair.0) / ((wide.1 - narrow_pair.1) / 1e3)
+    } else {
+        wide.0 / (wide.1.max(1e-3) / 1e3)
+    };
+    let narrow = Spec {
+        weight_type: GgmlType::Q8_0,
+        tied: true,
+        ..Spec::new(arch, plan.vocab.clamp(16, 1 << 16), 64, plan.layers.clamp(1, 256), 1, 64, 64)
+    };
+    let (probe_bytes, shape_ms) = timed(narrow).await?;
+    let extra = (plan.weight_bytes_per_token as f64 - probe_bytes).max(0.0);
+    let ms = shape_ms + 1e3 * extra / bytes_per_second.max(1.0);
+    Ok(GpuEstimate {
+        tokens_per_second: 1e3 / ms.max(1e-6),
+        shape_ms,
+        bytes_per_second,
+        adapter: ctx.describe(),
+    })
 }

@@ -4,9 +4,12 @@
 
 mod common;
 
+use nexttoken::backend::gpu_decode_ms;
 use nexttoken::cpu::Precision;
+use nexttoken::gpu::GpuModel;
+use nexttoken::lm::block_on;
 use nexttoken::model::{Arch, Model};
-use nexttoken::preflight::{cpu_estimate, ModelPlan, PlanFromPrefix};
+use nexttoken::preflight::{cpu_estimate, gpu_estimate, ModelPlan, PlanFromPrefix};
 use nexttoken::quant::GgmlType;
 use nexttoken::synthetic::{self, Spec};
 
@@ -79,4 +82,40 @@ fn the_cpu_estimate_is_made_of_two_measurements() {
         e.tokens_per_second.is_finite() && e.tokens_per_second <= 1e3 / e.shape_ms + 1e-9,
         "{e:?}"
     );
+}
+
+/// The GPU's expected decode speed (`gpu_estimate`: a narrow model of the plan's shape and the
+/// kernels' rate from two random models of different widths) against the model's own decode
+/// steps timed on the same GPU (the best of three, as the estimate's parts are): within 2x, for
+/// the default model and a wider one whose bytes weigh more. On lavapipe here; the same code
+/// measures a real GPU.
+#[test]
+fn the_gpu_estimate_is_within_2x_of_the_measured_decode() {
+    let Some(ctx) = common::gpu_context() else { return };
+    let wide = synthetic::write(&Spec {
+        weight_type: GgmlType::Q8_0,
+        ..Spec::new(Arch::Llama, 2048, 768, 4, 12, 2048, 256)
+    })
+    .unwrap();
+    let default = std::fs::read(common::repo().join("www/models/default.gguf")).unwrap();
+    for (name, bytes) in [("default", default), ("768 wide, 4 layers", wide)] {
+        let (plan, _) = plan_from_prefixes(&bytes);
+        let e = block_on(gpu_estimate(&plan, ctx.clone())).unwrap();
+        assert!(e.shape_ms > 0.0 && e.bytes_per_second > 0.0, "{name}: {e:?}");
+        let gpu = block_on(GpuModel::with_context(ctx.clone(), Model::from_bytes(bytes).unwrap()))
+            .unwrap();
+        let ms = (0..3).map(|_| block_on(gpu_decode_ms(&gpu)).unwrap()).fold(f64::MAX, f64::min);
+        let measured = 1e3 / ms;
+        let ratio = e.tokens_per_second / measured;
+        eprintln!(
+            "{name}: estimated {:.1} tok/s (shape {:.2} ms, {:.2} GB/s), measured {measured:.1} tok/s: x{ratio:.2}",
+            e.tokens_per_second,
+            e.shape_ms,
+            e.bytes_per_second / 1e9
+        );
+        assert!(
+            (0.5..=2.0).contains(&ratio),
+            "{name}: the estimate is x{ratio:.2} the measured speed"
+        );
+    }
 }

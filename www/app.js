@@ -20,6 +20,7 @@ import {
   speculationText,
   speculationClass,
   preflightText,
+  engineText,
 } from "./views.js";
 
 const $ = (id) => document.getElementById(id);
@@ -201,13 +202,21 @@ async function loadModel(spec) {
       model: spec.name || spec.url,
       backend: backendLabel(info),
       "backend choice": info.backendReason ?? "",
+      engine: engineText(info),
       architecture: info.kind === "table" ? "bigram table" : `${info.arch}, ${info.nLayer} layers, ${info.nEmbd} wide`,
       parameters: info.parameters.toLocaleString(),
       "model size":
         info.kind === "table"
           ? `${info.nVocab} words (a ${info.nVocab} × ${info.nVocab} table)`
           : formatBytes(info.bytes),
-      download: info.kind === "table" ? "" : info.timings?.fromCache ? "from cache" : stats.download || "",
+      download:
+        info.kind === "table"
+          ? ""
+          : info.timings?.reused
+            ? "none: the engine holds this model already (another tab or element loaded it)"
+            : info.timings?.fromCache
+              ? "from cache"
+              : stats.download || "",
       weights: info.kind === "table" ? "" : weightsLabel(info),
       "load time": `${(ms / 1000).toFixed(2)} s (init ${(info.timings?.initMs ?? 0).toFixed(0)} ms${info.timings?.backendMs ? `, backend check ${info.timings.backendMs.toFixed(0)} ms` : ""})`,
     };

@@ -82,8 +82,25 @@ export interface ModelInfo {
   threads: number;
   /** Why the wasm CPU path runs one thread ("" when it runs the threads build). */
   threadsNote: string;
+  /** Which worker runs the model: "shared" (one engine for every tab of the site, a
+   * SharedWorker) or "dedicated" (this page's own); `engineNote` says why. */
+  engine: "shared" | "dedicated";
+  engineNote: string;
+  /** Pages the engine served at this load (1 for a dedicated one). */
+  enginePages: number;
+  /** Loads (pages, elements, instances) sharing this model's one copy at this load. */
+  modelUsers: number;
   spec: ModelSpec;
-  timings: { downloadMs: number; initMs: number; backendMs?: number; fromCache?: boolean };
+  /** `reused`: the engine held this model already (another tab, element or instance loaded it):
+   * nothing was downloaded, and `waitMs` is all this load took. */
+  timings: {
+    downloadMs?: number;
+    initMs?: number;
+    backendMs?: number;
+    fromCache?: boolean;
+    reused?: boolean;
+    waitMs?: number;
+  };
   [more: string]: unknown;
 }
 
@@ -341,9 +358,20 @@ export interface NextTokenOptions {
   /** The worker script (default: worker.js beside nexttoken.js; from another origin it starts
    * through a blob: trampoline, so its host needs CORS). */
   workerUrl?: string | URL;
-  /** Use the page's one shared worker (one wasm instance); each instance keeps its own model. */
+  /** Use the page's one shared worker (one wasm instance); each instance loads its own model
+   * there (the same model loaded twice is held once). */
   shareWorker?: boolean;
+  /** "auto" (default): one engine for every tab of the site (a SharedWorker) where the browser
+   * has one and this page would run one thread anyway; else the page's own worker (the threads
+   * build). "shared" and "dedicated" force one. */
+  engine?: "auto" | "shared" | "dedicated";
 }
+
+/** Which worker `engine` ("auto" by default) gets on this page, and why. */
+export function engineChoice(
+  requested?: "auto" | "shared" | "dedicated",
+  workerUrl?: string | URL,
+): { kind: "shared" | "dedicated"; note: string; oneThread?: string };
 
 export class NextToken {
   constructor(options?: NextTokenOptions);
@@ -442,6 +470,8 @@ export interface Preflight {
   storageAvailableBytes?: number | null;
   /** The CPU path's expected decode speed here, from a short calibration on random models. */
   cpu?: { tokensPerSecond: number; shapeMs: number; bytesPerSecond: number };
+  /** The GPU's, where a load would run the model on WebGPU (a real adapter, or backend "gpu"). */
+  gpu?: { tokensPerSecond: number; shapeMs: number; bytesPerSecond: number; adapter: string };
   /** Why the model cannot run here; "" when it can. */
   refusal: string;
   warnings: string[];

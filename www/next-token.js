@@ -15,7 +15,9 @@
 // downloaded until the element is on screen or clicked), preflight (before any byte of the weights:
 // the download size, the memory it needs, whether it fits and the speed to expect here, shown in
 // the element; a model that cannot fit is refused, and nothing is downloaded until Generate is
-// clicked unless eager or autorun), backend (auto | gpu | cpu), editable (let
+// clicked unless eager or autorun), backend (auto | gpu | cpu), engine (auto | shared | dedicated:
+// see below), worker (a worker script on the page's origin, e.g. one line importing the CDN's
+// worker.js: what a shared engine needs when this script comes from a CDN), editable (let
 // the reader edit the prompt, and the candidates), replay (a recording to play instead of running
 // the model: a URL of the JSON lines `nexttoken generate --json` writes, "#id" of a
 // <script type="application/json"> on the page, or empty for such a script inside the element;
@@ -31,6 +33,9 @@
 // model share one loaded copy of it: each model is downloaded once, and its elements generate in
 // turn. Relative model URLs are relative to the page; the default files (pkg/, the catalog's
 // models) are found beside this script, which may come from another origin (a CDN with CORS).
+// Where the browser has SharedWorker and the page would run one thread anyway (not cross-origin
+// isolated), that worker is one engine for every tab of the site: a model open in three tabs is
+// downloaded and held once (engine="auto"; the status line says so, its tooltip why).
 
 import { NextToken, resolveSpec } from "./nexttoken.js";
 import {
@@ -47,6 +52,7 @@ import {
   speculationText,
   speculationClass,
   preflightText,
+  engineText,
 } from "./views.js";
 import { MAX_RECORDING_BYTES, parseRecording, runFor, describeRun, totals } from "./recording.js";
 
@@ -134,12 +140,13 @@ function styleSheet() {
 /** Loaded models, shared by the elements that name them: key -> {nt, loading, listeners, turn}. */
 const models = new Map();
 
-function sharedModel(model, tokenizer, backend, draft) {
+function sharedModel(model, tokenizer, backend, draft, engine, workerUrl) {
   const spec = resolveSpec(model, tokenizer);
-  const key = JSON.stringify([spec.url, spec.tokenizer, backend, draft]);
+  const key = JSON.stringify([spec.url, spec.tokenizer, backend, draft, engine, workerUrl]);
   let m = models.get(key);
   if (!m) {
-    m = { nt: new NextToken({ shareWorker: true }), listeners: new Set(), turn: Promise.resolve() };
+    const nt = new NextToken({ shareWorker: true, engine, workerUrl });
+    m = { nt, listeners: new Set(), turn: Promise.resolve() };
     const onProgress = (p) => m.listeners.forEach((f) => f(p));
     m.loading = m.nt.load(spec, { backend, draft, onProgress });
     // A failed load is not kept: the next element (or a retry) tries again.
@@ -160,7 +167,7 @@ const RUN_ARIA = {
 
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
-    return ["model", "tokenizer", "backend", "draft", "view", "prompt", "candidates", "replay"];
+    return ["model", "tokenizer", "backend", "engine", "worker", "draft", "view", "prompt", "candidates", "replay"];
   }
 
   constructor() {
@@ -359,6 +366,8 @@ class NextTokenElement extends HTMLElement {
         this.getAttribute("tokenizer") || undefined,
         this.getAttribute("backend") || "auto",
         this.getAttribute("draft") || undefined,
+        this.getAttribute("engine") || "auto",
+        this.getAttribute("worker") || undefined,
       );
     } catch (e) {
       return Promise.reject(failed(e.message)); // e.g. a malformed Hugging Face reference
@@ -370,8 +379,9 @@ class NextTokenElement extends HTMLElement {
       .then(
         (info) => {
           this.info = info;
-          this.$(".status").textContent =
-            `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}`;
+          const status = this.$(".status");
+          status.textContent = `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}${info.engine === "shared" ? " · shared with this site's other tabs" : ""}`;
+          status.title = engineText(info);
           this.emit("nt-load", info);
           return info;
         },
@@ -392,7 +402,11 @@ class NextTokenElement extends HTMLElement {
     this.checked ??= (async () => {
       const model = this.getAttribute("model");
       this.$(".status").textContent = "checking what the model needs…";
-      const nt = new NextToken({ shareWorker: true });
+      const nt = new NextToken({
+        shareWorker: true,
+        engine: this.getAttribute("engine") || "auto",
+        workerUrl: this.getAttribute("worker") || undefined,
+      });
       let p;
       try {
         p = await nt.preflight(resolveSpec(model, this.getAttribute("tokenizer") || undefined), {

@@ -19,7 +19,7 @@
 // `completions` use one shared instance.
 
 import { openAI } from "./openai.js";
-import { hostPool, moduleWorker } from "./pool.js";
+import { hostPool, moduleWorker, threadsUnavailable } from "./pool.js";
 
 /** Models the page offers (`url`: a URL or a Hugging Face reference, see `resolveModelUrl`). */
 export const CATALOG = [
@@ -180,34 +180,121 @@ export async function requestPersistentStorage() {
   }
 }
 
-/** One worker and its message routing; several NextToken instances may share one. */
+/**
+ * Which worker runs the engine for `requested` ("auto", "shared" or "dedicated") and the worker
+ * script `url`: `{kind: "shared" | "dedicated", note}`, the note saying why. A shared worker is one
+ * engine for every page of the site (one download, one copy of a model in memory), but it runs one
+ * thread: today's browsers start no threads that share its memory. So "auto" shares where this
+ * page would run one thread anyway (not cross-origin isolated, one core), and keeps the page's own
+ * worker where the threads build runs. A shared worker's script must be on the page's origin.
+ */
+export function engineChoice(requested = "auto", url = new URL("./worker.js", import.meta.url)) {
+  const own = (why) => ({ kind: "dedicated", note: `this page's own engine: ${why}` });
+  if (requested === "dedicated") return own('engine: "dedicated" was asked for');
+  if (typeof SharedWorker === "undefined") return own("this browser (or context) has no SharedWorker");
+  if (new URL(url, pageBase()).origin !== new URL(pageBase()).origin)
+    return own(
+      "its script is on another origin (a CDN): a shared engine needs a worker script on the page's own origin (workerUrl)",
+    );
+  if (requested === "shared")
+    return { kind: "shared", note: 'one engine for every tab of this site (engine: "shared")' };
+  const oneThread = threadsUnavailable();
+  if (!oneThread)
+    return own(`it runs the threads build here (${navigator.hardwareConcurrency} cores), which a shared engine cannot`);
+  return {
+    kind: "shared",
+    note: "one engine for every tab of this site (this page would run one thread anyway)",
+    oneThread,
+  };
+}
+
+/**
+ * One worker and its message routing; several NextToken instances may share one. A shared
+ * worker that fails to start (before it says hello) is replaced by a dedicated one, and the
+ * requests sent so far go to that.
+ */
 class WorkerLink {
-  constructor(workerUrl) {
-    const url = workerUrl || new URL("./worker.js", import.meta.url);
+  constructor(workerUrl, requested) {
+    this.url = workerUrl || new URL("./worker.js", import.meta.url);
     this.nextId = 1;
     this.pending = new Map(); // id -> handler(message)
-    const fail = (why) => {
-      const message = `the inference worker failed: ${why}`;
-      for (const handler of this.pending.values()) handler({ type: "error", message });
-    };
+    this.choice = engineChoice(requested, this.url);
+    if (this.choice.kind === "shared") this.#startShared();
+    else this.#startDedicated();
+  }
+
+  get kind() {
+    return this.choice.kind;
+  }
+
+  post(message) {
+    this.early?.push(message);
+    this.worker.postMessage(message);
+  }
+
+  #fail(why) {
+    const message = `the inference worker failed: ${why}`;
+    for (const handler of this.pending.values()) handler({ type: "error", message });
+  }
+
+  #startDedicated() {
     try {
-      this.worker = moduleWorker(url);
+      this.worker = moduleWorker(this.url);
     } catch (e) {
       // Reported to every request, as a worker that fails later would be.
-      this.worker = { postMessage: () => queueMicrotask(() => fail(e.message)), terminate() {} };
+      this.worker = { postMessage: () => queueMicrotask(() => this.#fail(e.message)), terminate() {} };
       return;
     }
     this.stopPool = hostPool(this.worker);
     this.worker.onmessage = (e) => this.pending.get(e.data.id)?.(e.data);
     this.worker.onerror = (e) =>
-      fail(
+      this.#fail(
         e.message ||
-          `could not start ${url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`,
+          `could not start ${this.url} (is www/pkg built? from another origin its host must send CORS headers, and a CSP must allow it in worker-src)`,
       );
+  }
+
+  #startShared() {
+    const fallBack = (why) => {
+      this.choice = { kind: "dedicated", note: `this page's own engine: the shared one did not start (${why})` };
+      const early = this.early ?? [];
+      this.early = null;
+      this.#startDedicated();
+      for (const m of early) this.worker.postMessage(m);
+    };
+    let shared;
+    try {
+      shared = new SharedWorker(new URL(this.url, pageBase()), { type: "module", name: "nexttoken" });
+    } catch (e) {
+      return fallBack(e.message);
+    }
+    this.early = []; // sent before the worker said hello: sent again if it never does
+    this.worker = shared.port;
+    this.worker.onmessage = ({ data }) => {
+      if (data?.type === "hello") this.early = null;
+      else this.pending.get(data?.id)?.(data);
+    };
+    shared.onerror = (e) => {
+      if (this.early) fallBack(e.message || `could not start ${this.url} as a shared worker`);
+      else this.#fail(e.message || "the shared engine stopped");
+    };
+    // The page is going for good (not into the back/forward cache): its models are let go. Not
+    // every browser delivers a message posted as the page goes, and a crashed page sends none:
+    // the page also holds a Web Lock for its life, which the worker asks for too (granted once
+    // the page is gone).
+    addEventListener("pagehide", (e) => e.persisted || this.worker.postMessage({ type: "bye" }));
+    const lock = `nexttoken-page-${crypto.randomUUID?.() ?? Math.random()}`;
+    navigator.locks
+      ?.request(lock, () => {
+        this.worker.postMessage({ type: "alive-while", lock });
+        return new Promise(() => {});
+      })
+      .catch(() => {});
   }
 }
 
-let sharedLink = null;
+/** Links shared by the instances of this page that ask for one (shareWorker, or a shared engine). */
+const links = new Map();
 let nextSlot = 1;
 
 /**
@@ -232,15 +319,24 @@ export class NextToken {
   /**
    * `workerUrl`: the worker script (default: worker.js beside this module). `shareWorker`: use the
    * page's one shared worker (and its one wasm instance) instead of a worker of its own; each
-   * instance still holds its own model there, and the worker runs one generation at a time.
+   * instance still loads its own model there (a model loaded twice is held once).
+   * `engine`: "auto" (default), "shared" (one engine for every page of this site: a
+   * SharedWorker; one thread) or "dedicated" (a worker of this page); see `engineChoice`. After a
+   * load, `info.engine` says which one runs and `info.engineNote` why.
    */
-  constructor({ workerUrl, shareWorker = false } = {}) {
+  constructor({ workerUrl, shareWorker = false, engine = "auto" } = {}) {
     // OpenAI's API shape: nt.chat.completions.create(...), nt.completions.create(...).
     const api = openAI(this);
     this.chat = api.chat;
     this.completions = api.completions;
-    this.link = shareWorker ? (sharedLink ??= new WorkerLink(workerUrl)) : new WorkerLink(workerUrl);
-    this.shared = shareWorker;
+    const choice = engineChoice(engine, workerUrl || new URL("./worker.js", import.meta.url));
+    const key = `${choice.kind} ${workerUrl || ""}`;
+    // A shared engine is one connection per page, whatever asks for it.
+    if (shareWorker || choice.kind === "shared") {
+      if (!links.has(key)) links.set(key, new WorkerLink(workerUrl, engine));
+      this.link = links.get(key);
+    } else this.link = new WorkerLink(workerUrl, engine);
+    this.shared = shareWorker || choice.kind === "shared";
     this.slot = nextSlot++; // this instance's model in the worker
     this.pending = this.link.pending;
     this.current = null; // id of the generation in progress
@@ -256,7 +352,16 @@ export class NextToken {
   }
 
   #post(message) {
-    this.link.worker.postMessage({ ...message, slot: this.slot });
+    this.link.post({ ...message, slot: this.slot });
+  }
+
+  /** The info of a loaded model as the worker gave it, with why this engine runs it. */
+  #withEngine(info) {
+    const { choice } = this.link;
+    // On a shared engine the page's own reason for one thread (when it has one) is the one
+    // that tells the reader something.
+    const threadsNote = (info.engine === "shared" && choice.oneThread) || info.threadsNote;
+    return { ...info, engine: info.engine ?? choice.kind, engineNote: choice.note, threadsNote };
   }
 
   /**
@@ -269,7 +374,8 @@ export class NextToken {
    * `size` the whole model's), `onWarning(message)`, `backend` ("auto" | "gpu" | "cpu"), `maxSeq`,
    * `exact` (CPU path: the reference kernels, f32 activations, instead of the fast int8 ones),
    * `threads` (CPU path: at most this many threads; default: the pool's size), `signal`. Resolves to the model's info plus `timings`
-   * {downloadMs, initMs, backendMs}; rejects with an Error whose `retryable` says if retrying may help.
+   * {downloadMs, initMs, backendMs} ({reused, waitMs} when the engine held the model already: another
+   * tab, element or instance loaded it; `info.engine` and `info.engineNote` say which engine); rejects with an Error whose `retryable` says if retrying may help.
    * `backend: "auto"` never takes a software adapter (SwiftShader) and, on a real GPU, checks it
    * against the CPU path and keeps the faster of the two for this model (remembered per model and
    * adapter): `info.backendReason` says what it measured. A GPU lost mid-generation moves the
@@ -306,7 +412,7 @@ export class NextToken {
           this.pending.delete(id);
           signal?.removeEventListener("abort", onAbort);
           if (msg.type === "loaded") {
-            this.info = { ...msg.info, spec, timings: msg.timings };
+            this.info = { ...this.#withEngine(msg.info), spec, timings: msg.timings };
             resolve(this.info);
           } else {
             const err = new Error(msg.message);
@@ -380,11 +486,13 @@ export class NextToken {
    * its weights is downloaded: `{name, sizeBytes, downloadBytes, cached, plan: {arch, parameters,
    * weightType, weightBytesPerToken, layers, vocab, contextLength, kvBytesPerPosition},
    * memoryBytes, memoryLimitBytes, deviceMemoryBytes, storageAvailableBytes, cpu:
-   * {tokensPerSecond, shapeMs, bytesPerSecond}, refusal, warnings}`. `refusal` ("" when none)
-   * says why the model cannot run here. Reads the file's size and its header only.
+   * {tokensPerSecond, shapeMs, bytesPerSecond}, gpu: {tokensPerSecond, shapeMs, bytesPerSecond,
+   * adapter} (where the load would run it on WebGPU: a real adapter, or backend "gpu"), refusal,
+   * warnings}`. `refusal` ("" when none) says why the model cannot run here. Reads the file's
+   * size and its header only; the speeds come from short runs of random models made here.
    */
-  preflight(model, { tokenizer, backend, maxSeq, exact, threads } = {}) {
-    const options = { backend, maxSeq, exact, threads };
+  preflight(model, { tokenizer, backend, maxSeq, exact, threads, allowSoftwareGpu } = {}) {
+    const options = { backend, maxSeq, exact, threads, allowSoftwareGpu };
     return this.#request({ type: "preflight", spec: resolveSpec(model, tokenizer), options });
   }
 
@@ -411,7 +519,7 @@ export class NextToken {
       }
       if (msg.type === "backend") {
         // WebGPU was lost mid-generation: the model now runs on the CPU path (the text goes on).
-        this.info = { ...this.info, ...msg.info };
+        this.info = { ...this.info, ...this.#withEngine(msg.info) };
         this.onBackendChange?.(this.info);
         return;
       }

@@ -7,6 +7,21 @@
 //                 | {type:"pool-failed", message}
 
 /**
+ * Why the wasm threads build cannot run in this page or worker with `threads` threads (a
+ * sentence), or "" when it may: it needs more than one core, cross-origin isolation and
+ * SharedArrayBuffer.
+ */
+export function threadsUnavailable(threads = globalThis.navigator?.hardwareConcurrency || 1) {
+  if (threads <= 1) return "one thread: one was asked for, or the device reports one core";
+  if (!globalThis.crossOriginIsolated)
+    return "one thread: the page is not cross-origin isolated (the threads build needs the headers Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)";
+  // WebKitGTK, for one, keeps it off on an isolated page unless told otherwise.
+  if (typeof SharedArrayBuffer === "undefined")
+    return "one thread: this browser keeps SharedArrayBuffer off although the page is cross-origin isolated";
+  return "";
+}
+
+/**
  * A module worker for `url`. The Worker constructor refuses a script of another origin (a page
  * that loads nexttoken from a CDN): then a same-origin blob: module worker imports it instead, so
  * the host needs only CORS. (The blob URL stays alive: the worker fetches it after this returns.)

@@ -318,6 +318,21 @@ export function preflightText(p) {
     p.cached ? `${p.name}: stored here, no download` : `${p.name}: ${megabytes(p.downloadBytes)} to download`,
   ];
   if (p.memoryBytes) parts.push(`needs about ${megabytes(p.memoryBytes)} of memory`);
-  if (p.cpu) parts.push(`about ${Math.round(p.cpu.tokensPerSecond)} tokens/s on this device's CPU (estimated)`);
+  if (p.gpu && p.cpu)
+    parts.push(
+      `about ${Math.round(p.gpu.tokensPerSecond)} tokens/s on this device's GPU, ${Math.round(p.cpu.tokensPerSecond)} on its CPU (estimated)`,
+    );
+  else if (p.cpu) parts.push(`about ${Math.round(p.cpu.tokensPerSecond)} tokens/s on this device's CPU (estimated)`);
   return [...parts, ...p.warnings].join(" · ");
+}
+
+/**
+ * Which engine runs a loaded model (`info` from `NextToken.load`), for the stats: why this one,
+ * and on a shared engine how many pages it serves and how many loads share the model's one copy.
+ */
+export function engineText(info) {
+  if (!info.engineNote) return "";
+  if (info.engine !== "shared") return info.engineNote;
+  const count = (n, what) => `${n} ${what}${n === 1 ? "" : "s"}`;
+  return `${info.engineNote}: ${count(info.enginePages, "page")} connected, this model's one copy used by ${count(info.modelUsers, "load")}`;
 }

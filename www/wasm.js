@@ -4,8 +4,11 @@
 // one-thread build (pkg/). The pool's workers are started by the page that started this worker
 // (pool.js: hostPool; from a CDN, as blob: workers of the page's origin that import the CDN's
 // script), which says so with a "pool-host" message; without it, one thread.
+// A shared worker (one engine for every tab, worker.js) runs one thread.
 // Resolves to the module's exports plus `threads` (the pool's size) and, when that is one,
 // `threadsNote`: why (the page's stats show it).
+
+import { threadsUnavailable } from "./pool.js";
 
 /** Most pool threads (src/web/pool.rs: MAX_POOL_THREADS). */
 const MAX_POOL_THREADS = 64;
@@ -13,6 +16,7 @@ const MAX_POOL_THREADS = 64;
 const POOL_START_MS = 30_000;
 
 let poolHost = false;
+const inSharedWorker = typeof SharedWorkerGlobalScope !== "undefined" && self instanceof SharedWorkerGlobalScope;
 self.addEventListener("message", ({ data }) => {
   if (data?.type === "pool-host") poolHost = true;
 });
@@ -39,14 +43,13 @@ export async function loadWasm({ threads = navigator.hardwareConcurrency || 1 } 
 
 /** Why the threads build cannot run here (a sentence), or "" when it may. */
 function oneThreadReason(threads) {
-  if (threads <= 1) return "one thread: one was asked for, or the device reports one core";
-  if (!globalThis.crossOriginIsolated)
-    return "one thread: the page is not cross-origin isolated (the threads build needs the headers Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp)";
-  // WebKitGTK, for one, keeps it off on an isolated page unless told otherwise.
-  if (typeof SharedArrayBuffer === "undefined")
-    return "one thread: this browser keeps SharedArrayBuffer off although the page is cross-origin isolated";
-  if (!poolHost) return "one thread: the page that started the engine does not host its thread pool";
-  return "";
+  // Today's browsers start no workers from a shared worker that could share its memory.
+  if (inSharedWorker)
+    return "one thread: the shared engine (one for every tab of this site) runs without the threads build's workers";
+  return (
+    threadsUnavailable(threads) ||
+    (poolHost ? "" : "one thread: the page that started the engine does not host its thread pool")
+  );
 }
 
 /** Ask the page for `threads` pool workers running the module of `init`; resolves once they wait. */

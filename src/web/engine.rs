@@ -156,6 +156,31 @@ impl BackendChoice {
     pub fn cpu_fallback(&self) -> bool {
         self.fallback
     }
+
+    /// The preflight's GPU part: a Promise of the decode speed this WebGPU device can expect
+    /// for the model whose GGUF starts with `prefix` (`fileLen` bytes in all; the header whole,
+    /// as `preflightGguf` asked for), `preflight::gpu_estimate`'s `{tokensPerSecond, shapeMs,
+    /// bytesPerSecond, adapter}`. Rejects on the CPU path.
+    #[wasm_bindgen(js_name = gpuEstimate)]
+    pub fn gpu_estimate(&self, prefix: &[u8], file_len: f64) -> js_sys::Promise {
+        use crate::preflight::{ModelPlan, PlanFromPrefix};
+        let Some(ctx) = self.gpu.clone() else {
+            return js_sys::Promise::reject(&JsError::new("gpuEstimate: not on WebGPU").into());
+        };
+        let plan = ModelPlan::from_prefix(prefix, file_len as usize);
+        wasm_bindgen_futures::future_to_promise(async move {
+            let plan = match plan.map_err(js_err)? {
+                PlanFromPrefix::Plan(plan) => plan,
+                PlanFromPrefix::NeedMore(n) => {
+                    return Err(
+                        JsError::new(&format!("gpuEstimate: the header needs {n} bytes")).into()
+                    )
+                }
+            };
+            let estimate = crate::preflight::gpu_estimate(&plan, ctx).await.map_err(js_err)?;
+            Ok(js::to_js(&estimate)?)
+        })
+    }
 }
 
 /// "WebGPU: ADAPTER (shader-f16)": browsers often hide the adapter's name.
@@ -478,6 +503,19 @@ impl Engine {
                 }
                 None => Err(js_err(e)),
             },
+        }
+    }
+
+    /// Another engine over this one's model: the same weights (nothing is copied) and draft
+    /// model, its own KV cache. Each page or element that uses one loaded model holds its own
+    /// share (the shared worker's one copy for every tab), so one's generations never cut back
+    /// another's cache; the weights go when the last share is freed.
+    pub fn share(&self) -> Engine {
+        Engine {
+            loaded: self.loaded.clone(),
+            info: self.info.clone(),
+            latest: RefCell::new(None),
+            draft: RefCell::new(self.draft.borrow().clone()),
         }
     }
 

@@ -553,7 +553,7 @@ pub(super) fn score_out(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct InfoOut {
     /// "table" or "gguf".

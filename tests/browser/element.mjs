@@ -4,6 +4,7 @@
 // screenshots of every view at desktop and phone (390 px) width, light and dark.
 
 import path from "node:path";
+import { serve } from "./serve.mjs";
 
 /** A new page showing `body` (served at base/t/element.html, scripts and models from base). */
 async function pageWith(browser, base, body, { width = 1280, height = 900, colorScheme = "light" } = {}) {
@@ -35,10 +36,8 @@ async function pageWith(browser, base, body, { width = 1280, height = 900, color
       });
     }
   });
-  const requests = [];
-  page.on("request", (r) => requests.push(new URL(r.url()).pathname));
   await page.goto(`${base}/t/element.html`);
-  return { page, requests };
+  return { page };
 }
 
 const events = (page, filter = {}) =>
@@ -61,13 +60,22 @@ const focused = (page) =>
   });
 
 export async function elementTests(t) {
-  const { test, assert, assertEq, browser, base, mode, outDir } = t;
+  const { test, assert, assertEq, browser, base, mode, outDir, www } = t;
   if (mode !== "cpu") return; // table models: nothing here depends on the backend
 
   await test(`[${mode}] <next-token> is lazy: no model request before it is scrolled into view (eager loads at once); nt-load, nt-token, nt-done and nt-error bubble out with their details`, async () => {
-    const { page, requests } = await pageWith(
+    // The server's own log: the page's shared engine (it is not cross-origin isolated) fetches
+    // from a SharedWorker, whose requests the page's events do not show.
+    const requests = [];
+    const server = await serve(
+      www,
+      0,
+      {},
+      { handler: (req) => void requests.push(new URL(req.url, "http://x").pathname) },
+    );
+    const { page } = await pageWith(
       browser,
-      base,
+      `http://127.0.0.1:${server.address().port}`,
       `<next-token id="bad" model="/models/no-such-model.json" eager></next-token>
        <next-token id="eager" model="/models/lesson-beam.json" eager></next-token>
        <div style="height: 3000px"></div>
@@ -115,6 +123,8 @@ export async function elementTests(t) {
       );
     } finally {
       await page.close();
+      server.closeAllConnections?.();
+      await new Promise((r) => server.close(r));
     }
   });
 

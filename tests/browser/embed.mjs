@@ -68,6 +68,15 @@ async function instrument(page) {
         super(url, opts);
       }
     };
+    // A page that is not cross-origin isolated runs the shared engine.
+    const Shared = window.SharedWorker;
+    if (Shared)
+      window.SharedWorker = class extends Shared {
+        constructor(url, opts) {
+          window.__workers.push(`shared ${url}`);
+          super(url, opts);
+        }
+      };
   });
 }
 

@@ -13,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { assert, assertEq, nativeGreedy, outDir, runner, setGreedy, www } from "./harness.mjs";
+import { appOutcome, assert, assertEq, nativeGreedy, outDir, runner, setGreedy, www } from "./harness.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const firefoxPath = process.env.FIREFOX || "/usr/bin/firefox-esr";
@@ -112,6 +112,39 @@ try {
     assert(/^CPU/.test(backend) && /WebGPU/.test(backend), `the stats do not say why the CPU runs: ${backend}`);
     await assertThreads("first visit");
     console.log(`      backend: ${backend}`);
+  });
+
+  await test("two tabs of a page that is not cross-origin isolated share one engine (a SharedWorker): the second finds the model loaded, and both match the native CLI", async () => {
+    const url = `${base}/?isolate=0&nosw&prompt=${encodeURIComponent(PROMPT)}`;
+    const second = await browser.newPage();
+    try {
+      await page.goto(url);
+      assertEq(await generateDefault("first tab"), expected, "first tab: greedy text vs the native CLI");
+      await second.goto(url);
+      await second.waitForFunction(() => ["ready", "error"].includes(document.body.dataset.state), {
+        timeout: 120_000,
+      });
+      await second.evaluate(setGreedy, N);
+      await second.click("#generate");
+      await second.waitForFunction(
+        () => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent,
+        { timeout: 120_000 },
+      );
+      const got = await second.evaluate(appOutcome);
+      const stats = await second.evaluate(() => window.nexttokenApp.stats);
+      assertEq(got.error, "", "second tab: error shown");
+      assertEq(got.text, expected, "second tab: greedy text vs the native CLI");
+      assert(
+        /^none: the engine holds this model already/.test(stats.download),
+        `second tab's download: ${stats.download}`,
+      );
+      assert(
+        /2 pages connected, this model's one copy used by 2 loads/.test(stats.engine),
+        `second tab's engine: ${stats.engine}`,
+      );
+    } finally {
+      await second.close();
+    }
   });
 
   await test("the <next-token> lesson shows P(the cat sat) = 0.42", async () => {

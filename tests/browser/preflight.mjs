@@ -18,9 +18,9 @@ function info(bin, model) {
 
 export async function preflightTests(t) {
   const { test, assert, assertEq, browser, mode, bin, fixtures, www } = t;
-  if (mode !== "cpu") return; // the CPU path's estimate; nothing here needs WebGPU
   const stories = path.join(fixtures, "stories260K-f32.gguf");
   if (!fs.existsSync(stories)) return; // run.mjs says loudly that ../shared is missing
+  if (mode !== "cpu") return gpuPreflightTests(t);
 
   // Every request for a model file: its method and Range header. /test/huge.gguf says it is 6 GB.
   const log = [];
@@ -169,6 +169,57 @@ export async function preflightTests(t) {
           huge.length > 0 && huge.every((l) => l.method === "HEAD"),
           `requests for the huge model: ${JSON.stringify(huge)}`,
         );
+      } finally {
+        await context.close();
+      }
+    });
+  } finally {
+    server.closeAllConnections?.();
+    await new Promise((r) => server.close(r));
+  }
+}
+
+/**
+ * The GPU's part of the preflight, where a load would run the model on WebGPU (here backend
+ * "gpu" on whatever adapter this Chromium has: SwiftShader without a GPU): its expected decode
+ * speed against the speed the model then decodes at on the same adapter.
+ */
+async function gpuPreflightTests({ test, assert, browser, mode, fixtures, www }) {
+  const server = await serve(www, 0, { "/test/": fixtures });
+  const base = `http://127.0.0.1:${server.address().port}`;
+  try {
+    await test(`[${mode}] preflight(url, {backend: "gpu"}): the GPU's expected speed (random models timed on this adapter) within 2x of the speed stories260K then decodes at on it`, async () => {
+      const context = await browser.newContext();
+      try {
+        const page = await context.newPage();
+        await page.route(`${base}/t/gpu.html`, (r) => r.fulfill({ contentType: "text/html", body: "<!doctype html>" }));
+        await page.goto(`${base}/t/gpu.html`);
+        const r = await page.evaluate(async () => {
+          if (!(await navigator.gpu?.requestAdapter())) return { skip: true };
+          const { NextToken } = await import("/nexttoken.js");
+          const nt = new NextToken({ engine: "dedicated" });
+          try {
+            const opts = { tokenizer: "/test/tokenizer.json", backend: "gpu" };
+            const p = await nt.preflight("/test/stories260K-f32.gguf", opts);
+            const info = await nt.load("/test/stories260K-f32.gguf", opts);
+            const runs = [];
+            for (let i = 0; i < 3; i++) {
+              for await (const _ of nt.generate(`Once upon a time ${i}`, { temperature: 0, maxTokens: 16 }));
+              runs.push(nt.lastSummary.decodeTokS);
+            }
+            return { p, backend: info.backend, measured: Math.max(...runs) };
+          } finally {
+            nt.terminate();
+          }
+        });
+        if (r.skip) return "skip";
+        assert(r.backend === "webgpu", `the model runs on ${r.backend}`);
+        assert(r.p.gpu, `no GPU estimate: ${JSON.stringify(r.p.warnings)}`);
+        const ratio = r.p.gpu.tokensPerSecond / r.measured;
+        console.log(
+          `      ${r.p.gpu.adapter}: expected ${r.p.gpu.tokensPerSecond.toFixed(1)} tok/s (shape ${r.p.gpu.shapeMs.toFixed(1)} ms), measured ${r.measured.toFixed(1)} (x${ratio.toFixed(2)}); CPU expected ${r.p.cpu.tokensPerSecond.toFixed(0)}`,
+        );
+        assert(ratio >= 0.5 && ratio <= 2, "the GPU's expected speed is not within 2x of the measured one");
       } finally {
         await context.close();
       }

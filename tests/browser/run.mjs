@@ -48,6 +48,7 @@ const { embedTests } = await import("./embed.mjs");
 const { elementTests } = await import("./element.mjs");
 const { replayTests } = await import("./replay.mjs");
 const { preflightTests } = await import("./preflight.mjs");
+const { engineTests } = await import("./engine.mjs");
 const { makeBigModel, streamTests } = await import("./stream.mjs");
 const { structuredTests } = await import("./structured.mjs");
 const faulty = faultyServer();
@@ -1276,7 +1277,9 @@ async function runConfig(mode) {
 
     await embedTests({ test, assert, assertEq, browser, mode, www });
 
-    await elementTests({ test, assert, assertEq, browser, base, mode, outDir });
+    await elementTests({ test, assert, assertEq, browser, base, mode, outDir, www });
+
+    await engineTests({ test, assert, assertEq, browser, mode, www });
 
     if (haveShared) {
       await replayTests({ test, assert, assertEq, browser, base, mode, bin: nativeBin(), fixtures, www });

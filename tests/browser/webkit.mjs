@@ -167,10 +167,13 @@ for (const sab of [false, true]) {
       assert(/^CPU/.test(r.backend) && /WebGPU/.test(r.backend), `the stats do not say why the CPU runs: ${r.backend}`);
       const threads = Number((/(\d+) threads?\b/.exec(r.backend) || [])[1] || 1);
       if (sab && haveThreadsBuild && r.cores > 1) assertEq(threads, r.cores, `CPU threads (${r.backend})`);
+      const engine = await b.run(() => window.nexttokenApp.stats.engine);
       if (!sab) {
         assertEq(threads, 1, `one thread as shipped (${r.backend})`);
         assert(/\(one thread: .+\)$/.test(r.backend), `the stats say why one thread: ${r.backend}`);
-      }
+        // One thread either way: the tabs of the site share one engine (a SharedWorker).
+        assert(/^one engine for every tab of this site/.test(engine), `the stats' engine: ${engine}`);
+      } else assert(/^this page's own engine: it runs the threads build/.test(engine), `the stats' engine: ${engine}`);
       console.log(`      backend: ${r.backend}`);
     });
     if (sab) continue; // the rest does not depend on threads

@@ -70,8 +70,13 @@ fn a_header_that_is_not_a_gguf_or_lies_is_an_error() {
     assert!(!err.to_string().is_empty());
 }
 
+/// Held by the tests that time things: the tests of a file run side by side, and one's
+/// measurements would slow the other's.
+static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_cpu_estimate_is_made_of_two_measurements() {
+    let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let bytes = std::fs::read(common::repo().join("www/models/default.gguf")).unwrap();
     let (plan, _) = plan_from_prefixes(&bytes);
     let e = cpu_estimate(&plan, Precision::Fast, 1).unwrap();
@@ -86,19 +91,25 @@ fn the_cpu_estimate_is_made_of_two_measurements() {
 
 /// The GPU's expected decode speed (`gpu_estimate`: a narrow model of the plan's shape and the
 /// kernels' rate from two random models of different widths) against the model's own decode
-/// steps timed on the same GPU (the best of three, as the estimate's parts are): within 2x, for
-/// the default model and a wider one whose bytes weigh more. On lavapipe here; the same code
-/// measures a real GPU.
+/// steps timed on the same GPU (the best of three): within 2x, for a wide model and a deep one.
+/// On lavapipe here, whose waits come in steps of about 8 ms: a model whose decode step takes a
+/// few of them (the default model's) measures 16 or 32 ms from one run to the next, so these
+/// take 50 ms and more. The same code measures a real GPU, and the browser's test SwiftShader.
 #[test]
 fn the_gpu_estimate_is_within_2x_of_the_measured_decode() {
+    let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
     let Some(ctx) = common::gpu_context() else { return };
     let wide = synthetic::write(&Spec {
         weight_type: GgmlType::Q8_0,
         ..Spec::new(Arch::Llama, 2048, 768, 4, 12, 2048, 256)
     })
     .unwrap();
-    let default = std::fs::read(common::repo().join("www/models/default.gguf")).unwrap();
-    for (name, bytes) in [("default", default), ("768 wide, 4 layers", wide)] {
+    let deep = synthetic::write(&Spec {
+        weight_type: GgmlType::Q8_0,
+        ..Spec::new(Arch::Llama, 8192, 384, 12, 6, 1024, 256)
+    })
+    .unwrap();
+    for (name, bytes) in [("768 wide, 4 layers", wide), ("384 wide, 12 layers", deep)] {
         let (plan, _) = plan_from_prefixes(&bytes);
         let e = block_on(gpu_estimate(&plan, ctx.clone())).unwrap();
         assert!(e.shape_ms > 0.0 && e.bytes_per_second > 0.0, "{name}: {e:?}");

@@ -24,17 +24,36 @@ use crate::gguf::{Gguf, Value};
 use crate::lm::{LanguageModel, Vocab};
 
 /// One message of a conversation, as OpenAI's API and transformers' `apply_chat_template` take
-/// them: `{"role": "user", "content": "Hello!"}`.
+/// them: `{"role": "user", "content": "Hello!"}`; an assistant's calls of tools
+/// (`tool_calls`), and a tool's answer (`{"role": "tool", "tool_call_id", "name", "content"}`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// "system", "user" or "assistant" (templates may know others, e.g. "tool").
+    /// "system", "user", "assistant" or "tool" (templates may know others).
     pub role: String,
+    /// OpenAI's `null` (an assistant message that only calls tools) is "".
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<crate::tools::ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
     }
     pub fn system(content: impl Into<String>) -> Message {
         Message::new("system", content)
@@ -67,6 +86,8 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     stop_tokens: Vec<u32>,
+    /// The tools the template is given (`tools`), when a conversation offers some.
+    tools: Option<Vec<serde_json::Value>>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -125,6 +146,7 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             stop_tokens: Vec::new(),
+            tools: None,
         })
     }
 
@@ -223,19 +245,61 @@ impl ChatTemplate {
         &self.eos_token
     }
 
+    /// This template offering `tools` (OpenAI's `[{type: "function", function: {name,
+    /// description, parameters}}]`) to every conversation it renders. A template that takes no
+    /// tools (it never mentions them) is an error: the model would never hear of them.
+    pub fn with_tools(mut self, tools: Vec<serde_json::Value>) -> Result<ChatTemplate> {
+        if tools.len() > crate::tools::MAX_TOOLS {
+            return Err(Error::Template(format!(
+                "{} tools; at most {}",
+                tools.len(),
+                crate::tools::MAX_TOOLS
+            )));
+        }
+        for tool in &tools {
+            crate::tools::tool_signature(tool)?;
+        }
+        if self.tool_format().is_none() {
+            return Err(Error::Template(
+                "this model's chat template takes no tools (it never mentions them): it cannot \
+                 be offered any"
+                    .into(),
+            ));
+        }
+        self.tools = Some(tools);
+        Ok(self)
+    }
+
+    /// How the model writes tool calls, as its template teaches it; `None` when it takes no
+    /// tools.
+    pub fn tool_format(&self) -> Option<crate::tools::ToolFormat> {
+        crate::tools::ToolFormat::detect(&self.source)
+    }
+
+    /// The tools this template offers (see [`with_tools`](ChatTemplate::with_tools)).
+    pub fn tools(&self) -> Option<&[serde_json::Value]> {
+        self.tools.as_deref()
+    }
+
     /// The prompt text of `messages`, with the opening of the assistant's turn after them when
     /// `add_generation_prompt`. The template sees what transformers' `apply_chat_template` passes:
     /// `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, the functions
-    /// `raise_exception` and `strftime_now`; `tools` and `documents` are left undefined. A
-    /// template that fails (or calls `raise_exception`) is an [`Error::Template`] with the message
-    /// and line.
+    /// `raise_exception` and `strftime_now`, and `tools` when the template offers some
+    /// ([`with_tools`](ChatTemplate::with_tools)); `documents` is left undefined. A template
+    /// that fails (or calls `raise_exception`) is an [`Error::Template`] with the message and
+    /// line.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_err(&e))?;
+        let tools = match &self.tools {
+            Some(tools) => minijinja::Value::from(minijinja::value::Serde(tools)),
+            None => minijinja::Value::UNDEFINED,
+        };
         let context = minijinja::context! {
             messages => minijinja::Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            tools => tools,
         };
         crate::untrusted::on_own_stack(|| template.render(context))?.map_err(|e| template_err(&e))
     }

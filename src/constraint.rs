@@ -232,7 +232,7 @@ fn words(code: &str) -> Vec<String> {
 pub const JSON_WHITESPACE: &str = r"(?:[\x20\x09]{1,2}|\r?\n[\x20\x09]{0,20})";
 
 /// `schema` with our JSON options unless it brings its own `"x-guidance"`.
-fn with_json_defaults(schema: &mut serde_json::Value) {
+pub(crate) fn with_json_defaults(schema: &mut serde_json::Value) {
     if let Some(map) = schema.as_object_mut() {
         map.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));

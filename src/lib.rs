@@ -30,6 +30,7 @@ pub mod table;
 pub mod tensor_names;
 pub mod timing;
 pub mod tokenizer;
+pub mod tools;
 pub mod untrusted;
 #[cfg(target_arch = "wasm32")]
 pub mod web;

@@ -331,12 +331,17 @@ impl Drop for ChatFixture {
 
 /// The model file (with the template when `template`), in a fresh temporary folder.
 fn chat_fixture(name: &str, template: bool) -> Option<ChatFixture> {
+    chat_fixture_with_context(name, template, 256)
+}
+
+/// [`chat_fixture`] with a context of `n_ctx` positions.
+fn chat_fixture_with_context(name: &str, template: bool, n_ctx: usize) -> Option<ChatFixture> {
     let shared = common::shared()?;
     let tokenizer = shared.join("tokenizer-tests/qwen2/tokenizer.json");
     let n_vocab = nexttoken::tokenizer::HfTokenizer::from_file(&tokenizer).unwrap().vocab_size();
     let spec = nexttoken::synthetic::Spec {
         n_vocab,
-        n_ctx: 256,
+        n_ctx,
         bos: QWEN_ENDOFTEXT,
         eos: QWEN_IM_END,
         ..common::synth_spec("qwen2", nexttoken::quant::GgmlType::Q8_0, 11)
@@ -414,6 +419,96 @@ fn chat_messages_replies_to_the_conversation_transformers_renders() {
     assert_eq!(out["content"].as_str().unwrap(), tokenizer.decode(&text_ids));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(&format!("reused 0 of {} prompt tokens", prompt.len())), "{err}");
+}
+
+/// `chat --tools`: the conversation with its tools and the calls and answers so far renders as
+/// transformers renders it (tests/fixtures/tools/rendered.json); a forced call (a tool's name,
+/// or "required") comes back as OpenAI's `tool_calls`, its arguments a string of JSON that
+/// matches the tool's schema; "none" offers no tools.
+#[test]
+fn chat_tools_renders_as_transformers_and_forces_valid_calls() {
+    let Some(f) = chat_fixture_with_context("tools", true, 1024) else { return };
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(common::repo().join("tests/fixtures/tools/rendered.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    // Strings bounded and no other keys: a random model's strings rarely end on their own.
+    let mut tools = fixture["_meta"]["tools"].clone();
+    for tool in tools.as_array_mut().unwrap() {
+        let parameters = &mut tool["function"]["parameters"];
+        parameters["additionalProperties"] = Value::Bool(false);
+        for p in parameters["properties"].as_object_mut().unwrap().values_mut() {
+            if p.get("enum").is_none() {
+                p["maxLength"] = 10.into();
+            }
+        }
+    }
+    let tools_file = f.dir.join("tools.json");
+    std::fs::write(&tools_file, tools.to_string()).unwrap();
+    let tokenizer = nexttoken::tokenizer::HfTokenizer::from_file(&f.tokenizer).unwrap();
+    let run = |conversation: &str, extra: &[&str]| {
+        let messages = f.dir.join(format!("{conversation}.json"));
+        std::fs::write(&messages, fixture["_meta"]["conversations"][conversation].to_string())
+            .unwrap();
+        let mut more = vec!["--messages", messages.to_str().unwrap(), "--json", "--max-tokens"];
+        more.extend(["300", "--tools", tools_file.to_str().unwrap()]);
+        more.extend(extra);
+        let args = chat_args(&f, &more);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = nexttoken(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_str::<Value>(stdout(&o).trim()).unwrap()
+    };
+
+    // The prompt of a conversation that called a tool and got its answer: transformers' text.
+    // (The fixture's tools are the unbounded ones: render their prompt with those.)
+    let plain_tools = f.dir.join("plain-tools.json");
+    std::fs::write(&plain_tools, fixture["_meta"]["tools"].to_string()).unwrap();
+    for conversation in ["answered", "parallel"] {
+        let messages = f.dir.join(format!("{conversation}.json"));
+        std::fs::write(&messages, fixture["_meta"]["conversations"][conversation].to_string())
+            .unwrap();
+        let args = chat_args(
+            &f,
+            &["--messages", messages.to_str().unwrap(), "--json", "--max-tokens", "1"],
+        );
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--tools", plain_tools.to_str().unwrap()]);
+        let out: Value = serde_json::from_str(stdout(&nexttoken(&args)).trim()).unwrap();
+        let rendered = fixture[format!("Qwen2.5-Instruct/{conversation}")].as_str().unwrap();
+        let want = tokenizer.encode(rendered).unwrap().len();
+        assert_eq!(out["prompt_tokens"].as_u64().unwrap() as usize, want, "{conversation}");
+    }
+
+    for choice in ["get_weather", "required"] {
+        let out = run("offer", &["--tool-choice", choice, "--no-parallel-tool-calls"]);
+        assert_eq!(out["stop_reason"], "ConstraintComplete", "{choice}: {out}");
+        assert_eq!(out["content"], Value::Null, "{choice}: {out}");
+        let calls = out["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{choice}: {out}");
+        let function = &calls[0]["function"];
+        let name = function["name"].as_str().unwrap();
+        if choice != "required" {
+            assert_eq!(name, choice);
+        }
+        let tool =
+            tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap();
+        let schema = &tool["function"]["parameters"];
+        let args: Value = serde_json::from_str(function["arguments"].as_str().unwrap()).unwrap();
+        let validator = jsonschema::validator_for(schema).unwrap();
+        assert!(validator.is_valid(&args), "{choice}: {args} against {schema}");
+        assert_eq!(calls[0]["type"], "function");
+        assert_eq!(calls[0]["id"], "call_0");
+    }
+    // "none": no tools in the prompt, no calls.
+    let with = run("offer", &[]);
+    let without = run("offer", &["--tool-choice", "none"]);
+    assert!(without.get("tool_calls").is_none(), "{without}");
+    assert!(
+        without["prompt_tokens"].as_u64() < with["prompt_tokens"].as_u64(),
+        "the tools are in the prompt only when offered"
+    );
 }
 
 #[test]

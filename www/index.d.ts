@@ -72,6 +72,8 @@ export interface ModelInfo {
   weightBytesPerToken: number;
   words: string[];
   chatTemplate?: string | null;
+  /** How the model writes tool calls, when its chat template takes tools. */
+  toolFormat?: "hermes" | "llama_json" | null;
   /** Bytes of the model file held in wasm memory: the file on the CPU path, 0 on WebGPU. */
   weightsInWasmBytes: number;
   /** "streamed": WebGPU, from the download straight into GPU buffers; "wasm": through wasm memory. */
@@ -232,6 +234,28 @@ export interface Summary {
   messages?: ChatMessage[];
   /** A beam search's tree. */
   beamTree?: BeamTree;
+  /** A chat with `tools`: the reply read for calls (`arguments` the JSON object). */
+  reply?: { content: string; toolCalls: ToolCall[] };
+}
+
+/** A tool the model may call (OpenAI's shape). */
+export interface Tool {
+  type: "function";
+  function: { name: string; description?: string; parameters?: object; strict?: boolean };
+}
+/** A call the model made; in the OpenAI API's answers `arguments` is a string of JSON. */
+export interface ToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: object | string };
+}
+export type ToolChoice = "auto" | "none" | "required" | { type: "function"; function: { name: string } };
+/** `reply`'s options beyond the generation options. */
+export interface ChatOptions extends GenerateOptions {
+  tools?: Tool[];
+  /** "auto", "none", "required" or a tool's name (or OpenAI's object). */
+  toolChoice?: ToolChoice | string;
+  parallelToolCalls?: boolean;
 }
 
 export interface Score {
@@ -245,8 +269,13 @@ export interface Score {
 }
 
 export interface ChatMessage {
-  role: "system" | "user" | "assistant";
-  content: string;
+  role: "system" | "user" | "assistant" | "tool";
+  content: string | null;
+  /** An assistant's calls. */
+  tool_calls?: ToolCall[];
+  /** A tool's answer: the call it answers. */
+  tool_call_id?: string;
+  name?: string;
 }
 
 // OpenAI's shapes (openai.js): the fields it reads and the objects it returns.
@@ -276,10 +305,20 @@ export interface CompletionParams {
   signal?: AbortSignal;
 }
 export interface ChatCompletionParams extends CompletionParams {
-  messages: { role: string; content: string | { type: "text"; text: string }[] }[];
+  messages: {
+    role: string;
+    content: string | { type: "text"; text: string }[] | null;
+    tool_calls?: ToolCall[];
+    tool_call_id?: string;
+    name?: string;
+  }[];
   logprobs?: boolean;
   top_logprobs?: number;
   drop_oldest?: boolean;
+  /** For a model whose chat template takes tools (`ModelInfo.toolFormat`). */
+  tools?: Tool[];
+  tool_choice?: ToolChoice;
+  parallel_tool_calls?: boolean;
 }
 export interface LegacyCompletionParams extends CompletionParams {
   prompt: string;
@@ -291,7 +330,7 @@ export interface Usage {
   total_tokens: number;
   prompt_tokens_details: { cached_tokens: number };
 }
-export type FinishReason = "stop" | "length";
+export type FinishReason = "stop" | "length" | "tool_calls";
 export interface TokenLogprob {
   token: string;
   logprob: number;
@@ -307,7 +346,7 @@ export interface ChatCompletion extends Meta {
   object: "chat.completion";
   choices: {
     index: 0;
-    message: { role: "assistant"; content: string; refusal: null };
+    message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[]; refusal: null };
     logprobs: { content: TokenLogprob[]; refusal: null } | null;
     finish_reason: FinishReason;
   }[];
@@ -317,7 +356,11 @@ export interface ChatCompletionChunk extends Meta {
   object: "chat.completion.chunk";
   choices: {
     index: 0;
-    delta: { role?: "assistant"; content?: string };
+    delta: {
+      role?: "assistant";
+      content?: string;
+      tool_calls?: (ToolCall & { index: number; function: { name: string; arguments: string } })[];
+    };
     logprobs: { content: TokenLogprob[]; refusal: null } | null;
     finish_reason: FinishReason | null;
   }[];
@@ -384,7 +427,7 @@ export class NextToken {
   load(model: ModelRef, options?: LoadOptions): Promise<ModelInfo>;
   /** `prompt`: text, or `{ids}`: token ids as they are (no BOS added). */
   generate(prompt: string | { ids: ArrayLike<number> }, options?: GenerateOptions): AsyncIterableIterator<Token>;
-  reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
+  reply(messages: ChatMessage[], options?: ChatOptions): AsyncIterableIterator<Token>;
   renderChat(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): Promise<string>;
   /** With `after`: `text` scored as the continuation of that prefix, P(text | after); the two are
    * joined exactly (`text` starts with its own space, as generated text does). */
@@ -433,7 +476,7 @@ export function generate(
   prompt: string | { ids: ArrayLike<number> },
   options?: GenerateOptions,
 ): AsyncIterableIterator<Token>;
-export function reply(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<Token>;
+export function reply(messages: ChatMessage[], options?: ChatOptions): AsyncIterableIterator<Token>;
 export function score(text: string, options?: { after?: string }): Promise<Score>;
 export function abort(): void;
 export const chat: Chat;
@@ -456,6 +499,8 @@ export interface Preflight {
     weightType: string;
     weightBytesPerToken: number;
     layers: number;
+    embedding: number;
+    feedForward: number;
     vocab: number;
     contextLength: number;
     kvBytesPerPosition: number;

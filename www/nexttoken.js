@@ -459,7 +459,13 @@ export class NextToken {
    * template's end-of-turn token. The turns the previous reply's KV cache already holds are
    * reused: `lastSummary.reusedTokens` of `lastSummary.promptTokens` were not prefilled again.
    * Options: as `generate`, and `dropOldest` (a conversation longer than the context loses its
-   * oldest turns, and `lastSummary.messages` says what was kept, instead of an error).
+   * oldest turns, and `lastSummary.messages` says what was kept, instead of an error); `tools`
+   * (OpenAI's `[{type: "function", function: {name, description, parameters}}]`, given to the
+   * model's chat template), `toolChoice` ("auto", "none", "required" or a tool's name: a forced
+   * call is generated under a grammar, its arguments valid against the tool's schema) and
+   * `parallelToolCalls` (default true). With tools, `lastSummary.reply` is the reply read for
+   * calls: `{content, toolCalls: [{id, type, function: {name, arguments}}]}`. Messages may carry
+   * `tool_calls` (an assistant's) and be `{role: "tool", tool_call_id, name, content}`.
    */
   reply(messages, options = {}) {
     return this.#stream({ type: "chat", messages, options });
@@ -535,6 +541,7 @@ export class NextToken {
             messages: msg.messages,
             promptIds: msg.promptIds,
             beamTree: msg.beamTree,
+            reply: msg.reply,
             wallMs: performance.now() - t0,
           };
         else if (msg.type === "error") failure = new Error(msg.message);

@@ -82,9 +82,56 @@ function checkMessages(messages) {
       throw new BadRequestError(`messages[${i}].role`, 'must be a string such as "user"');
     // OpenAI's "developer" role is its newer name for "system"; chat templates know "system".
     const role = m.role === "developer" ? "system" : m.role;
-    return { role, content: contentText(m.content, `messages[${i}].content`) };
+    const out = { role, content: contentText(m.content, `messages[${i}].content`) };
+    if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = checkToolCalls(m.tool_calls, i);
+    if (role === "tool") {
+      if (typeof m.tool_call_id !== "string")
+        throw new BadRequestError(`messages[${i}].tool_call_id`, "a tool message names the call it answers");
+      out.tool_call_id = m.tool_call_id;
+      if (typeof m.name === "string") out.name = m.name;
+    }
+    return out;
   });
 }
+
+/** An assistant message's `tool_calls`, as OpenAI gives them back (arguments a string of JSON). */
+function checkToolCalls(calls, i) {
+  if (!Array.isArray(calls)) throw new BadRequestError(`messages[${i}].tool_calls`, "must be an array");
+  return calls.map((c, j) => {
+    const where = `messages[${i}].tool_calls[${j}]`;
+    if (typeof c?.function?.name !== "string")
+      throw new BadRequestError(where, 'must be {id, type: "function", function: {name, arguments}}');
+    const args = c.function.arguments ?? "{}";
+    if (typeof args !== "string" && (typeof args !== "object" || args === null))
+      throw new BadRequestError(`${where}.function.arguments`, "must be a string of JSON");
+    return { id: String(c.id ?? ""), type: "function", function: { name: c.function.name, arguments: args } };
+  });
+}
+
+/**
+ * The engine's tool options from OpenAI's `tools`, `tool_choice` and `parallel_tool_calls`:
+ * `{tools, toolChoice, parallelToolCalls}`, or `{}` when no tools are offered.
+ */
+function toolOptions(params) {
+  const tools = field(params, "tools", (v) =>
+    Array.isArray(v) && v.every((t) => t?.type === "function" && typeof t.function?.name === "string")
+      ? null
+      : 'must be an array of {type: "function", function: {name, description, parameters}}',
+  );
+  const choice = field(params, "tool_choice", (v) =>
+    ["none", "auto", "required"].includes(v) || (v?.type === "function" && typeof v.function?.name === "string")
+      ? null
+      : 'must be "none", "auto", "required" or {type: "function", function: {name}}',
+  );
+  const parallel = field(params, "parallel_tool_calls", boolean);
+  if (choice !== undefined && choice !== "none" && !tools?.length)
+    throw new BadRequestError("tool_choice", "needs tools");
+  if (!tools?.length || choice === "none") return {};
+  return { tools, toolChoice: choice ?? "auto", parallelToolCalls: parallel ?? true };
+}
+
+/** Whether the request's tools force a call (`tool_choice` "required" or a named function). */
+const forcesCall = (engine) => engine.tools && engine.toolChoice !== "auto";
 
 /** The engine's generation options (`engine`) and how to answer, from an OpenAI request. */
 function engineOptions(params, { contextLength, legacyLogprobs }) {
@@ -130,7 +177,13 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
     // An extension (as top_k and min_p are): speculative decoding by prompt lookup. The output
     // is unchanged; only the number of forward passes is.
     lookup: field(params, "prompt_lookup", boolean) ?? false,
+    ...(legacyLogprobs ? {} : toolOptions(params)),
   };
+  if (forcesCall(engine) && engine.constraint)
+    throw new BadRequestError(
+      "tool_choice",
+      "a forced call is its own constraint: drop response_format, regex or grammar",
+    );
   return {
     engine,
     wantLogprobs: legacyLogprobs ? params.logprobs !== undefined && params.logprobs !== null : !!params.logprobs,
@@ -187,6 +240,29 @@ function constraintOf(params) {
 
 // ---------------------------------------------------------------------------------------------
 // Responses
+
+const CALL_OPENING = "<tool_call>";
+
+/**
+ * How much of a reply's `text` so far can stream as content when tools are offered: all of it
+ * but what may be the start of a call in the model's `format` ("hermes": from a `<tool_call>`,
+ * or a tail that could begin one; "llama_json": a reply that starts as JSON or with
+ * `<|python_tag|>` is held whole); nothing when a call is forced.
+ */
+export function releasable(text, format, forced) {
+  if (forced) return 0;
+  if (format === "llama_json") {
+    const lead = text.trimStart();
+    // Empty so far, JSON, or (the start of) <|python_tag|>: perhaps a call.
+    if (!lead || lead.startsWith("{") || "<|python_tag|>".startsWith(lead.slice(0, 14))) return 0;
+    return text.length;
+  }
+  const at = text.indexOf(CALL_OPENING);
+  if (at >= 0) return at;
+  for (let k = Math.min(CALL_OPENING.length - 1, text.length); k > 0; k--)
+    if (CALL_OPENING.startsWith(text.slice(-k))) return text.length - k;
+  return text.length;
+}
 
 const utf8 = new TextEncoder();
 const bytes = (s) => Array.from(utf8.encode(s));
@@ -253,9 +329,13 @@ export function openAI(nt) {
       if (aborted || signal?.aborted) throw abortError();
     } catch (e) {
       // The engine checks a schema, regex or grammar when generation starts ("constraint: invalid
-      // JSON schema: ..."): a bad request, named by the field it came from.
-      const where = /^constraint: invalid (JSON schema|regex|grammar)/.exec(e?.message ?? "");
-      if (where && constraintParam) throw new BadRequestError(constraintParam, e.message.slice("constraint: ".length));
+      // JSON schema: ..."): a bad request, named by the field it came from. So are the tools
+      // (a bad name, a template that takes none, a forced name not among them).
+      const message = e?.message ?? "";
+      const where = /^constraint: invalid (JSON schema|regex|grammar)/.exec(message);
+      if (where && constraintParam) throw new BadRequestError(constraintParam, message.slice("constraint: ".length));
+      if (/takes no tools|^(constraint: )?tools: /.test(message)) throw new BadRequestError("tools", message);
+      if (/^(constraint: )?tool_choice/.test(message)) throw new BadRequestError("tool_choice", message);
       throw e;
     } finally {
       signal?.removeEventListener("abort", onAbort);
@@ -302,41 +382,72 @@ export function openAI(nt) {
     };
   }
 
+  /** The reply's calls in OpenAI's shape (arguments a string of JSON), [] when it made none. */
+  const toolCallsOf = (summary) =>
+    (summary.reply?.toolCalls ?? []).map((c) => ({
+      id: randomId("call"),
+      type: "function",
+      function: { name: c.function.name, arguments: JSON.stringify(c.function.arguments) },
+    }));
+  const finishOf = (summary, calls) => {
+    const finish = FINISH[summary.stopReason] ?? "stop";
+    return calls.length && finish === "stop" ? "tool_calls" : finish;
+  };
+  const chunkOf = (meta, delta, extra = {}) => ({
+    ...meta,
+    object: "chat.completion.chunk",
+    choices: [{ index: 0, delta, logprobs: null, finish_reason: null, ...extra }],
+  });
+
   const chatShape = {
+    // With tools the text streams as content only where it cannot be the start of a call (the
+    // model's format: `<tool_call>` blocks, or Llama 3's bare JSON); what was held back comes at
+    // the end, as `delta.tool_calls` when it was calls, as content when it was not.
     chunk(meta, t, opts) {
-      return {
-        ...meta,
-        object: "chat.completion.chunk",
-        choices: [
-          {
-            index: 0,
-            delta: { role: "assistant", content: t.text },
-            logprobs: opts.wantLogprobs ? { content: [chatLogprob(t, opts.alternatives)], refusal: null } : null,
-            finish_reason: null,
-          },
-        ],
-      };
+      let content = t.text;
+      if (opts.engine.tools) {
+        const held = (opts.held ??= { text: "", sent: 0 });
+        held.text += t.text;
+        const upTo = releasable(held.text, nt.info.toolFormat, forcesCall(opts.engine));
+        content = held.text.slice(held.sent, Math.max(upTo, held.sent));
+        held.sent = Math.max(upTo, held.sent);
+      }
+      return chunkOf(
+        meta,
+        { role: "assistant", content },
+        { logprobs: opts.wantLogprobs ? { content: [chatLogprob(t, opts.alternatives)], refusal: null } : null },
+      );
     },
     *finalChunks(meta, summary, opts) {
-      yield {
-        ...meta,
-        object: "chat.completion.chunk",
-        choices: [{ index: 0, delta: {}, logprobs: null, finish_reason: FINISH[summary.stopReason] ?? "stop" }],
-      };
+      const calls = toolCallsOf(summary);
+      const held = opts.held;
+      if (held) {
+        // The rest of the content: what was held back, less the calls.
+        const rest = calls.length
+          ? (summary.reply?.content ?? "").slice(held.text.slice(0, held.sent).trim().length)
+          : held.text.slice(held.sent);
+        if (rest) yield chunkOf(meta, { content: rest });
+        if (calls.length) yield chunkOf(meta, { tool_calls: calls.map((c, index) => ({ index, ...c })) });
+      }
+      yield chunkOf(meta, {}, { finish_reason: finishOf(summary, calls) });
       if (opts.includeUsage) yield { ...meta, object: "chat.completion.chunk", choices: [], usage: usageOf(summary) };
     },
     whole(meta, got, summary, opts) {
+      const calls = toolCallsOf(summary);
+      const message = calls.length
+        ? { role: "assistant", content: summary.reply.content || null, tool_calls: calls, refusal: null }
+        : { role: "assistant", content: summary.text, refusal: null };
       return {
         ...meta,
         object: "chat.completion",
         choices: [
           {
             index: 0,
-            message: { role: "assistant", content: summary.text, refusal: null },
+            message,
             logprobs: opts.wantLogprobs
               ? { content: got.map((t) => chatLogprob(t, opts.alternatives)), refusal: null }
               : null,
-            finish_reason: FINISH[summary.stopReason] ?? "stop",
+            finish_reason: finishOf(summary, calls),
           },
         ],
         usage: usageOf(summary),

@@ -23,7 +23,7 @@
 // Messages out: {type:"progress", id, file, loaded, total, fromCache, part, parts, doneBytes}
 //               {type:"loaded", id, info, timings} | {type:"token", id, token}
 //               {type:"backend", id, info} (a lost GPU's model moved to the CPU path)
-//               {type:"done", id, summary, messages, promptIds, beamTree} | {type:"result", id, value}
+//               {type:"done", id, summary, messages, promptIds, beamTree, reply} | {type:"result", id, value}
 //               {type:"warning", id, message} | {type:"error", id, message, retryable}
 //               {type:"hello"} (a shared worker, to each page as it connects)
 
@@ -842,6 +842,7 @@ async function run({ id, slot, type, prompt, ids, messages, options = {} }) {
       messages: session?.messages,
       promptIds: session && Array.from(session.promptIds),
       beamTree: session?.beamTree,
+      reply: session?.reply,
     });
   } catch (e) {
     post({ type: "error", id, message: errorMessage(e) });

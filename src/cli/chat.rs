@@ -8,6 +8,7 @@ use clap::Args;
 use serde_json::json;
 
 use nexttoken::chat::{Chat, ChatTemplate, Message, Overflow};
+use nexttoken::tools::{call_constraint, parse_reply, ForcedCall, ToolFormat};
 use nexttoken::{Error, LanguageModel, Result, Vocab};
 
 use super::generate::{check_complete, speculation_json, speculation_note, Lines, SamplingArgs};
@@ -30,6 +31,55 @@ pub(crate) struct ChatArgs {
     /// message) instead of stopping with an error.
     #[arg(long)]
     pub(crate) drop_oldest: bool,
+    /// Tools the model may call, OpenAI-style: a JSON file of [{"type": "function", "function":
+    /// {"name", "description", "parameters": JSON schema}}, ...], given to the model's chat
+    /// template. The reply's calls are read out of its text (--json: `tool_calls`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tools: Option<PathBuf>,
+    /// With --tools: "auto" (the model decides), "none" (no tools offered), "required" (the
+    /// reply is a call of one of them) or a tool's name (a call of that one). Forced calls are
+    /// generated under a grammar: their arguments always parse and match the tool's schema.
+    #[arg(long, value_name = "CHOICE", default_value = "auto")]
+    pub(crate) tool_choice: String,
+    /// With a forced call: exactly one call (OpenAI's parallel_tool_calls: false), not one to 8.
+    #[arg(long)]
+    pub(crate) no_parallel_tool_calls: bool,
+}
+
+/// What `--tools` and `--tool-choice` ask of each reply.
+struct ToolUse {
+    tools: Vec<serde_json::Value>,
+    format: ToolFormat,
+    forced: Option<ForcedCall>,
+}
+
+impl ToolUse {
+    /// The tools of `args` on `template` (which then offers them), or `None` without --tools or
+    /// with --tool-choice none.
+    fn from_args(args: &ChatArgs, template: &mut ChatTemplate) -> Result<Option<ToolUse>> {
+        let Some(path) = &args.tools else {
+            if args.tool_choice != "auto" {
+                return Err(Error::Input("--tool-choice needs --tools".into()));
+            }
+            return Ok(None);
+        };
+        let tools: Vec<serde_json::Value> = serde_json::from_str(&read_text(path, "tools")?)
+            .map_err(|e| {
+                Error::Input(format!(
+                    "{}: not a list of tools ([{{\"type\": \"function\", \"function\": {{...}}}}]): {e}",
+                    path.display()
+                ))
+            })?;
+        let forced = match args.tool_choice.as_str() {
+            "none" => return Ok(None),
+            "auto" => None,
+            "required" => Some(ForcedCall::Any),
+            name => Some(ForcedCall::Named(name.to_string())),
+        };
+        *template = template.clone().with_tools(tools.clone())?;
+        let format = template.tool_format().expect("with_tools checked the template");
+        Ok(Some(ToolUse { tools, format, forced }))
+    }
 }
 
 /// `chat`, with `draft` the `--draft` model when there is one.
@@ -38,8 +88,10 @@ pub(crate) fn chat_with<M: LanguageModel>(
     draft: Option<&M>,
     vocab: &dyn Vocab,
     args: &ChatArgs,
-    template: ChatTemplate,
+    mut template: ChatTemplate,
 ) -> Result<()> {
+    let tools = ToolUse::from_args(args, &mut template)?;
+    let tools = tools.as_ref();
     let overflow =
         Overflow::for_reply(args.drop_oldest, args.sampling.max_tokens, model.context_length());
     let mut chat: Chat<M::State> =
@@ -58,7 +110,7 @@ pub(crate) fn chat_with<M: LanguageModel>(
             chat.messages.clear();
         }
         chat.messages.extend(messages);
-        let result = chat_turn(model, draft, vocab, &mut chat, args, &mut out);
+        let result = chat_turn(model, draft, vocab, &mut chat, args, tools, &mut out);
         return out.end_line_if_err(result);
     }
 
@@ -83,7 +135,7 @@ pub(crate) fn chat_with<M: LanguageModel>(
             continue;
         }
         chat.push(Message::user(text));
-        let result = chat_turn(model, draft, vocab, &mut chat, args, &mut out);
+        let result = chat_turn(model, draft, vocab, &mut chat, args, tools, &mut out);
         if let Err(e) = out.end_line_if_err(result) {
             // The message that could not be answered is not part of the conversation.
             chat.messages.pop();
@@ -100,10 +152,22 @@ fn chat_turn<M: LanguageModel>(
     vocab: &dyn Vocab,
     chat: &mut Chat<M::State>,
     args: &ChatArgs,
+    tools: Option<&ToolUse>,
     out: &mut impl Write,
 ) -> Result<()> {
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
-    let (mut generation, stats) = chat.start_reply(model, vocab, args.sampling.options()?)?;
+    let mut opts = args.sampling.options()?;
+    if let Some(ToolUse { tools, format, forced: Some(forced) }) = tools {
+        if opts.constraint.is_some() {
+            return Err(Error::Input(
+                "a forced tool call is its own constraint: drop --json-schema, --regex or --grammar"
+                    .into(),
+            ));
+        }
+        let parallel = !args.no_parallel_tool_calls;
+        opts.constraint = Some(call_constraint(*format, tools, forced, parallel)?);
+    }
+    let (mut generation, stats) = chat.start_reply(model, vocab, opts)?;
     if let Some(draft) = draft {
         generation = generation.with_draft_model(draft)?;
     }
@@ -117,10 +181,43 @@ fn chat_turn<M: LanguageModel>(
     let s = generation.summary().expect("generation has stopped");
     let ids = generation.generated_ids().to_vec();
     let text = chat.finish_reply(generation);
+    // The calls in the reply, kept in the conversation as calls (the next turn's template
+    // renders them as such).
+    let parsed = tools.map(|t| parse_reply(t.format, &text));
+    let calls = parsed.as_ref().map_or(&[][..], |p| &p.tool_calls[..]);
+    if let (Some(parsed), Some(last)) = (&parsed, chat.messages.last_mut()) {
+        if !parsed.tool_calls.is_empty() {
+            last.content = parsed.content.clone();
+            last.tool_calls = parsed.tool_calls.clone();
+        }
+    }
+    for call in calls {
+        eprintln!("tool call {}: {}({})", call.id, call.function.name, call.function.arguments);
+    }
     if args.model.json {
-        let line = json!({
+        // OpenAI's shapes: the arguments as a string of JSON, no content beside calls as null.
+        let tool_calls: Vec<serde_json::Value> = calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments.to_string()}})
+            })
+            .collect();
+        let content = match &parsed {
+            Some(p) if !p.tool_calls.is_empty() => {
+                if p.content.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    p.content.clone().into()
+                }
+            }
+            _ => text.clone().into(),
+        };
+        let mut line = json!({
             "role": "assistant",
-            "content": text,
+            "content": content,
+            "tool_calls": tool_calls,
+            "text": text,
             "ids": ids,
             "prompt_tokens": s.prompt_tokens,
             "reused_tokens": s.reused_tokens,
@@ -128,6 +225,9 @@ fn chat_turn<M: LanguageModel>(
             "stop_reason": format!("{:?}", s.stop_reason),
             "speculation": speculation_json(&s),
         });
+        if calls.is_empty() {
+            line.as_object_mut().expect("an object").remove("tool_calls");
+        }
         writeln!(out, "{line}").map_err(write_err)?;
     } else {
         writeln!(out).map_err(write_err)?;

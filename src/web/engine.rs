@@ -325,6 +325,7 @@ pub struct Engine {
 fn describe(loaded: &Loaded, load_path: &'static str) -> InfoOut {
     let backend = backend_name(&loaded.model);
     let chat_template = loaded.template.as_ref().ok().map(|t| t.source().to_string());
+    let tool_format = loaded.template.as_ref().ok().and_then(ChatTemplate::tool_format);
     let detail = loaded.backend.clone();
     let model = match &*loaded.model {
         AnyModel::Table(table) => {
@@ -344,6 +345,7 @@ fn describe(loaded: &Loaded, load_path: &'static str) -> InfoOut {
                 weight_bytes_per_token: 0,
                 words: table.words().to_vec(),
                 chat_template,
+                tool_format,
                 weights_in_wasm_bytes: 0,
                 load_path: "",
                 draft_parameters: None,
@@ -355,6 +357,7 @@ fn describe(loaded: &Loaded, load_path: &'static str) -> InfoOut {
     let c = &model.config;
     InfoOut {
         chat_template,
+        tool_format,
         kind: "gguf",
         backend,
         backend_detail: detail,
@@ -697,17 +700,36 @@ impl Engine {
     /// previous generation's cache shares are prefilled: earlier turns are reused.
     #[wasm_bindgen(js_name = startChat)]
     pub fn start_chat(&self, messages: JsValue, options: JsValue) -> Result<Session, JsError> {
-        let template = self.template()?;
+        let mut template = std::borrow::Cow::Borrowed(self.template()?);
         let mut messages = js::messages(messages)?;
-        let opts = GenOptions::parse(options.clone())?;
+        let mut opts = GenOptions::parse(options.clone())?;
         let context = self.loaded.model.context_length();
-        let drop_oldest = ChatOptions::parse(options)?.drop_oldest;
+        let chat = ChatOptions::parse(options)?;
+        // Tools: given to the template; a forced call generated under its grammar; the reply's
+        // calls read back (`Session.reply`).
+        let mut tool_format = None;
+        if let (Some(tools), Some(forced)) =
+            (chat.tools.filter(|t| !t.is_empty()), js::tool_choice(chat.tool_choice.as_ref())?)
+        {
+            let offered = template.into_owned().with_tools(tools.clone()).map_err(js_err)?;
+            let format = offered.tool_format().expect("with_tools checked the template");
+            if let Some(forced) = forced {
+                let parallel = chat.parallel_tool_calls.unwrap_or(true);
+                opts.force_constraint(
+                    crate::tools::call_constraint(format, &tools, &forced, parallel)
+                        .map_err(js_err)?,
+                )?;
+            }
+            tool_format = Some(format);
+            template = std::borrow::Cow::Owned(offered);
+        }
         let overflow =
-            Overflow::for_reply(drop_oldest, opts.generate_options().max_tokens, context);
+            Overflow::for_reply(chat.drop_oldest, opts.generate_options().max_tokens, context);
         let vocab = self.loaded.vocab.clone();
-        let (ids, _) = fit_prompt(template, &*vocab, self.bos(), &mut messages, context, overflow)
+        let (ids, _) = fit_prompt(&template, &*vocab, self.bos(), &mut messages, context, overflow)
             .map_err(js_err)?;
-        Ok(self.start_ids(&ids, &opts, template.stop_tokens())?.with_messages(messages))
+        let session = self.start_ids(&ids, &opts, template.stop_tokens())?.with_messages(messages);
+        Ok(session.with_tool_format(tool_format))
     }
 
     /// The prompt text the chat template makes of `messages` (with the assistant turn's opening

@@ -186,6 +186,19 @@ impl GenOptions {
         self.constraint.as_ref()
     }
 
+    /// Generate under `spec` (a forced tool call's grammar); an error when the options bring a
+    /// constraint of their own.
+    pub fn force_constraint(&mut self, spec: ConstraintSpec) -> Result<(), JsError> {
+        if self.constraint.is_some() {
+            return Err(JsError::new(
+                "tool_choice: a forced tool call is its own constraint; it cannot be combined with \
+                 another (response_format, regex or grammar)",
+            ));
+        }
+        self.constraint = Some(spec);
+        Ok(())
+    }
+
     /// Beam search options when other than one beam was asked for (0 goes to the search, which
     /// refuses it with a message, rather than quietly meaning 1).
     pub fn beam_options(&self) -> Option<BeamOptions> {
@@ -210,6 +223,43 @@ pub(super) struct ChatOptions {
     /// Drop the oldest turns when the conversation does not fit the context.
     #[serde(alias = "drop_oldest")]
     pub drop_oldest: bool,
+    /// Tools offered to the model (OpenAI's `[{type: "function", function: {...}}]`), given to
+    /// its chat template.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// "auto" (default), "none", "required", a tool's name, or OpenAI's `{type: "function",
+    /// function: {name}}`.
+    #[serde(alias = "tool_choice")]
+    pub tool_choice: Option<serde_json::Value>,
+    /// With a forced call: one to `tools::MAX_PARALLEL_CALLS` calls (default), or exactly one.
+    #[serde(alias = "parallel_tool_calls")]
+    pub parallel_tool_calls: Option<bool>,
+}
+
+/// What a chat's tools ask of its reply: `None` to offer no tools ("none"), else whether (and
+/// which) call is forced.
+pub(super) fn tool_choice(
+    choice: Option<&serde_json::Value>,
+) -> Result<Option<Option<crate::tools::ForcedCall>>, JsError> {
+    use crate::tools::ForcedCall;
+    let bad = || {
+        JsError::new(
+            "tool_choice: expected \"auto\", \"none\", \"required\" or {type: \"function\", \
+             function: {name}}",
+        )
+    };
+    Ok(match choice {
+        None => Some(None),
+        Some(serde_json::Value::String(s)) => match s.as_str() {
+            "auto" => Some(None),
+            "none" => None,
+            "required" => Some(Some(ForcedCall::Any)),
+            name => Some(Some(ForcedCall::Named(name.to_string()))),
+        },
+        Some(v) => {
+            let name = v.pointer("/function/name").and_then(|n| n.as_str()).ok_or_else(bad)?;
+            Some(Some(ForcedCall::Named(name.to_string())))
+        }
+    })
 }
 
 impl ChatOptions {
@@ -577,6 +627,9 @@ pub(super) struct InfoOut {
     pub words: Vec<String>,
     /// The GGUF's chat template (Jinja source), when it has one.
     pub chat_template: Option<String>,
+    /// How the model writes tool calls ("hermes" or "llama_json"), when its template takes
+    /// tools (`startChat`'s `tools`).
+    pub tool_format: Option<crate::tools::ToolFormat>,
     /// Bytes of the model file this engine holds in wasm memory: the whole file on the CPU
     /// path (its kernels read the weights there), 0 on WebGPU (the weights are on the GPU only)
     /// and for a table model (parsed, not held as bytes).

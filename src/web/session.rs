@@ -266,6 +266,8 @@ pub struct Session {
     prompt_ids: Vec<u32>,
     /// A chat session's conversation as rendered (after dropping the oldest turns to fit).
     messages: Option<Vec<Message>>,
+    /// How the model writes tool calls, when the chat offered tools.
+    tool_format: Option<crate::tools::ToolFormat>,
 }
 
 /// Where a session's stepper lives; the engine holds a second handle to its latest session's,
@@ -274,7 +276,18 @@ pub(super) type Slot = Rc<RefCell<Option<Stepper>>>;
 
 impl Session {
     pub(super) fn new(gen: Stepper, vocab: Rc<dyn Vocab>, prompt_ids: Vec<u32>) -> Session {
-        Session { gen: Rc::new(RefCell::new(Some(gen))), vocab, prompt_ids, messages: None }
+        Session {
+            gen: Rc::new(RefCell::new(Some(gen))),
+            vocab,
+            prompt_ids,
+            messages: None,
+            tool_format: None,
+        }
+    }
+
+    pub(super) fn with_tool_format(mut self, format: Option<crate::tools::ToolFormat>) -> Session {
+        self.tool_format = format;
+        self
     }
 
     pub(super) fn with_messages(mut self, messages: Vec<Message>) -> Session {
@@ -369,6 +382,26 @@ impl Session {
         match &self.messages {
             Some(messages) => js::to_js(messages),
             None => Ok(JsValue::UNDEFINED),
+        }
+    }
+
+    /// A chat with tools, once stopped: the reply read for calls, `{content, toolCalls: [{id,
+    /// type, function: {name, arguments}}]}` (`arguments` the JSON object; `content` the text
+    /// around the calls). `undefined` without tools, `null` before the end.
+    #[wasm_bindgen(getter)]
+    pub fn reply(&self) -> std::result::Result<JsValue, JsError> {
+        let Some(format) = self.tool_format else { return Ok(JsValue::UNDEFINED) };
+        let slot = self.gen.borrow();
+        let gen = slot.as_ref().ok_or_else(|| JsError::new(BUSY))?;
+        match gen.summary() {
+            Some(summary) => {
+                let parsed = crate::tools::parse_reply(format, &summary.text);
+                js::to_js(&serde_json::json!({
+                    "content": parsed.content,
+                    "toolCalls": parsed.tool_calls,
+                }))
+            }
+            None => Ok(JsValue::NULL),
         }
     }
 

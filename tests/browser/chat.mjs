@@ -665,3 +665,209 @@ export async function shippedChatTests(t) {
     }
   });
 }
+
+/**
+ * Write the tool-calling model into `dir` (tools.gguf): the chat model's shape and vocabulary
+ * with Qwen2.5-Instruct's real template (it takes tools) and room for its tool prompt; the
+ * tools (`tools.json`: the fixture's, strings bounded so a random model's arguments end).
+ */
+export function makeToolsFixture({ dir, bin, vocabGguf, templateFile, renderedFixture }) {
+  if (!fs.existsSync(vocabGguf) || !fs.existsSync(templateFile)) return false;
+  fs.mkdirSync(dir, { recursive: true });
+  const config = path.join(dir, "config.json");
+  fs.writeFileSync(config, JSON.stringify({ ...CONFIG, max_position_embeddings: 1024 }));
+  const r = spawnSync(
+    bin,
+    ["synth", "--config", config, "--vocab-from", vocabGguf, "--chat-template", templateFile].concat([
+      "--type",
+      "q8_0",
+      "--seed",
+      "7",
+      "--out",
+      path.join(dir, "tools.gguf"),
+    ]),
+    { encoding: "utf8" },
+  );
+  if (r.status !== 0) throw new Error(`synth failed: ${r.stderr}`);
+  const fixture = JSON.parse(fs.readFileSync(renderedFixture, "utf8"));
+  const tools = fixture._meta.tools.map((t) => {
+    const parameters = structuredClone(t.function.parameters);
+    parameters.additionalProperties = false;
+    for (const p of Object.values(parameters.properties)) if (!p.enum) p.maxLength = 10;
+    return { ...t, function: { ...t.function, parameters } };
+  });
+  fs.writeFileSync(path.join(dir, "tools.json"), JSON.stringify(tools));
+  fs.writeFileSync(path.join(dir, "conversations.json"), JSON.stringify(fixture._meta.conversations));
+  return true;
+}
+
+/** The native CLI's reply with `--tools` (greedy, exact path), as its --json line. */
+function nativeToolReply({ bin, model, dir, conversation, choice, parallel }) {
+  const conv = path.join(dir, `conv-${conversation}.json`);
+  const all = JSON.parse(fs.readFileSync(path.join(dir, "conversations.json"), "utf8"));
+  fs.writeFileSync(conv, JSON.stringify(all[conversation]));
+  const args = ["chat", "--model", model, "--messages", conv, "--tools", path.join(dir, "tools.json")]
+    .concat(["--tool-choice", choice, "--temperature", "0", "--max-tokens", "200", "--backend", "cpu"])
+    .concat(["--json", "--isa", "scalar", "--threads", "1"], parallel ? [] : ["--no-parallel-tool-calls"]);
+  const r = spawnSync(bin, args, { encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`the CLI's chat --tools failed: ${r.stderr}`);
+  return JSON.parse(r.stdout.trim().split("\n").at(-1));
+}
+
+/**
+ * Tool calling through the OpenAI API (CPU path): a forced call (a named function, and
+ * "required") is the native CLI's call, whole and streamed as `delta.tool_calls`; its arguments
+ * are a string of JSON in the tool's schema; a conversation that carries calls and their answers
+ * prefills what the CLI prefills; the errors name their field.
+ */
+export async function toolTests(t) {
+  const { test, assert, assertEq, page, base, mode, bin, fixtures } = t;
+  const dir = path.join(fixtures, "tools");
+  if (mode !== "cpu" || !fs.existsSync(path.join(dir, "tools.gguf"))) return;
+  const model = path.join(dir, "tools.gguf");
+  const tools = JSON.parse(fs.readFileSync(path.join(dir, "tools.json"), "utf8"));
+  const conversations = JSON.parse(fs.readFileSync(path.join(dir, "conversations.json"), "utf8"));
+
+  await test(`[${mode}] OpenAI API tool calling: forced calls (a named function, "required") equal the native CLI's, whole and streamed as delta.tool_calls; a conversation with calls and answers prefills as the CLI's; errors name tools and tool_choice`, async () => {
+    await page.goto(`${base}/?nosw`);
+    const r = await page.evaluate(
+      async ({ url, tools, conversations }) => {
+        const { NextToken } = await import("/nexttoken.js");
+        const nt = new NextToken();
+        const out = { errors: {} };
+        const error = async (name, params) => {
+          try {
+            await nt.chat.completions.create(params);
+            out.errors[name] = "no error";
+          } catch (e) {
+            out.errors[name] = { name: e.name, param: e.param, message: e.message };
+          }
+        };
+        try {
+          const info = await nt.load(url);
+          out.toolFormat = info.toolFormat;
+          const base = { messages: conversations.offer, tools, temperature: 0, max_tokens: 200 };
+          const named = { type: "function", function: { name: "get_weather" } };
+          out.named = await nt.chat.completions.create({ ...base, tool_choice: named, parallel_tool_calls: false });
+          out.required = await nt.chat.completions.create({
+            ...base,
+            tool_choice: "required",
+            parallel_tool_calls: false,
+          });
+          out.chunks = [];
+          for await (const c of await nt.chat.completions.create({
+            ...base,
+            tool_choice: named,
+            parallel_tool_calls: false,
+            stream: true,
+          }))
+            out.chunks.push(c);
+          out.answered = await nt.chat.completions.create({
+            messages: conversations.answered.map((m) =>
+              // As OpenAI's clients send them back: arguments as a string of JSON.
+              m.tool_calls
+                ? {
+                    ...m,
+                    tool_calls: m.tool_calls.map((c) => ({
+                      ...c,
+                      function: { ...c.function, arguments: JSON.stringify(c.function.arguments) },
+                    })),
+                  }
+                : m,
+            ),
+            tools,
+            temperature: 0,
+            max_tokens: 1,
+          });
+          // "auto": the streamed content and calls add up to the whole answer's.
+          out.auto = await nt.chat.completions.create({ ...base, max_tokens: 40 });
+          out.autoChunks = [];
+          for await (const c of await nt.chat.completions.create({ ...base, max_tokens: 40, stream: true }))
+            out.autoChunks.push(c);
+          // What may stream of a reply so far, in each format.
+          const { releasable } = await import("/openai.js");
+          out.releasable = [
+            ["Sure.", "hermes", false],
+            ["Sure. <tool", "hermes", false],
+            ["Sure. <tool_call>\n{", "hermes", false],
+            ["a < b", "hermes", false],
+            ["Sure.", "hermes", true],
+            ['  {"name"', "llama_json", false],
+            ["<|python", "llama_json", false],
+            ["The answer", "llama_json", false],
+          ].map(([text, format, forced]) => releasable(text, format, forced));
+          await error("choiceWithoutTools", { messages: conversations.offer, tool_choice: "required" });
+          await error("badTool", {
+            messages: conversations.offer,
+            tools: [{ type: "function", function: { name: "rm -rf" } }],
+          });
+          await error("unknownName", { ...base, tool_choice: { type: "function", function: { name: "nope" } } });
+          await error("withSchema", { ...base, tool_choice: "required", response_format: { type: "json_object" } });
+        } catch (e) {
+          out.failure = String(e?.stack ?? e);
+        } finally {
+          nt.terminate();
+        }
+        return out;
+      },
+      { url: "/test/tools/tools.gguf", tools, conversations },
+    );
+    assert(!r.failure, r.failure);
+    assertEq(r.toolFormat, "hermes", "the template's tool format (info.toolFormat)");
+    for (const [key, choice] of [
+      ["named", "get_weather"],
+      ["required", "required"],
+    ]) {
+      const want = nativeToolReply({ bin, model, dir, conversation: "offer", choice, parallel: false });
+      const choice0 = r[key].choices[0];
+      assertEq(choice0.finish_reason, "tool_calls", `${key}: finish_reason`);
+      assertEq(choice0.message.content, null, `${key}: content beside the call`);
+      const got = choice0.message.tool_calls.map((c) => [c.type, c.function.name, c.function.arguments]);
+      const cli = want.tool_calls.map((c) => [c.type, c.function.name, c.function.arguments]);
+      assertEq(JSON.stringify(got), JSON.stringify(cli), `${key}: the call vs the CLI's`);
+      assert(/^call-[0-9a-f]{24}$/.test(choice0.message.tool_calls[0].id), `${key}: the call's id`);
+      const args = JSON.parse(choice0.message.tool_calls[0].function.arguments);
+      const schema = tools.find((t) => t.function.name === choice0.message.tool_calls[0].function.name).function
+        .parameters;
+      for (const k of schema.required) assert(typeof args[k] === "string", `${key}: ${k} in ${JSON.stringify(args)}`);
+      for (const k of Object.keys(args)) assert(k in schema.properties, `${key}: ${k} is not in the schema`);
+    }
+    // Streamed: no content, then the call as delta.tool_calls, then finish_reason "tool_calls".
+    const content = r.chunks.map((c) => c.choices[0]?.delta.content ?? "").join("");
+    assertEq(content, "", "streamed content beside a forced call");
+    const deltas = r.chunks.flatMap((c) => c.choices[0]?.delta.tool_calls ?? []);
+    assertEq(deltas.length, 1, "tool_calls deltas");
+    assertEq(
+      JSON.stringify([deltas[0].index, deltas[0].function]),
+      JSON.stringify([0, r.named.choices[0].message.tool_calls[0].function]),
+      "the streamed call vs the whole one",
+    );
+    assertEq(r.chunks.at(-1).choices[0].finish_reason, "tool_calls", "the stream's finish_reason");
+    const whole = r.auto.choices[0];
+    const streamed = r.autoChunks.map((c) => c.choices[0]?.delta.content ?? "").join("");
+    const streamedCalls = r.autoChunks.flatMap((c) => c.choices[0]?.delta.tool_calls ?? []);
+    assertEq(streamed, whole.message.content ?? "", '"auto": the streamed content vs the whole answer\'s');
+    assertEq(
+      JSON.stringify(streamedCalls.map((c) => c.function)),
+      JSON.stringify((whole.message.tool_calls ?? []).map((c) => c.function)),
+      '"auto": the streamed calls vs the whole answer\'s',
+    );
+    assertEq(JSON.stringify(r.releasable), JSON.stringify([5, 6, 6, 5, 0, 0, 0, 10]), "what may stream (releasable)");
+    // A conversation with a call and its answer: the prompt the CLI renders and prefills.
+    const answered = nativeToolReply({ bin, model, dir, conversation: "answered", choice: "auto", parallel: true });
+    assertEq(
+      r.answered.usage.prompt_tokens,
+      answered.prompt_tokens,
+      "the answered conversation's prompt tokens vs the CLI's",
+    );
+    const e = r.errors;
+    assertEq(
+      e.choiceWithoutTools.param,
+      "tool_choice",
+      `tool_choice without tools: ${JSON.stringify(e.choiceWithoutTools)}`,
+    );
+    assertEq(e.badTool.param, "tools", `a tool name that is not one: ${JSON.stringify(e.badTool)}`);
+    assertEq(e.unknownName.param, "tool_choice", `a forced name not among the tools: ${JSON.stringify(e.unknownName)}`);
+    assertEq(e.withSchema.param, "tool_choice", `a forced call with response_format: ${JSON.stringify(e.withSchema)}`);
+  });
+}

@@ -40,7 +40,7 @@ if (!fs.existsSync(path.join(here, "node_modules", "playwright-core"))) {
 const { chromium } = await import("playwright-core");
 const { serve } = await import("./serve.mjs");
 const { ggufWithout } = await import("./gguf.mjs");
-const { makeChatFixture, chatTests, shippedChatTests } = await import("./chat.mjs");
+const { makeChatFixture, makeToolsFixture, chatTests, shippedChatTests, toolTests } = await import("./chat.mjs");
 const { faultyServer, downloadTests } = await import("./downloads.mjs");
 const { pageTests } = await import("./page.mjs");
 const { exploreTests, samplerViewTests, scoreViewTests, beamViewTests } = await import("./explore.mjs");
@@ -235,6 +235,13 @@ if (haveTokenizerTests) {
     dir: path.join(fixtures, "chat"),
     bin: nativeBin(),
     vocabGguf: path.join(tokenizerTests, "qwen2", "ggml-vocab-qwen2.gguf"),
+  });
+  makeToolsFixture({
+    dir: path.join(fixtures, "tools"),
+    bin: nativeBin(),
+    vocabGguf: path.join(tokenizerTests, "qwen2", "ggml-vocab-qwen2.gguf"),
+    templateFile: path.resolve(repo, "../shared/chat-templates/Qwen2.5-Instruct.jinja"),
+    renderedFixture: path.join(repo, "tests/fixtures/tools/rendered.json"),
   });
 }
 
@@ -1320,6 +1327,8 @@ async function runConfig(mode) {
       errorText,
       statsOf,
     });
+
+    await toolTests({ test, assert, assertEq, page, base, mode, bin: nativeBin(), fixtures });
 
     if (mode === "cpu")
       await shippedChatTests({

@@ -7,7 +7,9 @@
 //   node tests/browser/bench.mjs      (after ./build.sh)
 //
 // Each engine runs with 1 thread on a page that is not cross-origin isolated, and with THREADS
-// (default 2) on an isolated one (nexttoken's wasm threads build; wllama's pthreads).
+// (default 2) on an isolated one (nexttoken's wasm threads build; wllama's pthreads). At the end
+// the native CLI's `bench --backend cpu` runs on the same file, threads and contexts, and each
+// wasm figure is printed as a share of native (what the wasm work aims at).
 //
 // Environment: CHROMIUM (default /usr/bin/chromium), MODEL / TOKENIZER (URLs under www/, default
 // models/default.gguf, models/default-tokenizer.json; or MODEL_FILE / TOKENIZER_FILE: paths of
@@ -22,7 +24,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { spawnSync } from "node:child_process";
 import { chromium } from "playwright-core";
+import { nativeBin } from "./harness.mjs";
 import { serve } from "./serve.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -264,6 +268,45 @@ for (const t of [1, THREADS]) {
     [`${t} thread${t > 1 ? "s" : ""}`, ...ra.map((x, i) => (x && rb[i] ? (x / rb[i]).toFixed(2) : "-"))].join(" | "),
   );
   if (THREADS === 1) break;
+}
+// The native CLI on the same file, threads and contexts, on this machine: each wasm figure as a
+// share of native's (the browser CPU path's targets are these ratios).
+const file = process.env.MODEL_FILE ? path.resolve(process.env.MODEL_FILE) : path.join(www, MODEL);
+let bin = null;
+try {
+  bin = nativeBin();
+} catch {
+  console.log("\nno native CLI (cargo build --release): no wasm/native ratios");
+}
+if (bin && longTokens) {
+  console.log(`\nnative CLI (${path.relative(repo, bin)} bench --backend cpu), same file and threads; wasm/native`);
+  console.log(["run", "prefill16", "prefill128", "decode@16", `decode@${longTokens}`].join(" | "));
+  for (const t of [1, THREADS]) {
+    const wasm = results[`nexttoken cpu ${t} thread${t > 1 ? "s" : ""}`];
+    if (!wasm) continue;
+    const args = ["bench", "--model", file, "--backend", "cpu", "--threads", String(t), "--json"];
+    const r = spawnSync(bin, [...args, "--contexts", `16,${longTokens}`], { encoding: "utf8" });
+    if (r.status !== 0) {
+      console.log(`native bench failed: ${r.stderr.trim().split("\n").at(-1)}`);
+      break;
+    }
+    const n = JSON.parse(r.stdout).results[0];
+    const native = [
+      n.prefill_tok_s["16"],
+      n.prefill_tok_s["128"],
+      n.decode_tok_s["16"],
+      n.decode_tok_s[String(longTokens)],
+    ];
+    const ours = row(wasm).slice(1);
+    console.log([`native ${t} thread${t > 1 ? "s" : ""}`, ...native.map(fmt)].join(" | "));
+    console.log(
+      [
+        `wasm/native ${t}`,
+        ...ours.map((x, i) => (x && native[i] ? `${((100 * x) / native[i]).toFixed(0)} %` : "-")),
+      ].join(" | "),
+    );
+    if (THREADS === 1) break;
+  }
 }
 console.log(`\n${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

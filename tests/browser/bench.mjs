@@ -26,7 +26,6 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { spawnSync } from "node:child_process";
 import { chromium } from "playwright-core";
-import { nativeBin } from "./harness.mjs";
 import { serve } from "./serve.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -272,12 +271,10 @@ for (const t of [1, THREADS]) {
 // The native CLI on the same file, threads and contexts, on this machine: each wasm figure as a
 // share of native's (the browser CPU path's targets are these ratios).
 const file = process.env.MODEL_FILE ? path.resolve(process.env.MODEL_FILE) : path.join(www, MODEL);
-let bin = null;
-try {
-  bin = nativeBin();
-} catch {
-  console.log("\nno native CLI (cargo build --release): no wasm/native ratios");
-}
+// The release build (a debug build's speed says nothing), or NEXTTOKEN_BIN.
+const release = path.join(repo, "target/release/nexttoken");
+const bin = process.env.NEXTTOKEN_BIN || (fs.existsSync(release) ? release : null);
+if (!bin) console.log("\nno release build of the native CLI (cargo build --release): no wasm/native ratios");
 if (bin && longTokens) {
   console.log(`\nnative CLI (${path.relative(repo, bin)} bench --backend cpu), same file and threads; wasm/native`);
   console.log(["run", "prefill16", "prefill128", "decode@16", `decode@${longTokens}`].join(" | "));

@@ -274,3 +274,19 @@ pub fn call_constraint(
     let lark = format!("{start}\ncall: {}\n{}\n", alternatives.join(" | "), rules.join("\n"));
     Ok(ConstraintSpec::Grammar { lark })
 }
+
+/// A chat's tools made ready, as every front end needs them: the template offering `tools`, the
+/// format the model's calls come in, and, when `forced`, the constraint to generate the call
+/// under (with `parallel`, one to [`MAX_PARALLEL_CALLS`] calls).
+pub fn offer(
+    template: crate::chat::ChatTemplate,
+    tools: Vec<Value>,
+    forced: Option<&ForcedCall>,
+    parallel: bool,
+) -> Result<(crate::chat::ChatTemplate, ToolFormat, Option<ConstraintSpec>)> {
+    let template = template.with_tools(tools)?;
+    let format = template.tool_format().expect("with_tools checked the template");
+    let tools = template.tools().expect("with_tools set them");
+    let constraint = forced.map(|f| call_constraint(format, tools, f, parallel)).transpose()?;
+    Ok((template, format, constraint))
+}

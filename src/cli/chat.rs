@@ -8,7 +8,8 @@ use clap::Args;
 use serde_json::json;
 
 use nexttoken::chat::{Chat, ChatTemplate, Message, Overflow};
-use nexttoken::tools::{call_constraint, parse_reply, ForcedCall, ToolFormat};
+use nexttoken::constraint::ConstraintSpec;
+use nexttoken::tools::{offer, parse_reply, ForcedCall, ToolFormat};
 use nexttoken::{Error, LanguageModel, Result, Vocab};
 
 use super::generate::{check_complete, speculation_json, speculation_note, Lines, SamplingArgs};
@@ -46,11 +47,11 @@ pub(crate) struct ChatArgs {
     pub(crate) no_parallel_tool_calls: bool,
 }
 
-/// What `--tools` and `--tool-choice` ask of each reply.
+/// What `--tools` and `--tool-choice` ask of each reply: the calls' format, and the constraint
+/// of a forced call.
 struct ToolUse {
-    tools: Vec<serde_json::Value>,
     format: ToolFormat,
-    forced: Option<ForcedCall>,
+    forced: Option<ConstraintSpec>,
 }
 
 impl ToolUse {
@@ -76,9 +77,10 @@ impl ToolUse {
             "required" => Some(ForcedCall::Any),
             name => Some(ForcedCall::Named(name.to_string())),
         };
-        *template = template.clone().with_tools(tools.clone())?;
-        let format = template.tool_format().expect("with_tools checked the template");
-        Ok(Some(ToolUse { tools, format, forced }))
+        let parallel = !args.no_parallel_tool_calls;
+        let (offered, format, forced) = offer(template.clone(), tools, forced.as_ref(), parallel)?;
+        *template = offered;
+        Ok(Some(ToolUse { format, forced }))
     }
 }
 
@@ -157,15 +159,14 @@ fn chat_turn<M: LanguageModel>(
 ) -> Result<()> {
     let write_err = |e: std::io::Error| Error::Io { path: "stdout".into(), source: e };
     let mut opts = args.sampling.options()?;
-    if let Some(ToolUse { tools, format, forced: Some(forced) }) = tools {
+    if let Some(ToolUse { forced: Some(forced), .. }) = tools {
         if opts.constraint.is_some() {
             return Err(Error::Input(
                 "a forced tool call is its own constraint: drop --json-schema, --regex or --grammar"
                     .into(),
             ));
         }
-        let parallel = !args.no_parallel_tool_calls;
-        opts.constraint = Some(call_constraint(*format, tools, forced, parallel)?);
+        opts.constraint = Some(forced.clone());
     }
     let (mut generation, stats) = chat.start_reply(model, vocab, opts)?;
     if let Some(draft) = draft {

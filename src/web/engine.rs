@@ -711,14 +711,12 @@ impl Engine {
         if let (Some(tools), Some(forced)) =
             (chat.tools.filter(|t| !t.is_empty()), js::tool_choice(chat.tool_choice.as_ref())?)
         {
-            let offered = template.into_owned().with_tools(tools.clone()).map_err(js_err)?;
-            let format = offered.tool_format().expect("with_tools checked the template");
-            if let Some(forced) = forced {
-                let parallel = chat.parallel_tool_calls.unwrap_or(true);
-                opts.force_constraint(
-                    crate::tools::call_constraint(format, &tools, &forced, parallel)
-                        .map_err(js_err)?,
-                )?;
+            let parallel = chat.parallel_tool_calls.unwrap_or(true);
+            let (offered, format, constraint) =
+                crate::tools::offer(template.into_owned(), tools, forced.as_ref(), parallel)
+                    .map_err(js_err)?;
+            if let Some(constraint) = constraint {
+                opts.force_constraint(constraint)?;
             }
             tool_format = Some(format);
             template = std::borrow::Cow::Owned(offered);

@@ -89,6 +89,12 @@ node tests/browser/firefox.mjs
 # (the threads build).
 node tests/browser/webkit.mjs
 
+# The remote engine (www/remote.js) against a real llama.cpp server: llama-cpp-python's, built from
+# source once into target/llama-cpp-python (about 3 minutes on 2 cores; PyPI has no Linux wheel),
+# serving stories260K on the loopback address; its tokens are compared with the local engine's.
+tools/llama_server.sh
+node tests/browser/remote.mjs
+
 # The browser benchmark (www/bench.html) for the wasm CPU path, WebGPU (SwiftShader here) and
 # wllama (llama.cpp in wasm) on the same file: prints numbers, asserts only that each run produced them.
 node tests/browser/bench.mjs

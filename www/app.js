@@ -106,7 +106,7 @@ function onPickerChange(setPrompt) {
   $("model-note").textContent =
     entry?.note ||
     (id === "custom"
-      ? "Any GGUF (llama, qwen2, gpt2) by URL or as a Hugging Face reference (hf:owner/repo/file.gguf or owner/repo:file.gguf; split files by their first part): its own tokenizer and chat template are used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS."
+      ? "Any GGUF (llama, qwen2, gpt2) by URL or as a Hugging Face reference (hf:owner/repo/file.gguf or owner/repo:file.gguf; split files by their first part): its own tokenizer and chat template are used, or a tokenizer.json if you give its URL. Or a table model (.json). The server must allow CORS. Or a remote engine, for a model too big for this device: openai+https://host/v1#model (llama.cpp's server, vLLM, any OpenAI-compatible one)."
       : "");
   if (setPrompt && entry) $("prompt").value = entry.prompt ?? (entry.kind === "table" ? "the" : "Once upon a time");
 }
@@ -125,7 +125,7 @@ async function loadPicked() {
     $("status").textContent = `${spec.name || spec.url} is loaded.`;
     return;
   }
-  const local = spec.kind === "table" || spec.shipped;
+  const local = spec.kind === "table" || spec.shipped || spec.kind === "remote"; // nothing to download
   if (local || (await isCached(spec.url).catch(() => false))) return loadSelected();
   $("generate").disabled = $("score-btn").disabled = true;
   const loaded = loadedSpec ? ` (${loadedSpec.name || loadedSpec.url} is still loaded)` : "";
@@ -225,10 +225,10 @@ async function loadModel(spec) {
     if (info.kind === "table") $("model-note").textContent = `${info.description} Words: ${info.words.join(" ")}`;
     $("generate").disabled = $("score-btn").disabled = false;
     // A model with a chat template opens in chat mode; the conversation starts afresh.
-    $("mode-chat").disabled = !info.chatTemplate;
-    $("mode-chat").parentElement.title = info.chatTemplate
-      ? ""
-      : "this model has no chat template (tokenizer.chat_template)";
+    // A remote engine's server renders chats with its own template.
+    const chats = !!info.chatTemplate || info.backend === "remote";
+    $("mode-chat").disabled = !chats;
+    $("mode-chat").parentElement.title = chats ? "" : "this model has no chat template (tokenizer.chat_template)";
     conversation = [];
     tokens = [];
     branches = [];
@@ -239,7 +239,7 @@ async function loadModel(spec) {
     $("output-prompt").textContent = "";
     $("inspect").replaceChildren(el("p", { className: "note", textContent: "Click a generated token." }));
     setState("ready");
-    setMode(info.chatTemplate && params.get("mode") !== "text" ? "chat" : "text");
+    setMode(chats && params.get("mode") !== "text" ? "chat" : "text");
     refreshCacheList();
   } catch (e) {
     status.textContent = "";
@@ -263,6 +263,8 @@ async function loadModel(spec) {
 
 function backendLabel(info) {
   if (info.backend === "webgpu") return info.backendDetail || "WebGPU";
+  if (info.backend === "remote")
+    return `remote: ${info.backendDetail} (not available there: ${info.remote.unavailable.join("; ")})`;
   if (info.backend === "table") return "table lookup (no matrix math)";
   // src/web/engine.rs says "CPU backend chosen ([WebAssembly, ]KERNELS, N threads)" when the CPU was asked
   // for (show the kernels only), or why WebGPU was not used, with the kernels in brackets at the end.
@@ -274,6 +276,7 @@ function backendLabel(info) {
 
 /** Where the weights are: on WebGPU they never stay in wasm memory (streamed: never enter it). */
 function weightsLabel(info) {
+  if (info.backend === "remote") return "on the server (none in this browser)";
   const wasm = `wasm memory ${formatBytes(info.wasmMemoryBytes ?? 0)}`;
   if (info.loadPath === "streamed")
     return `on the GPU, streamed from the download (${formatBytes(info.weightsInWasmBytes)} in wasm memory; ${wasm})`;
@@ -858,7 +861,10 @@ async function runReply() {
       turn.content = s.text;
       forgetDropped(s.messages, messages.length);
     }
-    $("rendered-text").textContent = await nt.renderChat(chatMessages(), { addGenerationPrompt: false });
+    $("rendered-text").textContent =
+      nt.info.backend === "remote"
+        ? "(the server renders the conversation with its own chat template: not shown here)"
+        : await nt.renderChat(chatMessages(), { addGenerationPrompt: false });
     $("rendered").hidden = false;
   } catch (e) {
     // The reply did not happen: the user's message goes back to the input box to retry.

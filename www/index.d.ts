@@ -2,7 +2,24 @@
 
 /** A model: a catalog id ("default", "lesson-toy", ...), a URL (".json" = table model, else a
  * GGUF; relative to the page), a Hugging Face reference ("hf:owner/repo/file.gguf") or a spec. */
-export type ModelRef = string | ModelSpec;
+export type ModelRef = string | ModelSpec | RemoteSpec;
+
+/**
+ * A model on a server (remote.js): llama.cpp's server, llama-cpp-python, vLLM or any
+ * OpenAI-compatible endpoint, for a model too big for this device. As a string:
+ * "openai+https://host/v1#model" (without "#model": the server's first model).
+ */
+export interface RemoteSpec {
+  kind: "remote";
+  /** The API's base URL, e.g. "https://host/v1". */
+  url: string;
+  /** The model's id as the server's /models lists it. */
+  model?: string;
+  /** Sent as a bearer token (or give `apiKey` to NextToken). */
+  apiKey?: string;
+  id?: string;
+  name?: string;
+}
 
 export interface ModelSpec {
   url: string;
@@ -52,8 +69,8 @@ export interface LoadOptions {
 }
 
 export interface ModelInfo {
-  kind: "table" | "gguf";
-  backend: "table" | "cpu" | "webgpu";
+  kind: "table" | "gguf" | "remote";
+  backend: "table" | "cpu" | "webgpu" | "remote";
   backendDetail: string;
   /**
    * Why `backend: "auto"` runs this backend, when it measured (or remembered a measurement for
@@ -72,8 +89,9 @@ export interface ModelInfo {
   weightBytesPerToken: number;
   words: string[];
   chatTemplate?: string | null;
-  /** How the model writes tool calls, when its chat template takes tools. */
-  toolFormat?: "hermes" | "llama_json" | null;
+  /** How the model writes tool calls, when its chat template takes tools ("server": a remote
+   * engine's server reads them out of the reply). */
+  toolFormat?: "hermes" | "llama_json" | "server" | null;
   /** Bytes of the model file held in wasm memory: the file on the CPU path, 0 on WebGPU. */
   weightsInWasmBytes: number;
   /** "streamed": WebGPU, from the download straight into GPU buffers; "wasm": through wasm memory. */
@@ -85,8 +103,10 @@ export interface ModelInfo {
   /** Why the wasm CPU path runs one thread ("" when it runs the threads build). */
   threadsNote: string;
   /** Which worker runs the model: "shared" (one engine for every tab of the site, a
-   * SharedWorker) or "dedicated" (this page's own); `engineNote` says why. */
-  engine: "shared" | "dedicated";
+   * SharedWorker) or "dedicated" (this page's own); `engineNote` says why. "remote": a server. */
+  engine: "shared" | "dedicated" | "remote";
+  /** A remote engine's server and model, and what it cannot do that a local engine does. */
+  remote?: { url: string; model: string; unavailable: string[] };
   engineNote: string;
   /** Pages the engine served at this load (1 for a dedicated one). */
   enginePages: number;
@@ -176,11 +196,13 @@ export interface BeamTree {
 }
 
 export interface Alternative {
-  id: number;
+  /** null on a remote engine (servers send token text). */
+  id: number | null;
   token: string;
   piece: string;
-  prob: number;
-  logprob: number;
+  /** null on a remote engine whose server sends no logprobs (and for the first token of a remote score). */
+  prob: number | null;
+  logprob: number | null;
 }
 
 /** One generated token ("token" events of the element carry the same). */
@@ -205,7 +227,8 @@ export interface Token extends Alternative {
 }
 
 export interface Summary {
-  promptTokens: number;
+  /** null on a remote engine whose server does not report usage while streaming. */
+  promptTokens: number | null;
   reusedTokens: number;
   generatedTokens: number;
   text: string;
@@ -215,7 +238,7 @@ export interface Summary {
   ttftMs: number;
   prefillTokS: number;
   decodeTokS: number;
-  backend: "table" | "cpu" | "webgpu";
+  backend: "table" | "cpu" | "webgpu" | "remote";
   /** Under a constraint: ms compiling it, then ms over its steps. */
   constraint?: { buildMs: number; stepsMs: number; steps: number };
   /** The seed the sampler drew with (given, or drawn for this run): pass it as `seed` to reproduce the run. Absent for beam search. */
@@ -265,7 +288,7 @@ export interface Score {
   probability: number;
   avgNll: number;
   perplexity: number;
-  backend: "table" | "cpu" | "webgpu";
+  backend: "table" | "cpu" | "webgpu" | "remote";
 }
 
 export interface ChatMessage {
@@ -408,6 +431,11 @@ export interface NextTokenOptions {
    * has one and this page would run one thread anyway; else the page's own worker (the threads
    * build). "shared" and "dedicated" force one. */
   engine?: "auto" | "shared" | "dedicated";
+  /** A remote engine ("openai+https://host/v1#model") that `preflight` offers where it refuses a
+   * model as too big for this device (`Preflight.remote`). */
+  remote?: string | RemoteSpec;
+  /** Sent to remote engines as a bearer token. */
+  apiKey?: string;
 }
 
 /** Which worker `engine` ("auto" by default) gets on this page, and why. */
@@ -484,6 +512,9 @@ export const completions: Completions;
 
 /** `NextToken.preflight`'s answer. */
 export interface Preflight {
+  /** Where the model runs on a remote engine instead: a remote model itself, or the instance's
+   * `remote` offered beside a refusal (load it with `load(preflight.remote)`). */
+  remote?: string;
   url: string;
   name: string;
   kind: "gguf" | "table";

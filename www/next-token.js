@@ -17,7 +17,9 @@
 // the element; a model that cannot fit is refused, and nothing is downloaded until Generate is
 // clicked unless eager or autorun), backend (auto | gpu | cpu), engine (auto | shared | dedicated:
 // see below), worker (a worker script on the page's origin, e.g. one line importing the CDN's
-// worker.js: what a shared engine needs when this script comes from a CDN), editable (let
+// worker.js: what a shared engine needs when this script comes from a CDN), remote (a remote
+// engine, "openai+https://host/v1#model", that runs the model where the preflight refuses it
+// here; `model` may also name one directly: www/remote.js), editable (let
 // the reader edit the prompt, and the candidates), replay (a recording to play instead of running
 // the model: a URL of the JSON lines `nexttoken generate --json` writes, "#id" of a
 // <script type="application/json"> on the page, or empty for such a script inside the element;
@@ -167,7 +169,19 @@ const RUN_ARIA = {
 
 class NextTokenElement extends HTMLElement {
   static get observedAttributes() {
-    return ["model", "tokenizer", "backend", "engine", "worker", "draft", "view", "prompt", "candidates", "replay"];
+    return [
+      "model",
+      "tokenizer",
+      "backend",
+      "engine",
+      "worker",
+      "draft",
+      "remote",
+      "view",
+      "prompt",
+      "candidates",
+      "replay",
+    ];
   }
 
   constructor() {
@@ -303,6 +317,7 @@ class NextTokenElement extends HTMLElement {
 
   attributeChangedCallback(name, oldValue, newValue) {
     if (oldValue === newValue || !this.$) return;
+    if (name === "model" || name === "remote") this.remoteModel = null;
     if (name === "replay") {
       // Read again at the next run; until then what is shown stays.
       this.recording = null;
@@ -350,7 +365,7 @@ class NextTokenElement extends HTMLElement {
     // With a recording to fall back on, a failed load is not shown as an error (ready() plays
     // the recording and says why).
     const failed = (message) => (this.hasAttribute("replay") ? new Error(message) : this.fail(message));
-    const model = this.getAttribute("model");
+    const model = this.remoteModel ?? this.getAttribute("model");
     if (!model) return Promise.reject(failed("set the model attribute (a table .json or a .gguf URL)"));
     // Run stays enabled while loading: a click then runs once the model is there (a click that
     // scrolls a lazy element into view must not land on a button the load just disabled).
@@ -380,7 +395,10 @@ class NextTokenElement extends HTMLElement {
         (info) => {
           this.info = info;
           const status = this.$(".status");
-          status.textContent = `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}${info.engine === "shared" ? " · shared with this site's other tabs" : ""}`;
+          status.textContent =
+            info.backend === "remote"
+              ? `${this.remoteModel ? "too big for this device · " : ""}remote · ${info.backendDetail}`
+              : `${info.kind === "table" ? info.name || "table model" : info.arch} · ${info.backend === "webgpu" ? "WebGPU" : info.backend === "cpu" ? "CPU" : "table lookup"}${info.engine === "shared" ? " · shared with this site's other tabs" : ""}`;
           status.title = engineText(info);
           this.emit("nt-load", info);
           return info;
@@ -406,6 +424,7 @@ class NextTokenElement extends HTMLElement {
         shareWorker: true,
         engine: this.getAttribute("engine") || "auto",
         workerUrl: this.getAttribute("worker") || undefined,
+        remote: this.getAttribute("remote") || undefined,
       });
       let p;
       try {
@@ -417,6 +436,14 @@ class NextTokenElement extends HTMLElement {
       }
       this.preflightResult = p;
       this.emit("nt-preflight", p);
+      if (p.refusal && p.remote) {
+        // Too big for this device: the element's remote engine runs it.
+        this.remoteModel = p.remote;
+        const host = new URL(resolveSpec(p.remote).url).host;
+        this.$(".status").textContent = `too big for this device · runs on ${host}`;
+        this.$(".status").title = p.refusal;
+        return p;
+      }
       if (p.refusal) throw new Error(p.refusal);
       this.$(".status").textContent = preflightText(p);
       return p;
@@ -550,21 +577,23 @@ class NextTokenElement extends HTMLElement {
   tokenSpan(t, i) {
     const span = el("span", { className: "tok", textContent: t.text }); // text, never HTML
     if (!t.text) span.classList.add("empty");
-    span.title = `${t.token}: P = ${t.prob.toFixed(4)}`;
+    // A remote engine whose server sends no logprobs gives tokens without a probability.
+    const p = t.prob ?? Number.NaN;
+    span.title = `${t.token}: P = ${t.prob === null ? "not given by the server" : p.toFixed(4)}`;
     if (t.speculated) {
       span.classList.add(speculationClass(t));
       span.title += `\n${speculationText(t)}`;
     }
-    if (this.hasAttribute("show-probabilities")) span.dataset.p = t.prob.toFixed(2);
+    if (this.hasAttribute("show-probabilities")) span.dataset.p = p.toFixed(2);
     if (this.view === "explore") {
       span.dataset.i = i;
       span.tabIndex = 0;
       span.setAttribute("role", "button");
       span.setAttribute(
         "aria-label",
-        `token ${JSON.stringify(t.text || t.token)}, probability ${t.prob.toFixed(2)}: show the alternatives`,
+        `token ${JSON.stringify(t.text || t.token)}, probability ${p.toFixed(2)}: show the alternatives`,
       );
-      span.style.backgroundColor = probColor(t.prob);
+      span.style.backgroundColor = probColor(p);
     }
     return span;
   }

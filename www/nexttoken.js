@@ -20,6 +20,7 @@
 
 import { openAI } from "./openai.js";
 import { hostPool, moduleWorker, threadsUnavailable } from "./pool.js";
+import { RemoteEngine, remoteSpec } from "./remote.js";
 
 /** Models the page offers (`url`: a URL or a Hugging Face reference, see `resolveModelUrl`). */
 export const CATALOG = [
@@ -144,6 +145,8 @@ const absolute = (url, base) => (url ? new URL(url, base).href : url);
  * another origin's script, where a relative URL would mean something else.
  */
 export function resolveSpec(model, tokenizer) {
+  if (typeof model === "string" && remoteSpec(model)) return remoteSpec(model);
+  if (model?.kind === "remote") return { ...model, url: String(model.url).replace(/\/+$/, "") };
   if (typeof model === "string") {
     const entry = CATALOG.find((m) => m.id === model);
     if (entry)
@@ -323,8 +326,16 @@ export class NextToken {
    * `engine`: "auto" (default), "shared" (one engine for every page of this site: a
    * SharedWorker; one thread) or "dedicated" (a worker of this page); see `engineChoice`. After a
    * load, `info.engine` says which one runs and `info.engineNote` why.
+   * `remote`: a remote engine to offer where a model is too big for this device (a reference
+   * `load` takes, "openai+https://host/v1#model"): `preflight` then names it beside its refusal.
+   * `apiKey`: sent to remote engines as a bearer token.
    */
-  constructor({ workerUrl, shareWorker = false, engine = "auto" } = {}) {
+  constructor({ workerUrl, shareWorker = false, engine = "auto", remote, apiKey } = {}) {
+    this.remoteOffer = remote ? resolveSpec(remote) : null;
+    if (this.remoteOffer && this.remoteOffer.kind !== "remote")
+      throw new Error(`remote: ${JSON.stringify(remote)} is not a remote engine (openai+https://host/v1#model)`);
+    this.apiKey = apiKey;
+    this.remote = null; // the RemoteEngine a remote model was loaded on
     // OpenAI's API shape: nt.chat.completions.create(...), nt.completions.create(...).
     const api = openAI(this);
     this.chat = api.chat;
@@ -351,12 +362,15 @@ export class NextToken {
     return this.link.worker;
   }
 
-  #post(message) {
-    this.link.post({ ...message, slot: this.slot });
+  /** To the engine this instance's model runs on (`local`: the worker, whatever is loaded). */
+  #post(message, local = false) {
+    if (this.remote && !local) this.remote.receive(message, (reply) => this.pending.get(reply.id)?.(reply));
+    else this.link.post({ ...message, slot: this.slot });
   }
 
   /** The info of a loaded model as the worker gave it, with why this engine runs it. */
   #withEngine(info) {
+    if (info.engine === "remote") return info;
     const { choice } = this.link;
     // On a shared engine the page's own reason for one thread (when it has one) is the one
     // that tells the reader something.
@@ -402,6 +416,13 @@ export class NextToken {
     if (spec.kind === "gguf") requestPersistentStorage();
     const id = this.link.nextId++;
     this.info = null;
+    // A remote model answers this instance's messages from now on; a local one, the worker again.
+    this.remote?.receive({ type: "unload" }, () => {});
+    this.remote = null;
+    if (spec.kind === "remote") {
+      this.link.post({ type: "unload", slot: this.slot });
+      this.remote = new RemoteEngine(spec, { apiKey: this.apiKey });
+    }
     return new Promise((resolve, reject) => {
       const onAbort = () => this.#post({ type: "cancel-load", id });
       signal?.addEventListener("abort", onAbort, { once: true });
@@ -497,9 +518,19 @@ export class NextToken {
    * warnings}`. `refusal` ("" when none) says why the model cannot run here. Reads the file's
    * size and its header only; the speeds come from short runs of random models made here.
    */
-  preflight(model, { tokenizer, backend, maxSeq, exact, threads, allowSoftwareGpu } = {}) {
+  async preflight(model, { tokenizer, backend, maxSeq, exact, threads, allowSoftwareGpu } = {}) {
+    const spec = resolveSpec(model, tokenizer);
+    // A remote model costs this device nothing but the text.
+    if (spec.kind === "remote") return { name: spec.name, remote: spec.id ?? spec.url, refusal: "", warnings: [] };
     const options = { backend, maxSeq, exact, threads, allowSoftwareGpu };
-    return this.#request({ type: "preflight", spec: resolveSpec(model, tokenizer), options });
+    const p = await this.#request({ type: "preflight", spec, options }, true);
+    if (!p.refusal || !this.remoteOffer) return p;
+    const offer = this.remoteOffer;
+    return {
+      ...p,
+      remote: offer.id ?? `openai+${offer.url}#${offer.model ?? ""}`,
+      refusal: `${p.refusal}; it can run on the remote engine at ${new URL(offer.url).host} instead (load(preflight.remote))`,
+    };
   }
 
   /** The prompt text the chat template makes of `messages`: what the model reads. */
@@ -573,14 +604,14 @@ export class NextToken {
   }
 
   /** One request to the worker, answered by one "result" (or "error") message. */
-  #request(message) {
+  #request(message, local = false) {
     const id = this.link.nextId++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, (msg) => {
         this.pending.delete(id);
         msg.type === "result" ? resolve(msg.value) : reject(new Error(msg.message));
       });
-      this.#post({ ...message, id });
+      this.#post({ ...message, id }, local);
     });
   }
 
@@ -604,6 +635,7 @@ export class NextToken {
 
   /** Stop the worker; on the shared worker, stop this instance's generation and free its model. */
   terminate() {
+    this.remote?.receive({ type: "unload" }, () => {});
     if (!this.shared) {
       this.link.worker.terminate();
       return this.link.stopPool?.();

@@ -158,7 +158,8 @@ function engineOptions(params, { contextLength, legacyLogprobs }) {
   }
   const engine = {
     // Up to the context, as OpenAI's default is: generation stops when the context is full.
-    maxTokens: maxTokens ?? contextLength,
+    // Without max_tokens: up to the context (a remote engine that does not say its context: its default).
+    maxTokens: maxTokens ?? (contextLength || undefined),
     temperature: field(params, "temperature", numberIn(0, 2)),
     topP: field(params, "top_p", numberIn(0, 1)),
     topK: field(params, "top_k", integerIn(0, 1e9)),
@@ -247,10 +248,13 @@ const CALL_OPENING = "<tool_call>";
  * How much of a reply's `text` so far can stream as content when tools are offered: all of it
  * but what may be the start of a call in the model's `format` ("hermes": from a `<tool_call>`,
  * or a tail that could begin one; "llama_json": a reply that starts as JSON or with
- * `<|python_tag|>` is held whole); nothing when a call is forced.
+ * `<|python_tag|>` is held whole; "server": a remote engine's, all of it); nothing when a call
+ * is forced.
  */
 export function releasable(text, format, forced) {
   if (forced) return 0;
+  // A remote engine's server reads the calls out itself: its content is never a call.
+  if (format === "server") return text.length;
   if (format === "llama_json") {
     const lead = text.trimStart();
     // Empty so far, JSON, or (the start of) <|python_tag|>: perhaps a call.

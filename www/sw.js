@@ -14,6 +14,7 @@ const SHELL = [
   "app.js",
   "nexttoken.js",
   "openai.js",
+  "remote.js",
   "next-token.js",
   "views.js",
   "recording.js",

@@ -411,6 +411,11 @@ async function main(): Promise<void> {
   await nt.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], response_format: { type: "json_object" } });
   await nt.completions.create({ prompt: "Hi", grammar: 'start: "a" | "b"' });
   await nt.completions.create({ prompt: "Hi", regex: "[ab]" });
+  // A remote engine, offered where the preflight refuses a model, or loaded by spec.
+  const big = new NextToken({ remote: "openai+https://example.org/v1#m", apiKey: "k" });
+  const p = await big.preflight("hf:o/r/big.gguf");
+  const info = await big.load(p.remote ?? { kind: "remote", url: "https://example.org/v1", model: "m" });
+  console.log(info.remote?.unavailable[0], info.backend === "remote");
 }
 main();
 `;
@@ -434,6 +439,7 @@ async function npmTest({ test, assert, assertEq, mode, www }, { start, newPage, 
     for (const f of [
       "nexttoken.js",
       "next-token.js",
+      "remote.js",
       "worker.js",
       "pool.js",
       "pool-worker.js",

@@ -68,14 +68,42 @@ export function ggufKeys(buf) {
   return parse(buf).kvs.map((k) => k.key);
 }
 
-/** A copy of the GGUF bytes `buf` without the metadata keys for which `drop(key)` is true. */
-export function ggufWithout(buf, drop) {
+/** One metadata entry's bytes: key, type (8: a string; 4: a u32 for a number), value. */
+function entry(key, value) {
+  const str = (s) => {
+    const bytes = Buffer.from(s, "utf8");
+    const len = Buffer.alloc(8);
+    len.writeBigUInt64LE(BigInt(bytes.length));
+    return [len, bytes];
+  };
+  const type = Buffer.alloc(4);
+  if (typeof value === "number") {
+    type.writeUInt32LE(4);
+    const v = Buffer.alloc(4);
+    v.writeUInt32LE(value);
+    return Buffer.concat([...str(key), type, v]);
+  }
+  type.writeUInt32LE(8);
+  return Buffer.concat([...str(key), type, ...str(value)]);
+}
+
+/**
+ * A copy of the GGUF bytes `buf` without the metadata keys for which `drop(key)` is true, and
+ * with the entries `add` ({key: string or u32}) after the rest (a key of both is replaced).
+ */
+export function ggufWithout(buf, drop, add = {}) {
   const g = parse(buf);
-  const kept = g.kvs.filter((k) => !drop(k.key));
+  const kept = g.kvs.filter((k) => !drop(k.key) && !(k.key in add));
+  const added = Object.entries(add).map(([key, value]) => entry(key, value));
   const head = Buffer.alloc(24);
   buf.copy(head, 0, 0, 16); // magic, version, tensor count
-  head.writeBigUInt64LE(BigInt(kept.length), 16);
-  const parts = [head, ...kept.map((k) => buf.subarray(k.start, k.end)), buf.subarray(g.tensorsStart, g.tensorsEnd)];
+  head.writeBigUInt64LE(BigInt(kept.length + added.length), 16);
+  const parts = [
+    head,
+    ...kept.map((k) => buf.subarray(k.start, k.end)),
+    ...added,
+    buf.subarray(g.tensorsStart, g.tensorsEnd),
+  ];
   const headerLen = parts.reduce((s, p) => s + p.length, 0);
   parts.push(Buffer.alloc(Math.ceil(headerLen / g.alignment) * g.alignment - headerLen));
   parts.push(buf.subarray(g.dataStart));

@@ -556,17 +556,24 @@ function inspect(i) {
   const box = $("inspect");
   // One numbering: "token N" counts the output from 1 (as the branch labels do); the position
   // counts the whole sequence from 0, prompt included (what the model's KV cache indexes).
+  // A remote engine's server sends token text, and logprobs only where it gives them.
+  const unsent = "not sent by the server";
   const rows = [
     ["output token", `${i + 1} of ${tokens.length}`],
     ["token", JSON.stringify(t.token)],
-    ["id", String(t.id)],
+    ["id", t.id === null ? unsent : String(t.id)],
     ["text", JSON.stringify(t.text)],
-    ["P(token | before)", t.prob.toPrecision(4)],
-    ["log P", t.logprob.toFixed(4)],
+    ["P(token | before)", t.prob === null ? unsent : t.prob.toPrecision(4)],
+    ["log P", t.logprob === null ? unsent : t.logprob.toFixed(4)],
     ["log P so far", t.logprobSum.toFixed(4)],
     ["P so far", Math.exp(t.logprobSum).toPrecision(4)],
     ["perplexity so far", t.perplexity.toFixed(3)],
-    ["position", `${t.position} in the sequence (the prompt is 0–${t.position - i - 1})`],
+    [
+      "position",
+      t.id === null
+        ? `${t.position} after the prompt (a remote engine)`
+        : `${t.position} in the sequence (the prompt is 0–${t.position - i - 1})`,
+    ],
   ];
   if (t.speculated) rows.push(["speculative decoding", speculationText(t)]);
   const dl = el("dl", { className: "stats" });
@@ -816,8 +823,8 @@ function tokenSpanAt(t, i) {
   const span = el("span", { className: "tok", textContent: t.text, tabIndex: 0 });
   if (t.text === "") span.classList.add("empty");
   span.dataset.i = i;
-  span.style.backgroundColor = probColor(t.prob);
-  span.title = `${JSON.stringify(t.token)}  P = ${t.prob.toFixed(4)}`;
+  if (t.prob !== null) span.style.backgroundColor = probColor(t.prob);
+  span.title = `${JSON.stringify(t.token)}  P = ${t.prob === null ? "not sent by the server" : t.prob.toFixed(4)}`;
   if (t.speculated) {
     span.classList.add(speculationClass(t));
     span.title += `\n${speculationText(t)}`;

@@ -711,7 +711,7 @@ class NextTokenElement extends HTMLElement {
     const probability = Math.exp(this.tokens.reduce((s, t) => s + t.logprob, 0));
     if (this.hasAttribute("show-probabilities") && this.tokens.length) {
       const text = (this.prompt + this.tokens.map((t) => t.text).join("")).trim();
-      const factors = this.tokens.map((t) => t.prob.toFixed(2)).join(" × ");
+      const factors = this.tokens.map((t) => t.prob?.toFixed(2) ?? "?").join(" × ");
       const product = this.$(".product");
       product.textContent = `P(“${text}”) = ${factors} = ${probability.toFixed(2)}`;
       product.dataset.probability = String(probability);
@@ -734,7 +734,7 @@ class NextTokenElement extends HTMLElement {
     ).trim();
     const detail = this.$(".detail");
     const heading = el("h3", {
-      textContent: `Step ${i + 1}: after “${before}”, the model chose “${t.text || t.token}” (P = ${t.prob.toFixed(2)})`,
+      textContent: `Step ${i + 1}: after “${before}”, the model chose “${t.text || t.token}” (P = ${t.prob?.toFixed(2) ?? "not sent by the server"})`,
     });
     const live = !this.recording;
     const list = alternativesList(t, live && this.promptIds && !this.generating ? (alt) => this.branch(i, alt) : null);

@@ -225,19 +225,23 @@ export async function greedyLine(nt, prompt, options) {
 export function scoredText(label, r) {
   const heat = el("p", { className: "output heat" });
   for (const t of r.tokens) {
-    const bits = -t.logprob / Math.LN2;
+    // null: a remote engine's server gives no probability for a text's first token.
+    const bits = t.logprob === null ? Number.NaN : -t.logprob / Math.LN2;
     // The token's text as it stands in the scored text; one that makes none (an end token, a
     // byte completed by a later token) shows its spelling, set apart.
     const span = t.piece
       ? el("span", { className: "tok", textContent: t.piece })
       : el("span", { className: "tok silent", textContent: `${heat.textContent ? " " : ""}${t.token}` });
-    span.style.backgroundColor = surprisalColor(bits);
-    span.title = `${JSON.stringify(t.token)}: P = ${t.prob.toPrecision(4)}, surprisal ${bits.toFixed(2)} bits`;
+    if (t.logprob === null) span.title = `${JSON.stringify(t.token)}: P not given by the server (a text's first token)`;
+    else {
+      span.style.backgroundColor = surprisalColor(bits);
+      span.title = `${JSON.stringify(t.token)}: P = ${t.prob.toPrecision(4)}, surprisal ${bits.toFixed(2)} bits`;
+    }
     heat.append(span);
   }
   const totals = el("p", {
     className: "note",
-    textContent: `log P = ${r.logprob.toFixed(2)}, P = ${r.probability.toPrecision(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}, ${r.tokens.length} tokens`,
+    textContent: `log P = ${r.logprob.toFixed(2)}, P = ${r.probability.toPrecision(4)}, average NLL = ${r.avgNll.toFixed(4)} nats, perplexity = ${r.perplexity.toFixed(3)}, ${r.tokens.length} tokens${r.unscored ? ` (the first unscored: the server gives no probability for it)` : ""}`,
   });
   const item = el("div", { className: "scored" }, el("h3", { textContent: label }), heat, totals);
   Object.assign(item.dataset, { logprob: r.logprob, perplexity: r.perplexity, avgNll: r.avgNll });
@@ -262,9 +266,9 @@ export function scoreTable(r) {
         "tr",
         {},
         el("td", {}, el("code", { textContent: JSON.stringify(t.token) })),
-        el("td", { textContent: t.prob.toPrecision(4) }),
-        el("td", { textContent: t.logprob.toFixed(4) }),
-        el("td", { textContent: (-t.logprob / Math.LN2).toFixed(2) }),
+        el("td", { textContent: t.prob === null ? "not given" : t.prob.toPrecision(4) }),
+        el("td", { textContent: t.logprob === null ? "" : t.logprob.toFixed(4) }),
+        el("td", { textContent: t.logprob === null ? "" : (-t.logprob / Math.LN2).toFixed(2) }),
       ),
     );
   }

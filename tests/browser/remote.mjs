@@ -492,6 +492,26 @@ try {
         /^remote: storychat on 127\.0\.0\.1:\d+ \(not available there: token ids/.test(got.backend),
         `backend: ${got.backend}`,
       );
+      // The inspector says what the server does not send; the score view scores all but the first token.
+      await app.click("#output-tokens .tok");
+      const inspector = await app.evaluate(() => document.getElementById("inspect").textContent);
+      assert(
+        /idnot sent by the server/.test(inspector) && /P\(token \| before\)0\.9/.test(inspector),
+        `inspector: ${inspector}`,
+      );
+      await app.click("#score-btn");
+      await app.waitForFunction(
+        () =>
+          !document.getElementById("score-out").hidden &&
+          /perplexity/.test(document.getElementById("score-out").textContent),
+        null,
+        { timeout: 30_000 },
+      );
+      const scored = await app.evaluate(() => document.getElementById("score-out").textContent);
+      assert(
+        /the first unscored: the server gives no probability for it/.test(scored) && /not given/.test(scored),
+        `score view: ${scored}`,
+      );
       assertEq(await app.evaluate(() => document.getElementById("mode-chat").disabled), false, "chat mode offered");
       await app.click("#mode-chat");
       await app.fill("#message", "Once upon a time there was a cat.");

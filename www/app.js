@@ -25,7 +25,9 @@ import {
 
 const $ = (id) => document.getElementById(id);
 
-const nt = new NextToken();
+const params = new URLSearchParams(location.search);
+// ?remote=openai+https://host/v1#model: a server that runs the models too big for this device.
+const nt = new NextToken({ remote: params.get("remote") || undefined });
 // WebGPU lost mid-generation: the model went on on the CPU path; say so where the backend shows.
 nt.onBackendChange = (info) => {
   stats.backend = backendLabel(info);
@@ -33,7 +35,6 @@ nt.onBackendChange = (info) => {
   renderStats();
   showError(info.backendReason, false, "warning");
 };
-const params = new URLSearchParams(location.search);
 let loadedSpec = null;
 let lastLoad = null; // () => load again (Retry)
 let loadController = null;
@@ -148,6 +149,20 @@ async function loadSelected() {
   if (!spec || spec.error) {
     showError(spec?.error || "enter a model URL first", false);
     return;
+  }
+  // With a remote engine offered (?remote=), a model the preflight refuses here runs there.
+  if (nt.remoteOffer && spec.kind === "gguf") {
+    const p = await nt.preflight(spec).catch(() => null);
+    if (p?.refusal && p.remote) {
+      const remote = resolveSpec(p.remote);
+      lastLoad = () => loadModel(remote);
+      await loadModel(remote);
+      if (loadedSpec === remote) {
+        loadedSpec = spec; // the picked model, run on the server
+        $("status").textContent = `${p.refusal}: running it there.`;
+      }
+      return;
+    }
   }
   lastLoad = () => loadModel(spec);
   return loadModel(spec);

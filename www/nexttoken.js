@@ -529,7 +529,7 @@ export class NextToken {
     return {
       ...p,
       remote: offer.id ?? `openai+${offer.url}#${offer.model ?? ""}`,
-      refusal: `${p.refusal}; it can run on the remote engine at ${new URL(offer.url).host} instead (load(preflight.remote))`,
+      refusal: `${p.refusal}; it can run on the remote engine at ${new URL(offer.url).host} instead`,
     };
   }
 

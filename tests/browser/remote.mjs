@@ -474,6 +474,42 @@ try {
       `status: ${got.out.b.status}`,
     );
   });
+  await test("the page with ?remote=: a model the preflight refuses here runs on the server, and the status says so", async () => {
+    const app = await context.newPage();
+    try {
+      const huge = `/test/huge-page-${Date.now()}.gguf`;
+      await app.route(`${base}${huge}`, (r) =>
+        r.fulfill({
+          status: 200,
+          headers: { "content-length": String(6e9), "access-control-allow-origin": "*" },
+          body: "",
+        }),
+      );
+      const q = new URLSearchParams({ remote: REMOTE, model: huge, mode: "text", prompt: "Once upon a time" });
+      await app.goto(`${base}/index.html?${q}`);
+      await app.waitForFunction(() => /running it there/.test(document.getElementById("status").textContent), null, {
+        timeout: 60_000,
+      });
+      const status = await app.evaluate(() => document.getElementById("status").textContent);
+      assert(
+        /6000 MB.*it can run on the remote engine at 127\.0\.0\.1:\d+ instead: running it there\.$/.test(status),
+        `status: ${status}`,
+      );
+      await app.evaluate(setGreedy, 8);
+      await app.click("#generate");
+      await app.waitForFunction(
+        () => document.body.dataset.state === "ready" && document.getElementById("output-tokens").textContent,
+        null,
+        { timeout: 60_000 },
+      );
+      const got = await app.evaluate(appOutcome);
+      assertEq(got.text, ", there was a little girl", `the text, from the server (${JSON.stringify(got)})`);
+      assert(/^remote: stories260K/.test(got.backend), `backend: ${got.backend}`);
+    } finally {
+      await app.close();
+    }
+  });
+
   await test("the page on a remote model (its URL in the model field): the text, the backend line, and chat mode through the server's template", async () => {
     const app = await context.newPage();
     try {
@@ -484,6 +520,7 @@ try {
       await state(["ready", "error"]);
       await app.evaluate(setGreedy, 8);
       await app.click("#generate");
+      await app.waitForFunction(() => document.getElementById("output-tokens").textContent, null, { timeout: 60_000 });
       await state("ready");
       const got = await app.evaluate(appOutcome);
       assertEq(got.error, "", "error");
@@ -516,6 +553,7 @@ try {
       await app.click("#mode-chat");
       await app.fill("#message", "Once upon a time there was a cat.");
       await app.click("#send");
+      await app.waitForFunction(() => !document.getElementById("rendered").hidden, null, { timeout: 60_000 });
       await state("ready");
       const reply = await app.evaluate(() => ({
         error: document.getElementById("error").hidden ? "" : document.getElementById("error-text").textContent,

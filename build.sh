@@ -2,7 +2,9 @@
 # Build the browser app: the crate for wasm32 (release, SIMD) + wasm-bindgen into www/pkg/,
 # then wasm-opt when npm's binaryen is installed; and the threads build into www/pkg-threads/
 # (nightly Rust, +atomics, std rebuilt: shared memory, rayon on Web Workers), which pages that are
-# cross-origin isolated load instead (www/wasm.js picks).
+# cross-origin isolated load instead; and each again with relaxed-simd (www/pkg-relaxed/,
+# www/pkg-threads-relaxed/: the int8 tiles through its byte dot product), which browsers that
+# validate relaxed-simd load instead (www/wasm.js picks; a browser downloads one build).
 #
 #   ./build.sh          build www/pkg/ and www/pkg-threads/
 #   ./build.sh serve    build, then serve www/ on http://127.0.0.1:8080 (PORT=... to change)
@@ -12,8 +14,9 @@
 # of the wasm-bindgen crate in Cargo.lock, and the npm packages under tests/browser/
 # (playwright-core, binaryen); for the threads build, the pinned nightly toolchain ($NIGHTLY below)
 # with rust-src, beside any other nightly (a plain `nightly` toolchain is neither used nor updated).
-# NO_WASM_OPT=1 skips wasm-opt; NO_THREADS=1 skips the threads build (www/pkg-threads/ is removed,
-# and pages run one thread).
+# NO_WASM_OPT=1 skips wasm-opt; NO_THREADS=1 skips the threads builds (www/pkg-threads*/ are
+# removed, and pages run one thread); NO_RELAXED=1 skips the relaxed-simd builds (removed; pages
+# run simd128).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -62,7 +65,7 @@ bindgen() {
   wasm-bindgen --target web --no-typescript --out-dir "$2" "$1"
   if [ -z "${NO_WASM_OPT:-}" ] && [ -x "$WASM_OPT" ]; then
     log "wasm-opt -O3 (npm binaryen) $2/"
-    "$WASM_OPT" -O3 --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
+    "$WASM_OPT" -O3 --enable-simd --enable-relaxed-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
       --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue "${@:3}" \
       "$2/nexttoken_bg.wasm" -o "$2/nexttoken_bg.opt.wasm"
     mv "$2/nexttoken_bg.opt.wasm" "$2/nexttoken_bg.wasm"
@@ -75,26 +78,26 @@ bindgen() {
 # the limits in src/constraint.rs are set for this much (natively such work runs on a 64 MB
 # thread of its own).
 STACK="-C link-arg=-zstack-size=8388608"
-log "cargo build --release --target $TARGET (simd128)"
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128 $STACK" \
-  cargo build --release --lib --target "$TARGET"
-bindgen "$CARGO_TARGET_DIR/$TARGET/release/nexttoken.wasm" "$OUT"
+# One build: `build FEATURES OUT` (FEATURES: "simd128" or "simd128,relaxed-simd").
+build() {
+  local dir="$CARGO_TARGET_DIR${1#simd128}"
+  dir="${dir//,/-}"
+  log "cargo build --release --target $TARGET ($1) -> $2/"
+  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+${1//,/,+} $STACK" CARGO_TARGET_DIR="$dir" \
+    cargo build --release --lib --target "$TARGET"
+  bindgen "$dir/$TARGET/release/nexttoken.wasm" "$2"
+}
 
-# The threads build: std must be rebuilt with atomics (nightly -Z build-std); the memory is
-# imported and shared (so Web Workers can run on it), up to wasm32's 4 GiB.
-THREADS_OUT=www/pkg-threads
-if [ -n "${NO_THREADS:-}" ]; then
-  rm -rf "$THREADS_OUT"
-else
-  if ! rustup run "$NIGHTLY" rustc --version >/dev/null 2>&1 || ! rustup component list --toolchain "$NIGHTLY" --installed 2>/dev/null | grep -q '^rust-src'; then
-    log "installing $NIGHTLY with rust-src (for the wasm threads build)"
-    rustup toolchain install "$NIGHTLY" --profile minimal --component rust-src --target "$TARGET"
-  fi
-  log "cargo +$NIGHTLY build --release --target $TARGET (simd128, atomics: the threads build)"
-  RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128 $STACK -C link-arg=--shared-memory \
+# The threads build of FEATURES into OUT: std must be rebuilt with atomics (nightly -Z build-std);
+# the memory is imported and shared (so Web Workers can run on it), up to wasm32's 4 GiB.
+build_threads() {
+  local dir="$CARGO_TARGET_DIR-threads${1#simd128}"
+  dir="${dir//,/-}"
+  log "cargo +$NIGHTLY build --release --target $TARGET ($1, atomics: the threads build) -> $2/"
+  RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+${1//,/,+} $STACK -C link-arg=--shared-memory \
 -C link-arg=--max-memory=4294967296 -C link-arg=--import-memory -C link-arg=--export=__wasm_init_tls \
 -C link-arg=--export=__tls_size -C link-arg=--export=__tls_align -C link-arg=--export=__tls_base" \
-  CARGO_TARGET_DIR="$CARGO_TARGET_DIR-threads" \
+  CARGO_TARGET_DIR="$dir" \
     cargo "+$NIGHTLY" build --release --lib --target "$TARGET" -Z build-std=panic_abort,std 2>&1 |
     # rustc warns for every crate that +atomics is an unstable target feature: it is, and it is
     # what wasm threads are made of (the reason for nightly here), so the warning says nothing.
@@ -105,11 +108,30 @@ else
          /^warning: `.*` \(lib\) generated 1 warning$/ && hidden { hidden = 0; next }
          /^warning: / { hidden = 0 }
          { print }' >&2
-  bindgen "$CARGO_TARGET_DIR-threads/$TARGET/release/nexttoken.wasm" "$THREADS_OUT" --enable-threads
+  bindgen "$dir/$TARGET/release/nexttoken.wasm" "$2" --enable-threads
+}
+
+build simd128 "$OUT"
+if [ -n "${NO_RELAXED:-}" ]; then
+  rm -rf www/pkg-relaxed www/pkg-threads-relaxed
+else
+  build simd128,relaxed-simd www/pkg-relaxed
+fi
+
+THREADS_OUT=www/pkg-threads
+if [ -n "${NO_THREADS:-}" ]; then
+  rm -rf "$THREADS_OUT" www/pkg-threads-relaxed
+else
+  if ! rustup run "$NIGHTLY" rustc --version >/dev/null 2>&1 || ! rustup component list --toolchain "$NIGHTLY" --installed 2>/dev/null | grep -q '^rust-src'; then
+    log "installing $NIGHTLY with rust-src (for the wasm threads build)"
+    rustup toolchain install "$NIGHTLY" --profile minimal --component rust-src --target "$TARGET"
+  fi
+  build_threads simd128 "$THREADS_OUT"
+  [ -n "${NO_RELAXED:-}" ] || build_threads simd128,relaxed-simd www/pkg-threads-relaxed
 fi
 
 # A build id for the service worker's cache name: a new build replaces the cached app shell.
-BUILD_ID=$({ cat "$OUT/nexttoken_bg.wasm" "$OUT/nexttoken.js" www/*.js www/*.html www/*.css; cat "$THREADS_OUT"/*.wasm 2>/dev/null || true; } | sha256sum | cut -c1-12)
+BUILD_ID=$({ cat "$OUT/nexttoken_bg.wasm" "$OUT/nexttoken.js" www/*.js www/*.html www/*.css; cat www/pkg-*/*.wasm 2>/dev/null || true; } | sha256sum | cut -c1-12)
 printf 'self.NEXTTOKEN_BUILD = "%s";\n' "$BUILD_ID" > "$OUT/build-id.js"
 log "done: $(du -h "$OUT/nexttoken_bg.wasm" | cut -f1) $OUT/nexttoken_bg.wasm (build $BUILD_ID)"
 

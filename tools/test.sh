@@ -20,7 +20,8 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/nexttoken-xdg-$(id -u)}"
 mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 
 # Formatting and lints first: rustfmt (rustfmt.toml), then clippy with warnings as errors, natively
-# (every target: lib, CLI, tests, benches) and for wasm32 with simd128, as build.sh compiles it.
+# (every target: lib, CLI, tests, benches) and for wasm32 with simd128 and relaxed-simd, as
+# build.sh compiles its relaxed build (a superset of the simd128 build's code).
 # The threads build (nightly, +atomics) compiles the same code with rayon, plus src/web/pool.rs (the
 # pool's start); not linted here, since a -Z build-std clippy costs minutes of CI. By hand:
 #   RUSTFLAGS="-C target-feature=+atomics,+bulk-memory,+mutable-globals,+simd128" CARGO_TARGET_DIR=target/wasm-threads-clippy \
@@ -31,7 +32,7 @@ done
 rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128" \
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+simd128,+relaxed-simd" \
   cargo clippy --lib --target wasm32-unknown-unknown -- -D warnings
 
 # The JavaScript (www/, tests/browser/) formatted and linted by Biome (biome.jsonc says which rules

@@ -8,6 +8,7 @@
 // page's main thread may not block, so the threads build would spin there. Result: a JSON object
 // in <pre id="result"> and window.benchResult (window.benchError on failure).
 //   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
+// (&simd=simd128: the simd128 build even where the browser runs relaxed-simd)
 // threads > 1 needs a cross-origin isolated page (the threads build, see wasm.js).
 import { loadWasm } from "./wasm.js";
 import { hostPool } from "./pool.js";
@@ -80,8 +81,10 @@ async function runIds(engine, prompt, maxTokens, options) {
 async function main() {
   const t0 = performance.now();
   const threadsWanted = Number(q.get("threads") || 1);
+  // simd=simd128: the simd128 build where relaxed-simd would run (bench.mjs compares the two).
   const { ByteSink, Engine, version, threads, memcpyBandwidth, wasmMemoryBytes } = await loadWasm({
     threads: threadsWanted,
+    relaxed: q.get("simd") === "simd128" ? false : undefined,
   });
   const tInit = performance.now();
   const [modelBytes, tokBytes] = await Promise.all([fetchBytes(modelUrl), fetchBytes(tokUrl)]);

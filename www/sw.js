@@ -32,9 +32,27 @@ const SHELL = [
   "models/default-recording.jsonl",
 ];
 
-// The wasm threads build (only used by cross-origin isolated pages; absent with NO_THREADS=1):
-// cached when present, and anything else under pkg-threads/ as it is fetched.
-const OPTIONAL = ["pkg-threads/nexttoken.js", "pkg-threads/nexttoken_bg.wasm"];
+// The other wasm builds this browser would run (wasm.js picks): the threads build (cross-origin
+// isolated pages; absent with NO_THREADS=1), each as its relaxed-simd twin where this browser
+// validates relaxed-simd (absent with NO_RELAXED=1); cached when present, and anything else
+// under pkg-*/ as it is fetched. pkg/ (in SHELL) is every build's fallback.
+const OPTIONAL = (relaxedSimd() ? ["pkg-relaxed", "pkg-threads-relaxed"] : ["pkg-threads"]).flatMap((dir) => [
+  `${dir}/nexttoken.js`,
+  `${dir}/nexttoken_bg.wasm`,
+]);
+
+/** wasm.js's relaxedSimd() (this script is not a module): i16x8.relaxed_dot_i8x16_i7x16_s validates. */
+function relaxedSimd() {
+  const v128 = [0xfd, 0x0c, ...new Array(16).fill(0)];
+  const body = [0x00, ...v128, ...v128, 0xfd, 0x92, 0x02, 0x0b];
+  const head = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b];
+  const bytes = [...head, 0x03, 0x02, 0x01, 0x00, 0x0a, body.length + 2, 0x01, body.length, ...body];
+  try {
+    return WebAssembly.validate(new Uint8Array(bytes));
+  } catch {
+    return false;
+  }
+}
 
 self.addEventListener("install", (event) => {
   event.waitUntil(
@@ -66,7 +84,7 @@ function isShell(url) {
   const scope = new URL(self.registration.scope);
   if (!url.pathname.startsWith(scope.pathname)) return false;
   const rel = url.pathname.slice(scope.pathname.length);
-  return rel === "" || SHELL.includes(rel) || rel.startsWith("pkg-threads/");
+  return rel === "" || SHELL.includes(rel) || /^pkg-(threads|relaxed|threads-relaxed)\//.test(rel);
 }
 
 self.addEventListener("fetch", (event) => {

@@ -9,7 +9,9 @@
 // Each engine runs with 1 thread on a page that is not cross-origin isolated, and with THREADS
 // (default 2) on an isolated one (nexttoken's wasm threads build; wllama's pthreads). At the end
 // the native CLI's `bench --backend cpu` runs on the same file, threads and contexts, and each
-// wasm figure is printed as a share of native (what the wasm work aims at).
+// wasm figure is printed as a share of native (what the wasm work aims at). Where the relaxed-simd
+// builds exist (www/pkg-relaxed/) and this Chromium runs them, each CPU run is repeated with the
+// simd128 build (bench.html's simd=simd128), and the two are compared.
 //
 // Environment: CHROMIUM (default /usr/bin/chromium), MODEL / TOKENIZER (URLs under www/, default
 // models/default.gguf, models/default-tokenizer.json; or MODEL_FILE / TOKENIZER_FILE: paths of
@@ -124,11 +126,13 @@ if (haveWllama) {
   mounts["/wllama/"] = tmp;
 }
 
+const haveRelaxed = fs.existsSync(path.join(www, "pkg-relaxed", "nexttoken_bg.wasm"));
+
 const server = await serve(www, 0, mounts);
 const base = `http://127.0.0.1:${server.address().port}`;
 console.log(`serving www/ on ${base}`);
 
-async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
+async function runPage(name, url, { webgpu = false, threads = 1, simd128 = false } = {}) {
   const args = [
     "--no-sandbox",
     "--headless",
@@ -152,6 +156,9 @@ async function runPage(name, url, { webgpu = false, threads = 1 } = {}) {
     // A threaded run that fell back to one thread would be labelled wrong (it once did, unseen).
     if (r.threads !== undefined && r.threads !== threads)
       throw new Error(`asked for ${threads} threads, ran ${r.threads}`);
+    // The CPU kernels' instruction set, from the backend's own words ("... relaxed-simd int8 kernels, ...").
+    r.isa = /(\S+) int8 kernels/.exec(r.backendDetail || "")?.[1];
+    if (simd128 && r.isa !== "simd128") throw new Error(`asked for the simd128 build, ran ${r.backendDetail}`);
     // After its decode steps the CPU path has chosen its decode walk (src/cpu/walk.rs).
     if (r.backend === "cpu" && !["tiles", "streams"].includes(r.decodeWalk))
       throw new Error(`decode walk not settled: ${r.decodeWalk}`);
@@ -200,10 +207,18 @@ const wq = (threads) =>
   (threads > 1 ? "" : "&isolate=0");
 try {
   await runPage("nexttoken cpu 1 thread", `/bench.html${q("cpu")}`);
+  const relaxed = haveRelaxed && results["nexttoken cpu 1 thread"]?.isa === "relaxed-simd";
+  if (relaxed)
+    await runPage("nexttoken cpu 1 thread, simd128", `/bench.html${q("cpu")}&simd=simd128`, { simd128: true });
   if (haveWllama) await runPage("wllama 1 thread", wq(1));
   else console.log("SKIP  wllama (npm install @wllama/wllama in tests/browser to compare)");
   if (THREADS > 1) {
     await runPage(`nexttoken cpu ${THREADS} threads`, `/bench.html${q("cpu", THREADS)}`, { threads: THREADS });
+    if (relaxed)
+      await runPage(`nexttoken cpu ${THREADS} threads, simd128`, `/bench.html${q("cpu", THREADS)}&simd=simd128`, {
+        threads: THREADS,
+        simd128: true,
+      });
     if (haveWllama) await runPage(`wllama ${THREADS} threads`, wq(THREADS), { threads: THREADS });
   }
   const webgpuReps = process.env.WEBGPU_REPS || "1";
@@ -231,6 +246,7 @@ console.log(
     [
       "run",
       "backend",
+      "kernels",
       "init+load ms",
       "prefill16 tok/s",
       "prefill128 tok/s",
@@ -238,7 +254,18 @@ console.log(
       `decode@${longTokens} tok/s`,
     ].join(" | "),
 );
-for (const [name, r] of Object.entries(results)) console.log([name, r.backend, ...row(r).map(fmt)].join(" | "));
+for (const [name, r] of Object.entries(results))
+  console.log([name, r.backend, r.isa || "-", ...row(r).map(fmt)].join(" | "));
+// relaxed-simd against simd128 on the same page, file and threads.
+for (const t of [1, THREADS]) {
+  const label = `nexttoken cpu ${t} thread${t > 1 ? "s" : ""}`;
+  const [a, b] = [results[label], results[`${label}, simd128`]];
+  if (!a || !b) continue;
+  const [ra, rb] = [row(a), row(b)];
+  const ratios = ra.map((x, i) => (i && x && rb[i] ? (x / rb[i]).toFixed(2) : "-"));
+  console.log([`relaxed-simd/simd128 ${t}`, "", "", ...ratios].join(" | "));
+  if (THREADS === 1) break;
+}
 const cpu1 = results["nexttoken cpu 1 thread"];
 if (cpu1) {
   console.log(

@@ -114,6 +114,32 @@ try {
     console.log(`      backend: ${backend}`);
   });
 
+  await test("the wasm kernel self-test: simd128, and relaxed-simd where Firefox validates it, match the scalar kernels; the app runs the one it validates", async () => {
+    const r = await page.evaluate(async () => {
+      const { relaxedSimd } = await import("/wasm.js");
+      const out = { relaxed: relaxedSimd(), runs: [] };
+      for (const dir of out.relaxed ? ["pkg", "pkg-relaxed"] : ["pkg"]) {
+        try {
+          const wasm = await import(`/${dir}/nexttoken.js`);
+          await wasm.default();
+          out.runs.push({ dir, summary: wasm.kernelSelfTest() });
+        } catch (e) {
+          out.runs.push({ dir, error: String(e?.message || e) });
+        }
+      }
+      return out;
+    });
+    console.log(`      relaxed-simd validates: ${r.relaxed}`);
+    for (const run of r.runs) {
+      assert(!run.error, `${run.dir}: ${run.error}`);
+      console.log(`      ${run.dir}: ${run.summary.slice(0, 60)}…`);
+    }
+    const backend = await page.evaluate(() => window.nexttokenApp.stats.backend);
+    const relaxedBuilt = fs.existsSync(path.join(www, "pkg-relaxed", "nexttoken_bg.wasm"));
+    const isa = r.relaxed && relaxedBuilt ? "relaxed-simd" : "simd128";
+    assert(new RegExp(`${isa} int8 kernels`).test(backend), `expected ${isa} kernels: ${backend}`);
+  });
+
   await test("two tabs of a page that is not cross-origin isolated share one engine (a SharedWorker): the second finds the model loaded, and both match the native CLI", async () => {
     const url = `${base}/?isolate=0&nosw&prompt=${encodeURIComponent(PROMPT)}`;
     const second = await browser.newPage();

@@ -23,8 +23,11 @@ export async function pageTests(t) {
           fullPage: true,
         });
       }
-      // The threads build falls back to one thread where it is missing (NO_THREADS): that warning is expected.
-      const unexpected = noise.filter((n) => !/threads build unavailable|pkg-threads/.test(n));
+      // The threads build falls back to one thread where it is missing (NO_THREADS), a relaxed-simd
+      // build to simd128 (NO_RELAXED): those warnings are expected.
+      const unexpected = noise.filter(
+        (n) => !/(threads|relaxed-simd) build unavailable|pkg-threads|pkg-relaxed/.test(n),
+      );
       assertEq(JSON.stringify(unexpected), "[]", "console warnings and errors");
     } finally {
       await page.close();

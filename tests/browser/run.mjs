@@ -197,6 +197,20 @@ if (!haveThreadsBuild && !process.env.NO_THREADS) {
   process.exit(1);
 }
 
+// The relaxed-simd builds (./build.sh; NO_RELAXED=1 skips them): required likewise. This
+// Chromium validates relaxed-simd, so the CPU path runs them (www/wasm.js picks).
+const haveRelaxedBuild =
+  fs.existsSync(path.join(www, "pkg-relaxed", "nexttoken_bg.wasm")) &&
+  (!haveThreadsBuild || fs.existsSync(path.join(www, "pkg-threads-relaxed", "nexttoken_bg.wasm")));
+if (!haveRelaxedBuild && !process.env.NO_RELAXED) {
+  console.log(
+    "www/pkg-relaxed/ or www/pkg-threads-relaxed/ is missing: run ./build.sh (or set NO_RELAXED=1 to test without the relaxed-simd builds)\n0 passed, 1 failed",
+  );
+  process.exit(1);
+}
+/** The CPU kernels' instruction set the page runs. */
+const wasmIsa = haveRelaxedBuild ? "relaxed-simd" : "simd128";
+
 const PROMPT = "Once upon a time";
 const N_TOKENS = 32;
 let expected = null;
@@ -445,22 +459,29 @@ async function runConfig(mode) {
       });
     }
 
-    await test(`[${mode}] wasm kernel self-test: the simd128 kernels match the scalar ones`, async () => {
-      // cargo test cannot run wasm kernels: the library checks them against scalar in the page.
-      await page.goto(`${base}/?nosw&model=lesson-toy`);
-      const r = await page.evaluate(async () => {
-        const wasm = await import("/pkg/nexttoken.js");
-        await wasm.default();
-        try {
-          return { summary: wasm.kernelSelfTest() };
-        } catch (e) {
-          return { error: String(e?.message ? e.message : e) };
-        }
+    for (const [dir, isa] of [["pkg", "simd128"], ...(haveRelaxedBuild ? [["pkg-relaxed", "relaxed-simd"]] : [])]) {
+      await test(`[${mode}] wasm kernel self-test: the ${isa} kernels (${dir}/) match the scalar ones`, async () => {
+        // cargo test cannot run wasm kernels: the library checks them against scalar in the page.
+        await page.goto(`${base}/?nosw&model=lesson-toy`);
+        const r = await page.evaluate(async (dir) => {
+          const wasm = await import(`/${dir}/nexttoken.js`);
+          await wasm.default();
+          try {
+            const t0 = performance.now();
+            const summary = wasm.kernelSelfTest();
+            return { summary, ms: performance.now() - t0 };
+          } catch (e) {
+            return { error: String(e?.message ? e.message : e) };
+          }
+        }, dir);
+        assert(!r.error, `kernel self-test failed: ${r.error}`);
+        console.log(`      ${r.summary} (${r.ms.toFixed(0)} ms)`);
+        assert(
+          new RegExp(`^${isa}: \\d+ results match scalar`).test(r.summary),
+          `expected the ${isa} kernels: ${r.summary}`,
+        );
       });
-      assert(!r.error, `kernel self-test failed: ${r.error}`);
-      console.log(`      ${r.summary}`);
-      assert(/^simd128: \d+ results match scalar/.test(r.summary), `expected the simd128 kernels: ${r.summary}`);
-    });
+    }
 
     if (!webgpu) {
       await test(`[${mode}] elements with the hidden attribute have no layout box, in every state the page goes through`, async () => {
@@ -598,7 +619,7 @@ async function runConfig(mode) {
         for (const k of ["fast", "exact", "cpuExact"]) assertEq(r[k].backend, "cpu", `${k}: backend`);
         const pool = r.fast.threads;
         assert(
-          new RegExp(`simd128 int8 kernels, ${pool} threads?\\)$`).test(r.fast.detail),
+          new RegExp(`${wasmIsa} int8 kernels, ${pool} threads?\\)$`).test(r.fast.detail),
           `the default is not the fast path on the pool's ${pool} thread(s): ${r.fast.detail}`,
         );
         if (haveThreadsBuild && r.isolated && os.cpus().length > 1) {

@@ -175,6 +175,17 @@ for (const sab of [false, true]) {
         assert(/^one engine for every tab of this site/.test(engine), `the stats' engine: ${engine}`);
       } else assert(/^this page's own engine: it runs the threads build/.test(engine), `the stats' engine: ${engine}`);
       console.log(`      backend: ${r.backend}`);
+      // The kernels of the build this browser validates (relaxed-simd or simd128), self-checked.
+      const isa = await b.run(async () => {
+        const { relaxedSimd } = await import("/wasm.js");
+        const dir = relaxedSimd() ? "pkg-relaxed" : "pkg";
+        const wasm = await import(`/${dir}/nexttoken.js`);
+        await wasm.default();
+        return wasm.kernelSelfTest().split(":")[0];
+      });
+      const relaxedBuilt = fs.existsSync(path.join(www, "pkg-relaxed", "nexttoken_bg.wasm"));
+      assert(new RegExp(`${relaxedBuilt ? isa : "simd128"} int8 kernels`).test(r.backend), `${isa}: ${r.backend}`);
+      console.log(`      kernel self-test: ${isa} kernels match the scalar ones`);
     });
     if (sab) continue; // the rest does not depend on threads
 

@@ -11,7 +11,8 @@
 //! Every kernel has a portable scalar version, the oracle the SIMD versions are tested against
 //! (`tests/cpu_kernels.rs`), and SIMD versions: x86-64 AVX2+FMA+F16C (picked at run time with
 //! `is_x86_feature_detected!`), aarch64 NEON (picked at run time) and wasm32 simd128 (picked at
-//! compile time, when the crate is built with `-C target-feature=+simd128`). The same comparison
+//! compile time, when the crate is built with `-C target-feature=+simd128`; with `+relaxed-simd`
+//! too, the int8 tiles use its byte dot product). The same comparison
 //! is also in the library ([`check_isa_against_scalar`]), so builds that `cargo test` cannot run
 //! (wasm in a browser) check themselves.
 
@@ -45,6 +46,9 @@ pub enum Isa {
     Neon,
     /// wasm32 simd128.
     Simd128,
+    /// wasm32 simd128 plus relaxed-simd (its own build): the int8 tiles with
+    /// `i16x8.relaxed_dot_i8x16_i7x16_s`; the rest is simd128.
+    RelaxedSimd,
 }
 
 impl Isa {
@@ -77,6 +81,8 @@ impl Isa {
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         v.push(Isa::Simd128);
+        #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+        v.push(Isa::RelaxedSimd);
         v
     }
 
@@ -96,6 +102,7 @@ impl Isa {
             Isa::Avx512Vnni => "avx512vnni",
             Isa::Neon => "neon",
             Isa::Simd128 => "simd128",
+            Isa::RelaxedSimd => "relaxed-simd",
         }
     }
 }
@@ -177,6 +184,8 @@ fn host_features() -> Vec<&'static str> {
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     found.push("simd128");
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    found.push("relaxed-simd");
     found
 }
 
@@ -330,7 +339,7 @@ pub fn dot_q8(isa: Isa, ty: GgmlType, row: &[u8], act: &[BlockQ8]) -> f32 {
         // SAFETY: Isa::Neon is only produced by `available()` after detecting neon.
         Isa::Neon => unsafe { neon::dot_q8(ty, row, act) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 => simd128::dot_q8(ty, row, act),
+        Isa::Simd128 | Isa::RelaxedSimd => simd128::dot_q8(ty, row, act),
         _ => scalar::dot_q8(ty, row, act),
     }
 }
@@ -343,7 +352,12 @@ pub const TILE_ROWS: usize = 4;
 pub fn wide_tiles(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512Vnni && avx512vnni::has_tile(ty);
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    return isa == Isa::RelaxedSimd && relaxed_simd::has_tile(ty);
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "relaxed-simd")
+    )))]
     {
         let _ = (isa, ty);
         false
@@ -378,7 +392,7 @@ pub fn decode_walk(isa: Isa, ty: GgmlType, streams: bool) -> DecodeWalk {
         return DecodeWalk::Tiles;
     }
     match ty {
-        _ if isa == Isa::Simd128 => DecodeWalk::SpreadTiles,
+        _ if matches!(isa, Isa::Simd128 | Isa::RelaxedSimd) => DecodeWalk::SpreadTiles,
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => DecodeWalk::SpreadTiles,
         GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => DecodeWalk::RowByRow,
         _ => DecodeWalk::Tiles,
@@ -395,7 +409,7 @@ pub fn decode_walk(isa: Isa, ty: GgmlType, streams: bool) -> DecodeWalk {
 /// it elsewhere (`nexttoken bench` prints it).
 pub fn decode_in_streams(isa: Isa) -> Option<bool> {
     match isa {
-        Isa::Simd128 => None,
+        Isa::Simd128 | Isa::RelaxedSimd => None,
         Isa::Avx2 | Isa::Avx512Vnni => host_decodes_in_streams(),
         _ => Some(false),
     }
@@ -447,9 +461,13 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
         Isa::Avx2 | Isa::Avx512Vnni if avx2::has_tile(ty) => unsafe {
             avx2::dot_q8_tile(ty, rows, acts)
         },
+        #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+        Isa::RelaxedSimd if relaxed_simd::has_tile(ty) && R.is_multiple_of(4) => {
+            relaxed_simd::dot_q8_tile(ty, rows, acts)
+        }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         // Its tiles fold 4 rows into one vector: a one-row tile goes through `dot_q8`.
-        Isa::Simd128 if simd128::has_tile(ty) && R.is_multiple_of(4) => {
+        Isa::Simd128 | Isa::RelaxedSimd if simd128::has_tile(ty) && R.is_multiple_of(4) => {
             simd128::dot_q8_tile(ty, rows, acts)
         }
         _ => std::array::from_fn(|r| std::array::from_fn(|t| dot_q8(isa, ty, rows[r], acts[t]))),
@@ -677,7 +695,7 @@ pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::dot_float_row(ty, row, x) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 => simd128::dot_float_row(ty, row, x),
+        Isa::Simd128 | Isa::RelaxedSimd => simd128::dot_float_row(ty, row, x),
         _ => scalar::dot_float_row(ty, row, x),
     }
 }
@@ -692,7 +710,7 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::dot_f32(a, b) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 => simd128::dot_f32(a, b),
+        Isa::Simd128 | Isa::RelaxedSimd => simd128::dot_f32(a, b),
         _ => scalar::dot_f32(a, b),
     }
 }
@@ -707,7 +725,7 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
         // SAFETY: as above.
         Isa::Neon => unsafe { neon::axpy(a, x, y) },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 => simd128::axpy(a, x, y),
+        Isa::Simd128 | Isa::RelaxedSimd => simd128::axpy(a, x, y),
         _ => scalar::axpy(a, x, y),
     }
 }
@@ -752,7 +770,7 @@ pub fn attention_scores(
             avx2::attention_scores(q, keys, stride, scale, out)
         },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 if q.len().is_multiple_of(4) => {
+        Isa::Simd128 | Isa::RelaxedSimd if q.len().is_multiple_of(4) => {
             simd128::attention_scores(q, keys, stride, scale, out)
         }
         _ => scalar::attention_scores(q, keys, stride, scale, out),
@@ -771,7 +789,7 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
             avx2::attention_values(weights, values, stride, out)
         },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Simd128 if out.len().is_multiple_of(4) => {
+        Isa::Simd128 | Isa::RelaxedSimd if out.len().is_multiple_of(4) => {
             simd128::attention_values(weights, values, stride, out)
         }
         _ => scalar::attention_values(weights, values, stride, out),
@@ -820,5 +838,7 @@ mod neon;
 pub mod check;
 pub use check::check_isa_against_scalar;
 
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+mod relaxed_simd;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;

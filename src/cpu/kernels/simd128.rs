@@ -25,18 +25,25 @@ fn mul16(w: v128, x: v128) -> v128 {
     )
 }
 
-fn load(b: &[u8], at: usize) -> v128 {
+pub(super) fn load(b: &[u8], at: usize) -> v128 {
     // SAFETY: callers pass at + 16 <= b.len() (whole blocks); v128_load is unaligned.
     unsafe { v128_load(b[at..at + 16].as_ptr() as *const v128) }
 }
 
-fn load_qs(a: &BlockQ8, at: usize) -> v128 {
+pub(super) fn load_qs(a: &BlockQ8, at: usize) -> v128 {
     // SAFETY: at is 0 or 16 of 32 bytes.
     unsafe { v128_load(a.qs[at..at + 16].as_ptr() as *const v128) }
 }
 
+/// The high nibbles of 16 bytes, shifted in 16-bit lanes and masked: x86 has no byte shift, and
+/// V8's `i8x16.shr_u` is a word shift plus a mask it builds each time (Q4_0 decode through the
+/// relaxed-simd tile: 73 against 86 tok/s in Chromium with this).
+pub(super) fn high_nibbles(bytes: v128) -> v128 {
+    v128_and(u16x8_shr(bytes, 4), u8x16_splat(0x0f))
+}
+
 /// Bits 0..16 of `bits` as 16 bytes, 0x10 where the bit is set (Q5_0's and Q5_1's fifth bits).
-fn fifth_bits(bits: u16) -> v128 {
+pub(super) fn fifth_bits(bits: u16) -> v128 {
     let twice = i8x16_shuffle::<0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1>(
         u16x8_splat(bits),
         u16x8_splat(bits),
@@ -242,48 +249,130 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     assert!(has_tile(ty), "dot_q8_tile: no simd128 tile for {}", ty.name());
-    assert!(R.is_multiple_of(4), "dot_q8_tile: simd128 tiles take rows 4 at a time, not {R}");
+    tiles_of_four(ty, rows, acts, |rows, acts| match ty {
+        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0, Widened>(rows, acts),
+        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0, Widened>(rows, acts),
+        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1, Widened>(rows, acts),
+        GgmlType::Q4_K => tile4_q4_k::<T, false, Widened>(rows, acts),
+        GgmlType::Q5_K => tile4_q4_k::<T, true, Widened>(rows, acts),
+        GgmlType::Q6_K => tile4_q6_k::<T>(rows, acts),
+        _ => tile4_blocks::<T, Q8_0, Widened>(rows, acts),
+    })
+}
+
+/// `R` rows (a multiple of 4) by `T` activation vectors, four rows at a time through `tile4`,
+/// which returns one vector per token: lane r the sum of row r. Four rows at a time, so that what
+/// is per row in a scalar loop is one vector op for the four: the f16 scales are converted
+/// together, and the integer sums of the four rows are folded into one vector that is converted
+/// and scaled once per block and token. (The relaxed-simd tiles go through here too.)
+pub(super) fn tiles_of_four<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+    tile4: impl Fn([&[u8]; 4], [&[BlockQ8]; T]) -> [v128; T],
+) -> [[f32; T]; R] {
+    assert!(R.is_multiple_of(4), "dot_q8_tile: wasm tiles take rows 4 at a time, not {R}");
+    let nb = acts[0].len();
+    assert!(rows.iter().all(|r| r.len() >= ty.row_bytes(nb * QK8)));
+    assert!(acts.iter().all(|a| a.len() == nb));
     let mut out = [[0f32; T]; R];
     for (g, group) in out.chunks_exact_mut(4).enumerate() {
-        let four = tile4(ty, std::array::from_fn(|r| rows[4 * g + r]), acts);
-        group.copy_from_slice(&four);
+        let acc = tile4(std::array::from_fn(|r| rows[4 * g + r]), acts);
+        let lanes: [[f32; 4]; T] = acc.map(|v| {
+            // SAFETY: a v128 is 16 bytes, as [f32; 4] is; every bit pattern is a valid f32.
+            unsafe { std::mem::transmute::<v128, [f32; 4]>(v) }
+        });
+        for (r, out_row) in group.iter_mut().enumerate() {
+            *out_row = std::array::from_fn(|t| lanes[t][r]);
+        }
     }
     out
 }
 
-/// Four rows at a time, so that what is per row in a scalar loop is one vector op for the four:
-/// the f16 scales are converted together, and the integer sums of the four rows are folded into
-/// one vector (lane r: row r) that is converted and scaled once per block and token.
-fn tile4<const T: usize>(ty: GgmlType, rows: [&[u8]; 4], acts: [&[BlockQ8]; T]) -> [[f32; T]; 4] {
-    let nb = acts[0].len();
-    assert!(rows.iter().all(|r| r.len() >= ty.row_bytes(nb * QK8)));
-    assert!(acts.iter().all(|a| a.len() == nb));
-    let acc = match ty {
-        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0>(rows, acts),
-        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0>(rows, acts),
-        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1>(rows, acts),
-        GgmlType::Q4_K => tile4_q4_k::<T, false>(rows, acts),
-        GgmlType::Q5_K => tile4_q4_k::<T, true>(rows, acts),
-        GgmlType::Q6_K => tile4_q6_k::<T>(rows, acts),
-        _ => tile4_blocks::<T, Q8_0>(rows, acts),
-    };
-    let lanes: [[f32; 4]; T] = acc.map(|v| {
-        // SAFETY: a v128 is 16 bytes, as [f32; 4] is; every bit pattern is a valid f32.
-        unsafe { std::mem::transmute::<v128, [f32; 4]>(v) }
-    });
-    std::array::from_fn(|r| std::array::from_fn(|t| lanes[t][r]))
+/// The block types of `tile4_blocks` (const parameters).
+pub(super) const Q8_0: u8 = 0;
+pub(super) const Q4_0: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+pub(super) const Q5_1: u8 = 3;
+
+/// How the tiles multiply one row's 32 weights (a block, or a K-quant sub-block) by an activation
+/// block. simd128 widens both to i16 and multiplies with `i32x4.dot_i16x8_s` ([`Widened`]); the
+/// relaxed-simd build multiplies bytes with `i16x8.relaxed_dot_i8x16_i7x16_s`
+/// (`relaxed_simd::Bytes`). The tile loops are generic over it, so the two builds' tiles differ
+/// only in these few operations.
+pub(super) trait Products {
+    /// One row's 32 weights, unpacked.
+    type W: Copy;
+    /// One activation block, unpacked for weights that are signed (Q8_0) or not.
+    type X: Copy;
+    /// Q8_0's signed bytes: elements 0..16 and 16..32.
+    fn signed(lo: v128, hi: v128) -> Self::W;
+    /// Unsigned bytes 0..=31 (Q5_0's and Q5_1's weights with their fifth bits).
+    fn unsigned(lo: v128, hi: v128) -> Self::W;
+    /// A Q4_0 block's 16 bytes of nibbles: byte j holds element j low, j + 16 high.
+    fn nibbles(bytes: v128) -> Self::W;
+    /// A Q4_K / Q5_K sub-block: the low (`high` false) or high nibbles of 32 bytes, and for Q5_K
+    /// bit `j` of the 32 bytes of fifth bits (`fifth`: those bytes and j).
+    fn sub_block(q0: v128, q1: v128, high: bool, fifth: Option<(v128, v128, u32)>) -> Self::W;
+    fn acts(a: &BlockQ8, signed: bool) -> Self::X;
+    /// The 32 products as 4 i32 partial sums.
+    fn dot(w: &Self::W, x: &Self::X, signed: bool) -> v128;
 }
 
-/// The block types of `tile4_blocks` (const parameters).
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
+/// simd128's products: weights and activations widened to i16 (`i32x4.dot_i16x8_s`: one
+/// multiply-add instruction per 8 on x86).
+pub(super) struct Widened;
+
+impl Products for Widened {
+    type W = [v128; 4];
+    type X = [v128; 4];
+    #[inline(always)]
+    fn signed(lo: v128, hi: v128) -> [v128; 4] {
+        widen_i8(lo, hi)
+    }
+    #[inline(always)]
+    fn unsigned(lo: v128, hi: v128) -> [v128; 4] {
+        widen_i8(lo, hi)
+    }
+    #[inline(always)]
+    fn nibbles(bytes: v128) -> [v128; 4] {
+        nibbles_i16(bytes)
+    }
+    #[inline(always)]
+    fn sub_block(q0: v128, q1: v128, high: bool, fifth: Option<(v128, v128, u32)>) -> [v128; 4] {
+        let widen = |a, b| {
+            [
+                u16x8_extend_low_u8x16(a),
+                u16x8_extend_high_u8x16(a),
+                u16x8_extend_low_u8x16(b),
+                u16x8_extend_high_u8x16(b),
+            ]
+        };
+        let mut w =
+            widen(q0, q1)
+                .map(|v| if high { u16x8_shr(v, 4) } else { v128_and(v, u16x8_splat(0x0f)) });
+        if let Some((h0, h1, j)) = fifth {
+            for (wi, h) in w.iter_mut().zip(widen(h0, h1)) {
+                let bit = v128_and(u16x8_shr(h, j), u16x8_splat(1));
+                *wi = v128_or(*wi, i16x8_shl(bit, 4));
+            }
+        }
+        w
+    }
+    #[inline(always)]
+    fn acts(a: &BlockQ8, _signed: bool) -> [v128; 4] {
+        widen_i8(load_qs(a, 0), load_qs(a, 16))
+    }
+    #[inline(always)]
+    fn dot(w: &[v128; 4], x: &[v128; 4], _signed: bool) -> v128 {
+        dot32_i16(w, x)
+    }
+}
 
 /// `tile4`'s loop for Q8_0, Q4_0, Q5_0 or Q5_1 blocks (`KIND`), written out for four rows so that
 /// everything stays in wasm locals (an array of rows indexed in a loop lives in linear memory).
 #[inline(always)]
-fn tile4_blocks<const T: usize, const KIND: u8>(
+pub(super) fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
     rows: [&[u8]; 4],
     acts: [&[BlockQ8]; T],
 ) -> [v128; T] {
@@ -300,28 +389,28 @@ fn tile4_blocks<const T: usize, const KIND: u8>(
     let weights = |b: *const u8| unsafe {
         match KIND {
             // The nibbles 0..15 as they are; the offset 8 is subtracted from the sums below.
-            Q4_0 => nibbles_i16(v128_load(b.add(2) as *const v128)),
+            Q4_0 => P::nibbles(v128_load(b.add(2) as *const v128)),
             // 0..31: the nibbles with the fifth bits of qh (after d; Q5_1: after d and m).
             Q5_0 | Q5_1 => {
                 let at = if KIND == Q5_0 { 2 } else { 4 };
                 let bytes = v128_load(b.add(at + 4) as *const v128);
                 let (lo, hi) = (half(b, at), half(b, at + 2));
-                widen_i8(
+                P::unsigned(
                     v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(lo)),
-                    v128_or(u8x16_shr(bytes, 4), fifth_bits(hi)),
+                    v128_or(high_nibbles(bytes), fifth_bits(hi)),
                 )
             }
-            _ => widen_i8(v128_load(b.add(2) as *const v128), v128_load(b.add(18) as *const v128)),
+            _ => P::signed(v128_load(b.add(2) as *const v128), v128_load(b.add(18) as *const v128)),
         }
     };
     // The four rows' f16 at byte `at` of their blocks, as floats.
+    // Each put straight into the low half of its u32 lane (LLVM makes each a `v128.load16_lane`,
+    // one `pinsrw` from memory on x86, where four loads and a vector built of them were eight).
     let four = |b: [*const u8; 4], at: usize| {
-        f16_bits_to_f32(u32x4(
-            half(b[0], at) as u32,
-            half(b[1], at) as u32,
-            half(b[2], at) as u32,
-            half(b[3], at) as u32,
-        ))
+        let v = u16x8_replace_lane::<0>(u32x4_splat(0), half(b[0], at));
+        let v = u16x8_replace_lane::<2>(v, half(b[1], at));
+        let v = u16x8_replace_lane::<4>(v, half(b[2], at));
+        f16_bits_to_f32(u16x8_replace_lane::<6>(v, half(b[3], at)))
     };
     let offset = match KIND {
         Q4_0 => 8,
@@ -340,12 +429,13 @@ fn tile4_blocks<const T: usize, const KIND: u8>(
         let (w0, w1, w2, w3) = (weights(b[0]), weights(b[1]), weights(b[2]), weights(b[3]));
         for t in 0..T {
             let a = &acts[t][i];
-            let x = widen_i8(load_qs(a, 0), load_qs(a, 16));
+            let signed = KIND == Q8_0;
+            let x = P::acts(a, signed);
             let sums = fold4([
-                dot32_i16(&w0, &x),
-                dot32_i16(&w1, &x),
-                dot32_i16(&w2, &x),
-                dot32_i16(&w3, &x),
+                P::dot(&w0, &x, signed),
+                P::dot(&w1, &x, signed),
+                P::dot(&w2, &x, signed),
+                P::dot(&w3, &x, signed),
             ]);
             let sums =
                 if offset != 0 { i32x4_sub(sums, i32x4_splat(offset * a.sum)) } else { sums };
@@ -366,7 +456,7 @@ fn tile4_blocks<const T: usize, const KIND: u8>(
 /// super-block, and the floats (d, dmin, the activation scale) come once per super-block for the
 /// four rows together.
 #[inline(always)]
-fn tile4_q4_k<const T: usize, const FIVE: bool>(
+pub(super) fn tile4_q4_k<const T: usize, const FIVE: bool, P: Products>(
     rows: [&[u8]; 4],
     acts: [&[BlockQ8]; T],
 ) -> [v128; T] {
@@ -384,43 +474,15 @@ fn tile4_q4_k<const T: usize, const FIVE: bool>(
         let mut isum = [[i32x4_splat(0); 4]; T];
         let mut mins = [[0i32; 4]; T];
         for j in 0..SUB {
-            let x: [[v128; 4]; T] = std::array::from_fn(|t| {
-                let a = &acts[t][sb * SUB + j];
-                widen_i8(load_qs(a, 0), load_qs(a, 16))
-            });
+            let x: [P::X; T] = std::array::from_fn(|t| P::acts(&acts[t][sb * SUB + j], false));
             for r in 0..4 {
                 let (sc, m) = ((packed[r].0 >> (8 * j)) as u8, (packed[r].1 >> (8 * j)) as u8);
-                // Sub-block j: the low (j even) or high nibbles of 32 bytes, as i16.
+                // Sub-block j: the low (j even) or high nibbles of 32 bytes.
                 let at = qs + (j / 2) * 32;
-                let (q0, q1) = (load(b[r], at), load(b[r], at + 16));
-                let wide = [
-                    u16x8_extend_low_u8x16(q0),
-                    u16x8_extend_high_u8x16(q0),
-                    u16x8_extend_low_u8x16(q1),
-                    u16x8_extend_high_u8x16(q1),
-                ];
-                let mut w = wide.map(|v| {
-                    if j % 2 == 0 {
-                        v128_and(v, u16x8_splat(0x0f))
-                    } else {
-                        u16x8_shr(v, 4)
-                    }
-                });
-                if FIVE {
-                    let (h0, h1) = (load(b[r], 16), load(b[r], 32));
-                    let high = [
-                        u16x8_extend_low_u8x16(h0),
-                        u16x8_extend_high_u8x16(h0),
-                        u16x8_extend_low_u8x16(h1),
-                        u16x8_extend_high_u8x16(h1),
-                    ];
-                    for (wi, h) in w.iter_mut().zip(high) {
-                        let bit = v128_and(u16x8_shr(h, j as u32), u16x8_splat(1));
-                        *wi = v128_or(*wi, i16x8_shl(bit, 4));
-                    }
-                }
+                let fifth = FIVE.then(|| (load(b[r], 16), load(b[r], 32), j as u32));
+                let w = P::sub_block(load(b[r], at), load(b[r], at + 16), j % 2 == 1, fifth);
                 for t in 0..T {
-                    let s = i32x4_mul(dot32_i16(&w, &x[t]), i32x4_splat(sc as i32));
+                    let s = i32x4_mul(P::dot(&w, &x[t], false), i32x4_splat(sc as i32));
                     isum[t][r] = i32x4_add(isum[t][r], s);
                     mins[t][r] += m as i32 * acts[t][sb * SUB + j].sum;
                 }
@@ -531,7 +593,7 @@ fn dot32_i16(w: &[v128; 4], x: &[v128; 4]) -> v128 {
 }
 
 /// Four vectors of partial sums to one vector of their totals: lane r is the sum of `v[r]`.
-fn fold4(v: [v128; 4]) -> v128 {
+pub(super) fn fold4(v: [v128; 4]) -> v128 {
     let pair =
         |a, b| i32x4_add(i32x4_shuffle::<0, 4, 1, 5>(a, b), i32x4_shuffle::<2, 6, 3, 7>(a, b));
     // ab: [a0+a2, b0+b2, a1+a3, b1+b3]; cd likewise.
@@ -542,7 +604,7 @@ fn fold4(v: [v128; 4]) -> v128 {
 /// Four f16 bit patterns (one per u32 lane) to f32, exactly: the magnitude's bits shifted into
 /// place are the value times 2^-112 for normal and subnormal numbers alike; infinities and NaNs
 /// (exponent 31) get the f32 exponent of all ones.
-fn f16_bits_to_f32(h: v128) -> v128 {
+pub(super) fn f16_bits_to_f32(h: v128) -> v128 {
     let mag = i32x4_shl(v128_and(h, u32x4_splat(0x7fff)), 13);
     let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
     let finite = f32x4_mul(mag, f32x4_splat(f32::from_bits((127 + 112) << 23)));

@@ -1,0 +1,124 @@
+//! wasm32 relaxed-simd tiles (the build with `-C target-feature=+simd128,+relaxed-simd`, which
+//! pages load where the browser validates it): the int8 products of simd128's tiles through
+//! `i16x8.relaxed_dot_i8x16_i7x16_s`, which multiplies bytes pairwise and adds each pair into an
+//! i16 (one `pmaddubsw` on x86, `sdot`-class on ARM) where simd128 widens both operands to i16
+//! first. Everything else is simd128's: the same tile loops (generic over [`Products`]) and the
+//! same kernels for the rest.
+//!
+//! The instruction is "relaxed" in its second operand: a byte with its top bit set may be read as
+//! signed or unsigned, and a pair's sum may saturate or wrap, depending on the CPU. Used here only
+//! where neither can happen, so every browser computes the same sums as the scalar oracle:
+//! - the second operand is always 0..=127: the unsigned weights (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K:
+//!   0..=31) against the signed activations; Q8_0's signed weights against the activations split
+//!   into x = x⁺ − x⁻ (both 0..=127, since the activation quantiser gives −127..=127), two products
+//!   subtracted, which is exact for every weight byte, −128 included (AVX2's sign trick would need
+//!   |w| ≤ 127 here);
+//! - each pair's sum is at most 2 · 128 · 127 = 32512 in magnitude, inside i16.
+//!
+//! Q6_K (0..=63 stored as q − 32, with 16-element scales) keeps simd128's tile.
+
+use super::simd128::{high_nibbles, load_qs, tile4_blocks, tile4_q4_k, tiles_of_four, Products};
+use super::simd128::{Q4_0, Q5_0, Q5_1, Q8_0};
+use super::*;
+use std::arch::wasm32::*;
+
+/// Whether [`dot_q8_tile`] has a relaxed-simd tile for `ty` (the others take simd128's).
+pub fn has_tile(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+    )
+}
+
+/// See `kernels::dot_q8_tile`; `R` a multiple of 4, the types of [`has_tile`].
+pub fn dot_q8_tile<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    assert!(has_tile(ty), "dot_q8_tile: no relaxed-simd tile for {}", ty.name());
+    tiles_of_four(ty, rows, acts, |rows, acts| match ty {
+        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0, Bytes>(rows, acts),
+        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0, Bytes>(rows, acts),
+        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1, Bytes>(rows, acts),
+        GgmlType::Q4_K => tile4_q4_k::<T, false, Bytes>(rows, acts),
+        GgmlType::Q5_K => tile4_q4_k::<T, true, Bytes>(rows, acts),
+        _ => tile4_blocks::<T, Q8_0, Bytes>(rows, acts),
+    })
+}
+
+/// Products of bytes: the weights stay two vectors of 16 bytes.
+pub(super) struct Bytes;
+
+/// Pairwise products of the signed bytes `a` and the bytes `b` (each 0..=127), each pair summed
+/// into an i16.
+#[inline(always)]
+fn pairs(a: v128, b: v128) -> v128 {
+    i16x8_relaxed_dot_i8x16_i7x16(a, b)
+}
+
+fn low_nibbles(bytes: v128) -> v128 {
+    v128_and(bytes, u8x16_splat(0x0f))
+}
+
+impl Products for Bytes {
+    type W = (v128, v128);
+    /// The activations (signed weights: x⁺ and x⁻, elements 0..16 and 16..32; unsigned weights:
+    /// the activations themselves, twice).
+    type X = [v128; 4];
+    #[inline(always)]
+    fn signed(lo: v128, hi: v128) -> (v128, v128) {
+        (lo, hi)
+    }
+    #[inline(always)]
+    fn unsigned(lo: v128, hi: v128) -> (v128, v128) {
+        (lo, hi)
+    }
+    #[inline(always)]
+    fn nibbles(bytes: v128) -> (v128, v128) {
+        (low_nibbles(bytes), high_nibbles(bytes))
+    }
+    #[inline(always)]
+    fn sub_block(q0: v128, q1: v128, high: bool, fifth: Option<(v128, v128, u32)>) -> (v128, v128) {
+        let nibbles = |q| if high { high_nibbles(q) } else { low_nibbles(q) };
+        let (w0, w1) = (nibbles(q0), nibbles(q1));
+        match fifth {
+            Some((h0, h1, j)) => {
+                // Bit j of each byte moved to bit 4, by word shifts (see `high_nibbles`).
+                let bit = |h| v128_and(i16x8_shl(u16x8_shr(h, j), 4), u8x16_splat(0x10));
+                (v128_or(w0, bit(h0)), v128_or(w1, bit(h1)))
+            }
+            None => (w0, w1),
+        }
+    }
+    #[inline(always)]
+    fn acts(a: &BlockQ8, signed: bool) -> [v128; 4] {
+        let (x0, x1) = (load_qs(a, 0), load_qs(a, 16));
+        if signed {
+            let zero = i8x16_splat(0);
+            let plus = |x| i8x16_max(x, zero);
+            let minus = |x| i8x16_max(i8x16_neg(x), zero);
+            [plus(x0), plus(x1), minus(x0), minus(x1)]
+        } else {
+            [x0, x1, x0, x1]
+        }
+    }
+    #[inline(always)]
+    fn dot(w: &(v128, v128), x: &[v128; 4], signed: bool) -> v128 {
+        if signed {
+            // Each pair: w0 x0 + w1 x1 = (w0 x0⁺ + w1 x1⁺) − (w0 x0⁻ + w1 x1⁻); all three fit i16,
+            // so the wrapping difference is exact.
+            let lo = i16x8_sub(pairs(w.0, x[0]), pairs(w.0, x[2]));
+            let hi = i16x8_sub(pairs(w.1, x[1]), pairs(w.1, x[3]));
+            i32x4_add(i32x4_extadd_pairwise_i16x8(lo), i32x4_extadd_pairwise_i16x8(hi))
+        } else {
+            // Weights 0..=31: a pair is at most 2 · 31 · 128, the two halves' sum 15872.
+            i32x4_extadd_pairwise_i16x8(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)))
+        }
+    }
+}

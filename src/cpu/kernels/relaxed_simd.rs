@@ -17,8 +17,7 @@
 //!
 //! Q6_K (0..=63 stored as q − 32, with 16-element scales) keeps simd128's tile.
 
-use super::simd128::{high_nibbles, load_qs, tile4_blocks, tile4_q4_k, tiles_of_four, Products};
-use super::simd128::{Q4_0, Q5_0, Q5_1, Q8_0};
+use super::simd128::{high_nibbles, load_qs, tiles_with, Products};
 use super::*;
 use std::arch::wasm32::*;
 
@@ -42,14 +41,7 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     assert!(has_tile(ty), "dot_q8_tile: no relaxed-simd tile for {}", ty.name());
-    tiles_of_four(ty, rows, acts, |rows, acts| match ty {
-        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0, Bytes>(rows, acts),
-        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0, Bytes>(rows, acts),
-        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1, Bytes>(rows, acts),
-        GgmlType::Q4_K => tile4_q4_k::<T, false, Bytes>(rows, acts),
-        GgmlType::Q5_K => tile4_q4_k::<T, true, Bytes>(rows, acts),
-        _ => tile4_blocks::<T, Q8_0, Bytes>(rows, acts),
-    })
+    tiles_with::<R, T, Bytes>(ty, rows, acts)
 }
 
 /// Products of bytes: the weights stay two vectors of 16 bytes.

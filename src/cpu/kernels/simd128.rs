@@ -249,14 +249,23 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     assert!(has_tile(ty), "dot_q8_tile: no simd128 tile for {}", ty.name());
+    tiles_with::<R, T, Widened>(ty, rows, acts)
+}
+
+/// The tiles with `P`'s products (Q6_K has simd128's only).
+pub(super) fn tiles_with<const R: usize, const T: usize, P: Products>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
     tiles_of_four(ty, rows, acts, |rows, acts| match ty {
-        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0, Widened>(rows, acts),
-        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0, Widened>(rows, acts),
-        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1, Widened>(rows, acts),
-        GgmlType::Q4_K => tile4_q4_k::<T, false, Widened>(rows, acts),
-        GgmlType::Q5_K => tile4_q4_k::<T, true, Widened>(rows, acts),
+        GgmlType::Q4_0 => tile4_blocks::<T, Q4_0, P>(rows, acts),
+        GgmlType::Q5_0 => tile4_blocks::<T, Q5_0, P>(rows, acts),
+        GgmlType::Q5_1 => tile4_blocks::<T, Q5_1, P>(rows, acts),
+        GgmlType::Q4_K => tile4_q4_k::<T, false, P>(rows, acts),
+        GgmlType::Q5_K => tile4_q4_k::<T, true, P>(rows, acts),
         GgmlType::Q6_K => tile4_q6_k::<T>(rows, acts),
-        _ => tile4_blocks::<T, Q8_0, Widened>(rows, acts),
+        _ => tile4_blocks::<T, Q8_0, P>(rows, acts),
     })
 }
 
@@ -264,8 +273,8 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
 /// which returns one vector per token: lane r the sum of row r. Four rows at a time, so that what
 /// is per row in a scalar loop is one vector op for the four: the f16 scales are converted
 /// together, and the integer sums of the four rows are folded into one vector that is converted
-/// and scaled once per block and token. (The relaxed-simd tiles go through here too.)
-pub(super) fn tiles_of_four<const R: usize, const T: usize>(
+/// and scaled once per block and token.
+fn tiles_of_four<const R: usize, const T: usize>(
     ty: GgmlType,
     rows: [&[u8]; R],
     acts: [&[BlockQ8]; T],
@@ -290,10 +299,10 @@ pub(super) fn tiles_of_four<const R: usize, const T: usize>(
 }
 
 /// The block types of `tile4_blocks` (const parameters).
-pub(super) const Q8_0: u8 = 0;
-pub(super) const Q4_0: u8 = 1;
-pub(super) const Q5_0: u8 = 2;
-pub(super) const Q5_1: u8 = 3;
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
 
 /// How the tiles multiply one row's 32 weights (a block, or a K-quant sub-block) by an activation
 /// block. simd128 widens both to i16 and multiplies with `i32x4.dot_i16x8_s` ([`Widened`]); the
@@ -372,7 +381,7 @@ impl Products for Widened {
 /// `tile4`'s loop for Q8_0, Q4_0, Q5_0 or Q5_1 blocks (`KIND`), written out for four rows so that
 /// everything stays in wasm locals (an array of rows indexed in a loop lives in linear memory).
 #[inline(always)]
-pub(super) fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
+fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
     rows: [&[u8]; 4],
     acts: [&[BlockQ8]; T],
 ) -> [v128; T] {
@@ -456,7 +465,7 @@ pub(super) fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
 /// super-block, and the floats (d, dmin, the activation scale) come once per super-block for the
 /// four rows together.
 #[inline(always)]
-pub(super) fn tile4_q4_k<const T: usize, const FIVE: bool, P: Products>(
+fn tile4_q4_k<const T: usize, const FIVE: bool, P: Products>(
     rows: [&[u8]; 4],
     acts: [&[BlockQ8]; T],
 ) -> [v128; T] {

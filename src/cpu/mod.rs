@@ -485,7 +485,11 @@ impl CpuModel {
                     let blocks = w.cols / QK8;
                     for r in r..r1 {
                         for (t, a) in xq.chunks_exact(blocks).enumerate() {
-                            store(t, r, kernels::dot_q8(isa, w.ty, row(r), a));
+                            store(
+                                t,
+                                r,
+                                kernels::dot_q8_tile::<1, 1>(isa, w.ty, [row(r)], [a])[0][0],
+                            );
                         }
                     }
                 };
@@ -575,9 +579,12 @@ impl CpuModel {
                         tiles!(1);
                         r += R;
                     }
+                    // The one-row tile, which decode row by row takes too: a token's sums are
+                    // the same bits in any pass (speculative decoding's verification relies on it).
                     for r in r..r1 {
                         for t in 0..n {
-                            store(t, r, kernels::dot_q8(isa, w.ty, row(r), act(t)));
+                            let one = kernels::dot_q8_tile::<1, 1>(isa, w.ty, [row(r)], [act(t)]);
+                            store(t, r, one[0][0]);
                         }
                     }
                 };

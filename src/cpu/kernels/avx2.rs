@@ -198,6 +198,17 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
         GgmlType::Q4_K => return q4_k_tile::<R, T, false>(rows, acts),
         GgmlType::Q5_K => return q4_k_tile::<R, T, true>(rows, acts),
         GgmlType::Q6_K => return q6_k_tile(rows, acts),
+        _ if folds(ty) && R == 4 => {
+            let sums = folded_tile(ty, std::array::from_fn(|r| rows[r]), acts);
+            return std::array::from_fn(|r| sums[r]);
+        }
+        _ if folds(ty) => {
+            let mut out = [[0f32; T]; R];
+            for r in 0..R {
+                out[r] = folded_row(ty, rows[r], acts);
+            }
+            return out;
+        }
         _ => {}
     }
     let nb = acts[0].len();
@@ -208,52 +219,30 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     for a in acts {
         assert_eq!(a.len(), nb);
     }
-    assert!(
-        matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1),
-        "dot_q8_tile: no AVX2 tile for {}",
-        ty.name()
-    );
-    // Q4_0, Q5_0 and Q5_1 weights are unsigned bytes to which the offset (8, 16; Q5_1's float m)
-    // is not yet applied.
-    let (unsigned, offset) = (ty != GgmlType::Q8_0, unsigned_offset(ty));
-    let float_min = ty == GgmlType::Q5_1;
+    // Q8_0, Q4_0 and Q5_0 fold (above); Q5_1, whose offset is a float, is left.
+    assert!(ty == GgmlType::Q5_1, "dot_q8_tile: no AVX2 tile for {}", ty.name());
     let ones = _mm256_set1_epi16(1);
     let ahead = tile_prefetch::<R>(rows[0].len());
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
+        // The weights are unsigned bytes 0..=31, their offset m not yet applied.
         let mut w = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         let mut mw = [_mm256_setzero_ps(); R];
         for r in 0..R {
             let p = rows[r].as_ptr().add(i * bb);
             (dw[r], w[r]) = load_block(p, ty, ahead);
-            if float_min {
-                mw[r] = f16_splat(p.add(2));
-            }
+            mw[r] = f16_splat(p.add(2));
         }
-        // Q8_0 multiplies |w| by x with w's sign (maddubs wants one unsigned operand).
-        let abs_w: [__m256i; R] =
-            std::array::from_fn(|r| if unsigned { w[r] } else { _mm256_sign_epi8(w[r], w[r]) });
         for t in 0..T {
             let a = acts[t].get_unchecked(i);
             let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             let da = _mm256_set1_ps(a.d);
-            // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x) (Q5_0: 16); the correction rides in
-            // lane 0. Q5_1: + m da sum(x), in lane 0 of the float sums.
-            let offset = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-offset * a.sum));
+            // sum((d q + m) x) = d sum(q x) + m sum(x): m da sum(x) in lane 0 of the float sums.
             let dasum = _mm256_zextps128_ps256(_mm_set_ss(a.d * a.sum as f32));
             for r in 0..R {
-                if float_min {
-                    acc[r][t] = _mm256_fmadd_ps(mw[r], dasum, acc[r][t]);
-                }
-                let sums = if unsigned {
-                    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones), offset)
-                } else {
-                    _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(abs_w[r], _mm256_sign_epi8(x, w[r])),
-                        ones,
-                    )
-                };
+                acc[r][t] = _mm256_fmadd_ps(mw[r], dasum, acc[r][t]);
+                let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones);
                 acc[r][t] =
                     _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
             }
@@ -307,15 +296,13 @@ pub unsafe fn dot_q8_decode_tiles(
         GgmlType::Q6_K => {
             each_decode_tile(m, rb, spread, out, |w| one(q6_k_tile::<4, 1>(w, [act])))
         }
-        _ if has_folded_decode_tile(ty) => {
-            each_decode_tile(m, rb, spread, out, |w| decode_tile_folded(ty, w, act))
-        }
+        _ if folds(ty) => each_decode_tile(m, rb, spread, out, |w| one(folded_tile(ty, w, [act]))),
         _ => each_decode_tile(m, rb, spread, out, |w| one(dot_q8_tile::<4, 1>(ty, w, [act]))),
     }
 }
 
-/// Whether [`dot_q8_decode_tiles`] takes `ty` through the folded tile ([`decode_tile_folded`]).
-pub fn has_folded_decode_tile(ty: GgmlType) -> bool {
+/// Whether the tiles of `ty` fold the rows' integer sums ([`folded_tile`], [`folded_row`]).
+pub fn folds(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
 }
 
@@ -326,56 +313,112 @@ fn fold_pair(a: __m256i, b: __m256i) -> __m256i {
     _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
 }
 
-/// The 4-row, one-token decode tile of Q8_0, Q4_0 or Q5_0 with the rows' integer sums folded
-/// into one vector per block (two unpacks and an add per pair of rows), so the conversion to
-/// float, the scales (the 4 rows' f16 scales converted together) and the multiply-add are paid
-/// once per block for 4 rows instead of once per row: lane r and lane r + 4 hold row r's sums
-/// of the block's two halves. The integer sums are exact, so the rows' results differ from
-/// [`dot_q8_tile`]'s only in the order of the float additions.
+/// The 4-row tile of Q8_0, Q4_0 or Q5_0 for `T` tokens with the rows' integer sums folded
+/// into one vector per block and token (two unpacks and an add per pair of rows), so the
+/// conversion to float, the scales (the 4 rows' f16 scales converted together) and the
+/// multiply-add are paid once per block for 4 rows instead of once per row: lane r and lane
+/// r + 4 hold row r's sums of the block's two halves. Decode (`T` = 1) and passes of a few
+/// tokens alike, so a token's sums are the same bits in either ([`folded_row`] gives them for
+/// one row).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_tile_folded(ty: GgmlType, rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
-    let nb = act.len();
+unsafe fn folded_tile<const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; 4],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; 4] {
+    let nb = acts[0].len();
     let bb = ty.block_bytes();
-    for r in rows {
-        assert!(r.len() >= nb * bb);
-    }
-    assert!(has_folded_decode_tile(ty));
+    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
+    assert!(folds(ty));
     let (signed, offset) = (ty == GgmlType::Q8_0, unsigned_offset(ty));
     let ones = _mm256_set1_epi16(1);
     let ahead = tile_prefetch::<4>(rows[0].len());
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nb {
-        let a = act.get_unchecked(i);
-        let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
         // (No closures here: they would not inherit this function's target features.)
         let mut scales = 0u64;
-        let mut sums = [_mm256_setzero_si256(); 4];
+        let mut w = [_mm256_setzero_si256(); 4];
         for r in 0..4 {
             let p = rows[r].as_ptr().add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             scales |= ((p as *const u16).read_unaligned() as u64) << (16 * r);
-            let w = block_weights(p, ty);
-            sums[r] = if signed {
+            w[r] = block_weights(p, ty);
+        }
+        let dw = _mm_cvtph_ps(_mm_cvtsi64_si128(scales as i64));
+        for t in 0..T {
+            let a = acts[t].get_unchecked(i);
+            let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            let mut sums = [_mm256_setzero_si256(); 4];
+            for r in 0..4 {
+                sums[r] = if signed {
+                    mul_i8(w[r], x)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], x), ones)
+                };
+            }
+            // Per 128-bit half: [r0, r1, r0, r1] then [r0, r1, r2, r3], each lane a sum of 4 of
+            // the row's 8 lanes.
+            let s01 = fold_pair(sums[0], sums[1]);
+            let s23 = fold_pair(sums[2], sums[3]);
+            let folded =
+                _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+            // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x) (Q5_0: 16), once per row: the low half.
+            let folded =
+                _mm256_add_epi32(folded, _mm256_zextsi128_si256(_mm_set1_epi32(-offset * a.sum)));
+            let d = _mm_mul_ps(dw, _mm_set1_ps(a.d));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), _mm256_set_m128(d, d), acc[t]);
+        }
+    }
+    let mut out = [[0f32; T]; 4];
+    for t in 0..T {
+        let rows = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps::<1>(acc[t]));
+        let mut sums = [0f32; 4];
+        _mm_storeu_ps(sums.as_mut_ptr(), rows);
+        for r in 0..4 {
+            out[r][t] = sums[r];
+        }
+    }
+    out
+}
+
+/// One row of [`folded_tile`], the same bits: the row's two half-block sums (lanes 0 and 1
+/// here, lanes r and r + 4 there) through the same conversion, scale product and FMA. Decode
+/// row by row and a matrix's last rows past its tiles take it.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn folded_row<const T: usize>(ty: GgmlType, row: &[u8], acts: [&[BlockQ8]; T]) -> [f32; T] {
+    let nb = acts[0].len();
+    let bb = ty.block_bytes();
+    assert!(row.len() >= nb * bb && acts.iter().all(|a| a.len() == nb));
+    assert!(folds(ty));
+    let (signed, offset) = (ty == GgmlType::Q8_0, unsigned_offset(ty));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm_setzero_ps(); T];
+    for i in 0..nb {
+        let p = row.as_ptr().add(i * bb);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+        let w = block_weights(p, ty);
+        let dw = f16c_ptr(p);
+        for t in 0..T {
+            let a = acts[t].get_unchecked(i);
+            let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            let sums = if signed {
                 mul_i8(w, x)
             } else {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones)
             };
+            // [low half's sum, high half's sum, the same again].
+            let halves =
+                _mm_hadd_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256::<1>(sums));
+            let halves = _mm_hadd_epi32(halves, halves);
+            let halves = _mm_add_epi32(halves, _mm_cvtsi32_si128(-offset * a.sum));
+            let d = _mm_set1_ps(dw * a.d);
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(halves), d, acc[t]);
         }
-        // Per 128-bit half: [r0, r1, r0, r1] then [r0, r1, r2, r3], each lane a sum of 4 of the
-        // row's 8 lanes.
-        let s01 = fold_pair(sums[0], sums[1]);
-        let s23 = fold_pair(sums[2], sums[3]);
-        let folded =
-            _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
-        // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x) (Q5_0: 16), once per row: the low half.
-        let folded =
-            _mm256_add_epi32(folded, _mm256_zextsi128_si256(_mm_set1_epi32(-offset * a.sum)));
-        let d = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(scales as i64)), _mm_set1_ps(a.d));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), _mm256_set_m128(d, d), acc);
     }
-    let rows = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), rows);
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = _mm_cvtss_f32(_mm_add_ss(acc[t], _mm_movehdup_ps(acc[t])));
+    }
     out
 }
 

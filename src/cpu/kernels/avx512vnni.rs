@@ -5,16 +5,16 @@
 //! Where the CPU also has AVX-512 VBMI (byte permutes), decode's Q4_0 and Q5_0 tiles go two
 //! blocks at a time in 512-bit vectors ([`nibble_decode_tile`]).
 
-use super::avx2::{hsum_ps, load_block, tile_prefetch};
+use super::avx2::{hsum_ps, load_block, tile_prefetch, unsigned_offset};
 use super::*;
 use std::arch::x86_64::*;
 
 /// Whether [`dot_q8_tile`] has a VNNI kernel for `ty` (the others take the AVX2 path).
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
 }
 
-/// See `kernels::dot_q8_tile`. Q8_0 and Q4_0 only (`has_tile`).
+/// See `kernels::dot_q8_tile`. Q8_0, Q4_0 and Q5_0 only (`has_tile`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     ty: GgmlType,
@@ -24,64 +24,47 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     let nb = acts[0].len();
     let bb = ty.block_bytes();
     assert!(has_tile(ty), "dot_q8_tile: no VNNI tile for {}", ty.name());
-    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
-    let q4 = ty == GgmlType::Q4_0;
+    assert!(
+        rows.iter().all(|r| r.len() >= nb * ty.block_bytes()) && acts.iter().all(|a| a.len() == nb)
+    );
+    let (signed, offset) = (ty == GgmlType::Q8_0, unsigned_offset(ty));
     let ahead = tile_prefetch::<R>(rows[0].len());
-    // A one-row, one-token tile (decode row by row) keeps two sums, for even and odd blocks:
-    // one chain of dependent FMAs would cost its latency on every block.
+    // One chain of FMAs per row and token, whatever the tile's shape: decode row by row and a
+    // pass of several tokens then sum a row in the same order, bit for bit (a one-row tile
+    // that kept two chains, for even and odd blocks, hid the FMA's latency but broke that).
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut odd = [[_mm256_setzero_ps(); T]; R];
-    macro_rules! block {
-        ($i:expr, $acc:ident) => {{
-            let i = $i;
-            let mut w = [_mm256_setzero_si256(); R];
-            let mut dw = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let mut w = [_mm256_setzero_si256(); R];
+        let mut dw = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), ty, ahead);
+        }
+        // The unsigned operand: Q4_0's and Q5_0's bytes as they are; Q8_0's |w|, its sign
+        // moved onto x.
+        let unsigned_w: [__m256i; R] =
+            std::array::from_fn(|r| if signed { _mm256_abs_epi8(w[r]) } else { w[r] });
+        for t in 0..T {
+            let a = acts[t].get_unchecked(i);
+            let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            let da = _mm256_set1_ps(a.d);
+            // sum((q - offset) x) = sum(q x) - offset sum(x); the correction starts lane 0's sum.
+            let start = if signed {
+                _mm256_setzero_si256()
+            } else {
+                _mm256_zextsi128_si256(_mm_cvtsi32_si128(-offset * a.sum))
+            };
             for r in 0..R {
-                (dw[r], w[r]) = load_block(rows[r].as_ptr().add(i * bb), ty, ahead);
+                let signed_x = if signed { _mm256_sign_epi8(x, w[r]) } else { x };
+                let sums = _mm256_dpbusd_epi32(start, unsigned_w[r], signed_x);
+                acc[r][t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), da), dw[r], acc[r][t]);
             }
-            // The unsigned operand: Q4_0's nibbles as they are; Q8_0's |w|, its sign moved onto x.
-            let unsigned_w: [__m256i; R] =
-                std::array::from_fn(|r| if q4 { w[r] } else { _mm256_abs_epi8(w[r]) });
-            for t in 0..T {
-                let a = acts[t].get_unchecked(i);
-                let x = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let da = _mm256_set1_ps(a.d);
-                // Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x); the correction starts lane 0's sum.
-                let start = if q4 {
-                    _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * a.sum))
-                } else {
-                    _mm256_setzero_si256()
-                };
-                for r in 0..R {
-                    let signed_x = if q4 { x } else { _mm256_sign_epi8(x, w[r]) };
-                    let sums = _mm256_dpbusd_epi32(start, unsigned_w[r], signed_x);
-                    $acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(sums), da),
-                        dw[r],
-                        $acc[r][t],
-                    );
-                }
-            }
-        }};
-    }
-    let mut i = 0;
-    if R * T == 1 {
-        while i + 2 <= nb {
-            block!(i, acc);
-            block!(i + 1, odd);
-            i += 2;
         }
     }
-    while i < nb {
-        block!(i, acc);
-        i += 1;
-    }
-    let acc: [[__m256; T]; R] =
-        std::array::from_fn(|r| std::array::from_fn(|t| _mm256_add_ps(acc[r][t], odd[r][t])));
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
 }
 
-/// See `kernels::dot_q8_rows`: the one-row tile over consecutive rows (Q8_0 and Q4_0).
+/// See `kernels::dot_q8_rows`: the one-row tile over consecutive rows (`has_tile`'s types).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn dot_q8_rows(
     ty: GgmlType,
@@ -171,7 +154,9 @@ const Q5_0_SCALES: [u16; 32] = scale_words(22);
 /// one FMA cover 64 weights. The activations are arranged to match once per pair and shared by
 /// the 4 rows. 1.15-1.3x the 256-bit Q4_0 tile's rate on Zen 4 (in L2 and from memory). An odd
 /// last block goes through the 256-bit tile.
-#[inline]
+// Not inlined into the walk over the tiles: there LLVM kept the loop's constants live across
+// tiles and decoded Qwen2.5-0.5B Q4_0 4 % slower on one Zen 4 core.
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub unsafe fn nibble_decode_tile<const FIVE: bool>(rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
     let (ty, bb) = if FIVE { (GgmlType::Q5_0, 22) } else { (GgmlType::Q4_0, 18) };
@@ -239,11 +224,7 @@ pub unsafe fn nibble_decode_tile<const FIVE: bool>(rows: [&[u8]; 4], act: &[Bloc
     }
     if i < nb {
         let last = [&rows[0][i * bb..], &rows[1][i * bb..], &rows[2][i * bb..], &rows[3][i * bb..]];
-        let tail = if FIVE {
-            super::avx2::dot_q8_tile::<4, 1>(ty, last, [&act[i..]])
-        } else {
-            dot_q8_tile::<4, 1>(ty, last, [&act[i..]])
-        };
+        let tail = dot_q8_tile::<4, 1>(ty, last, [&act[i..]]);
         out.iter_mut().zip(tail).for_each(|(o, t)| *o += t[0]);
     }
     out

@@ -56,6 +56,22 @@ struct Checker {
 }
 
 impl Checker {
+    /// `got` bit for bit as `want`: one token's sum in a one-token step vs in a pass of several
+    /// (speculative decoding verifies guesses in such passes and keeps the plain run's tokens).
+    fn same(&mut self, what: impl FnOnce() -> String, got: f32, want: f32) -> Result<(), String> {
+        self.checks += 1;
+        if got.to_bits() == want.to_bits() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} {}: {got} in one pass, {want} in another: a token's sums must not depend on \
+                 the pass it is in",
+                self.isa.name(),
+                what()
+            ))
+        }
+    }
+
     /// `got` vs the scalar `want`, allowing for float summation order: `1e-5 * mag + 1e-6`,
     /// where `mag` is the sum of |products| that went into the result.
     fn check(
@@ -101,7 +117,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
 
     for ty in GgmlType::QUANTISED {
         let sizes: &[usize] =
-            if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 96, 224, 1056] };
+            if ty.block_size() == QK_K { &[256, 768, 1280] } else { &[32, 64, 96, 224, 1056] };
         for &cols in sizes {
             let mut rows: Vec<Vec<u8>> =
                 (0..TILE_ROWS).map(|_| random_row(ty, cols, next)).collect();
@@ -152,6 +168,34 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                     }
                 }
             }
+            // A token's sums do not depend on the pass it is in: 5 tokens at once (the widest
+            // tile) give each token what one gives it, bit for bit.
+            let five = {
+                let mut five_acts = acts.clone();
+                five_acts.push(five_acts[0].clone());
+                dot_q8_tile(
+                    isa,
+                    ty,
+                    tile,
+                    std::array::from_fn::<_, 5, _>(|t| five_acts[t].as_slice()),
+                )
+            };
+            for (t, act) in acts.iter().enumerate() {
+                let alone = dot_q8_tile(isa, ty, tile, [act.as_slice()]);
+                for r in 0..TILE_ROWS {
+                    let mut passes = vec![(4, four[r][t]), (5, five[r][t])];
+                    if t < 2 {
+                        passes.push((2, two[r][t]));
+                    }
+                    for (n, got) in passes {
+                        c.same(
+                            || format!("{} cols {cols} row {r}: token {t} of {n}", ty.name()),
+                            got,
+                            alone[r][0],
+                        )?;
+                    }
+                }
+            }
             // Decode's calls over a whole range of rows: the tiles in both walks, row by row.
             let more: Vec<Vec<u8>> = (0..TILE_ROWS).map(|_| random_row(ty, cols, next)).collect();
             let all: Vec<&Vec<u8>> = rows.iter().chain(&more).collect();
@@ -168,10 +212,21 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                         dot_q8_decode_tiles(isa, ty, &matrix, row_bytes, spread, act, &mut out)
                     }
                 }
+                // The walks this host may take give what a pass of several tokens does.
+                let may_walk = walk != "rows" || decode_walk(isa, ty, true) == DecodeWalk::RowByRow;
+                let may_walk = may_walk && one_token_sums_as_in_passes(isa, ty);
                 for (r, row) in all.iter().enumerate() {
                     let what = || format!("decode in {walk} {} cols {cols} row {r}", ty.name());
                     let want = scalar::dot_q8(ty, row, act);
                     c.check(what, out[r], want, magnitude(ty, row, &x))?;
+                    if may_walk {
+                        let k = r / TILE_ROWS * TILE_ROWS;
+                        let tile: [&[u8]; TILE_ROWS] =
+                            std::array::from_fn(|j| all[k + j].as_slice());
+                        let acts = [act, acts[1].as_slice()];
+                        let in_pass = dot_q8_tile(isa, ty, tile, acts)[r - k][0];
+                        c.same(what, out[r], in_pass)?;
+                    }
                 }
             }
         }

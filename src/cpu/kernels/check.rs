@@ -105,6 +105,7 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
 
 /// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (1 x 1, 4 x 1, 4 x 2, 4 x 4,
 /// 4 x 5; and that a token's sums are the same bits whatever the pass: `Checker::same`),
+/// `panel_gemm` where the ISA has panels (8 rows, 7 tokens),
 /// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
 /// rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
@@ -230,6 +231,23 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                     }
                 }
             }
+            // Prefill's panels: the 8 rows packed, times 7 tokens (tiles of 4, 2 and 1).
+            if has_panel(isa, ty) {
+                let acts: Vec<Vec<BlockQ8>> = (0..7).map(|t| acts[t % 4].clone()).collect();
+                let flat: Vec<BlockQ8> = acts.iter().flatten().copied().collect();
+                let rows: [&[u8]; PANEL_ROWS] = std::array::from_fn(|r| all[r].as_slice());
+                let mut out = vec![f32::NAN; acts.len() * PANEL_ROWS];
+                panel_gemm(isa, ty, rows, &flat, &mut Panel::default(), &mut out);
+                for (t, act) in acts.iter().enumerate() {
+                    let x: Vec<f32> =
+                        act.iter().flat_map(|a| a.qs.map(|q| a.d * q as f32)).collect();
+                    for (r, row) in rows.iter().enumerate() {
+                        let what = || format!("panel {} cols {cols} row {r} token {t}", ty.name());
+                        let want = scalar::dot_q8(ty, row, act);
+                        c.check(what, out[t * PANEL_ROWS + r], want, magnitude(ty, row, &x))?;
+                    }
+                }
+            }
         }
     }
 
@@ -304,9 +322,11 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
         }
     }
 
+    let panels = GgmlType::QUANTISED.iter().any(|&ty| has_panel(isa, ty));
     Ok(format!(
-        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1, 2, 4 and 5 tokens and in decode's walks), seed {seed}",
+        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles{} and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1, 2, 4 and 5 tokens and in decode's walks), seed {seed}",
         isa.name(),
-        c.checks
+        c.checks,
+        if panels { ", prefill's 8-row panels" } else { "" }
     ))
 }

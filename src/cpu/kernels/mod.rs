@@ -625,8 +625,9 @@ pub const PANEL_ROWS: usize = 8;
 /// once, not once per token; the buffer is per thread and reused (the weights keep their file
 /// layout: no second copy of the model).
 #[derive(Clone, Debug, Default)]
-// Only x86-64 has panel kernels so far; elsewhere the type exists for the callers' sake.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+// Only x86-64 and the relaxed-simd build have panel kernels so far; elsewhere the type exists for
+// the callers' sake.
+#[cfg_attr(not(any(target_arch = "x86_64", target_feature = "relaxed-simd")), allow(dead_code))]
 pub struct Panel {
     quants: Vec<[u8; 32]>,
     scales: Vec<[f32; PANEL_ROWS]>,
@@ -638,12 +639,14 @@ pub struct Panel {
 
 /// What a panel's quants are.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(not(any(target_arch = "x86_64", target_feature = "relaxed-simd")), allow(dead_code))]
 enum PanelQuants {
     /// 0..=15 (Q4_0, Q4_K), with an offset.
     #[default]
     Nibbles,
     /// -128..=127 (Q8_0).
+    // The wasm panels leave Q8_0 to its tile (see `wasm_panel::has_panel`).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     Bytes,
     /// -32..=31 (Q6_K), with an integer scale per 16.
     SixBits,
@@ -655,7 +658,12 @@ enum PanelQuants {
 pub fn has_panel(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     return matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && avx2_panel::has_panel(ty);
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    return isa == Isa::RelaxedSimd && wasm_panel::has_panel(ty);
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "relaxed-simd")
+    )))]
     {
         let _ = (isa, ty);
         false
@@ -685,7 +693,12 @@ pub fn panel_gemm(
             avx2_panel::panel_gemm(ty, rows, acts, panel, out)
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    wasm_panel::panel_gemm(ty, rows, acts, panel, out);
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "relaxed-simd")
+    )))]
     {
         let _ = (rows, acts, panel, out);
         unreachable!()
@@ -849,3 +862,5 @@ pub use check::check_isa_against_scalar;
 mod relaxed_simd;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+mod wasm_panel;

@@ -54,7 +54,7 @@ pub(super) fn fifth_bits(bits: u16) -> v128 {
 
 /// Q5_0's and Q5_1's 32 weights (0..31) from their `qh` and 16 bytes of nibbles (20 bytes from
 /// `b`), as two vectors: elements 0..16 and 16..32.
-fn five_bit_weights(b: &[u8]) -> (v128, v128) {
+pub(super) fn five_bit_weights(b: &[u8]) -> (v128, v128) {
     let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     let bytes = load(b, 4);
     let lo = v128_or(v128_and(bytes, i8x16_splat(0x0f)), fifth_bits(qh as u16));

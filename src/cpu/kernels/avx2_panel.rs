@@ -59,33 +59,17 @@ unsafe fn panel_gemm_with<const VNNI: bool>(
     out: &mut [f32],
 ) {
     pack(ty, rows, panel);
-    let nb = panel.scales.len();
-    assert!(nb > 0 && acts.len().is_multiple_of(nb), "panel_gemm: activations");
-    let n = acts.len() / nb;
-    assert_eq!(out.len(), n * PANEL_ROWS, "panel_gemm: output");
-    let act = |t: usize| acts.get_unchecked(t * nb..(t + 1) * nb);
-    let mut t = 0;
-    macro_rules! tiles {
-        ($t:literal) => {
-            #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
-            while t + $t <= n {
-                let acts = std::array::from_fn(|k| act(t + k));
-                let sums = match panel.kind {
-                    PanelQuants::Nibbles => panel_tile::<$t, NIBBLES, VNNI>(panel, acts),
-                    PanelQuants::Bytes => panel_tile::<$t, BYTES, VNNI>(panel, acts),
-                    PanelQuants::SixBits => panel_tile::<$t, SIX_BITS, VNNI>(panel, acts),
-                    PanelQuants::FiveBits => panel_tile::<$t, FIVE_BITS, VNNI>(panel, acts),
-                };
-                for (k, s) in sums.iter().enumerate() {
-                    _mm256_storeu_ps(out.as_mut_ptr().add((t + k) * PANEL_ROWS), *s);
-                }
-                t += $t;
-            }
+    panel_tiles!(panel, acts, out, |t, tile: T| {
+        let sums = match panel.kind {
+            PanelQuants::Nibbles => panel_tile::<T, NIBBLES, VNNI>(panel, tile),
+            PanelQuants::Bytes => panel_tile::<T, BYTES, VNNI>(panel, tile),
+            PanelQuants::SixBits => panel_tile::<T, SIX_BITS, VNNI>(panel, tile),
+            PanelQuants::FiveBits => panel_tile::<T, FIVE_BITS, VNNI>(panel, tile),
         };
-    }
-    tiles!(4);
-    tiles!(2);
-    tiles!(1);
+        for (k, s) in sums.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add((t + k) * PANEL_ROWS), *s);
+        }
+    });
 }
 
 /// `PanelQuants` as const parameters of `panel_tile`.

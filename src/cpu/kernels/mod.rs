@@ -705,6 +705,36 @@ pub fn panel_gemm(
     }
 }
 
+/// The body of each ISA's `panel_gemm` after packing: the activation vectors counted and checked
+/// against the panel and `out`, then taken in tiles of 4, 2 and 1 tokens. For each tile, `$body`
+/// sees its first token `$t`, its vectors `$tile` and its width as the const `$width`.
+// Only x86-64 and the relaxed-simd build have panel kernels.
+#[allow(unused_macros)]
+macro_rules! panel_tiles {
+    ($panel:expr, $acts:ident, $out:ident, |$t:ident, $tile:ident: $width:ident| $body:block) => {{
+        let nb = $panel.scales.len();
+        assert!(nb > 0 && $acts.len().is_multiple_of(nb), "panel_gemm: activations");
+        let n = $acts.len() / nb;
+        assert_eq!($out.len(), n * PANEL_ROWS, "panel_gemm: output");
+        let mut $t = 0;
+        panel_tiles!(@width 4, n, nb, $acts, $t, $tile, $width, $body);
+        panel_tiles!(@width 2, n, nb, $acts, $t, $tile, $width, $body);
+        panel_tiles!(@width 1, n, nb, $acts, $t, $tile, $width, $body);
+    }};
+    (@width $w:literal, $n:ident, $nb:ident, $acts:ident, $t:ident, $tile:ident, $width:ident, $body:block) => {
+        #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
+        while $t + $w <= $n {
+            let $tile: [&[BlockQ8]; $w] =
+                std::array::from_fn(|k| &$acts[($t + k) * $nb..($t + k + 1) * $nb]);
+            {
+                const $width: usize = $w;
+                $body
+            }
+            $t += $w;
+        }
+    };
+}
+
 /// Dot product of one F32, F16 or BF16 weight row (`row` is its bytes) with f32 activations.
 pub fn dot_float_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match isa {

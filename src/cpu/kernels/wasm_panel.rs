@@ -33,38 +33,22 @@ pub fn panel_gemm(
     out: &mut [f32],
 ) {
     pack(ty, rows, panel);
-    let nb = panel.scales.len();
-    assert!(nb > 0 && acts.len().is_multiple_of(nb), "panel_gemm: activations");
-    let n = acts.len() / nb;
-    assert_eq!(out.len(), n * PANEL_ROWS, "panel_gemm: output");
-    let act = |t: usize| &acts[t * nb..(t + 1) * nb];
-    let mut t = 0;
-    macro_rules! tiles {
-        ($t:literal) => {
-            #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
-            while t + $t <= n {
-                let acts = std::array::from_fn(|k| act(t + k));
-                let sums = match panel.kind {
-                    PanelQuants::Nibbles => panel_tile::<$t, NIBBLES>(panel, acts),
-                    PanelQuants::FiveBits => panel_tile::<$t, FIVE_BITS>(panel, acts),
-                    PanelQuants::SixBits => panel_tile::<$t, SIX_BITS>(panel, acts),
-                    PanelQuants::Bytes => unreachable!("no wasm panel for Q8_0"),
-                };
-                for (k, [lo, hi]) in sums.into_iter().enumerate() {
-                    let o = &mut out[(t + k) * PANEL_ROWS..(t + k + 1) * PANEL_ROWS];
-                    // SAFETY: 8 floats, two unaligned stores.
-                    unsafe {
-                        v128_store(o.as_mut_ptr() as *mut v128, lo);
-                        v128_store(o.as_mut_ptr().add(4) as *mut v128, hi);
-                    }
-                }
-                t += $t;
-            }
+    panel_tiles!(panel, acts, out, |t, tile: T| {
+        let sums = match panel.kind {
+            PanelQuants::Nibbles => panel_tile::<T, NIBBLES>(panel, tile),
+            PanelQuants::FiveBits => panel_tile::<T, FIVE_BITS>(panel, tile),
+            PanelQuants::SixBits => panel_tile::<T, SIX_BITS>(panel, tile),
+            PanelQuants::Bytes => unreachable!("no wasm panel for Q8_0"),
         };
-    }
-    tiles!(4);
-    tiles!(2);
-    tiles!(1);
+        for (k, [lo, hi]) in sums.into_iter().enumerate() {
+            let o = &mut out[(t + k) * PANEL_ROWS..(t + k + 1) * PANEL_ROWS];
+            // SAFETY: 8 floats, two unaligned stores.
+            unsafe {
+                v128_store(o.as_mut_ptr() as *mut v128, lo);
+                v128_store(o.as_mut_ptr().add(4) as *mut v128, hi);
+            }
+        }
+    });
 }
 
 /// `PanelQuants` as const parameters of `panel_tile`.

@@ -12,7 +12,7 @@
 //! (−32..=31) meet the activations split into x = x⁺ − x⁻, both 0..=127. Packing is simd128: each
 //! row's block unpacked to 32 bytes, 4 rows at a time transposed by words.
 
-use super::simd128::{five_bit_weights, high_nibbles, load};
+use super::simd128::{five_bit_weights, high_nibbles, load, Products};
 use super::*;
 use std::arch::wasm32::*;
 
@@ -56,15 +56,11 @@ const NIBBLES: u8 = 0;
 const SIX_BITS: u8 = 2;
 const FIVE_BITS: u8 = 3;
 
-/// The activations split into x⁺ and x⁻ (elements 0..16 and 16..32 each): both 0..=127, since
-/// the activation quantiser gives −127..=127.
+/// The activations split into x⁺ and x⁻ (elements 0..16 and 16..32 each), as the relaxed-simd
+/// tiles split them for Q8_0.
 #[inline(always)]
 fn split(a: &BlockQ8) -> [v128; 4] {
-    let (x0, x1) = (super::simd128::load_qs(a, 0), super::simd128::load_qs(a, 16));
-    let zero = i8x16_splat(0);
-    let plus = |x| i8x16_max(x, zero);
-    let minus = |x| i8x16_max(i8x16_neg(x), zero);
-    [plus(x0), plus(x1), minus(x0), minus(x1)]
+    <super::relaxed_simd::Bytes as Products>::acts(a, true)
 }
 
 /// Word `j` (0..8) of a 32-byte vector pair, in every lane.

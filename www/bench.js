@@ -8,7 +8,8 @@
 // page's main thread may not block, so the threads build would spin there. Result: a JSON object
 // in <pre id="result"> and window.benchResult (window.benchError on failure).
 //   bench.html?model=models/default.gguf&tokenizer=models/default-tokenizer.json&backend=cpu&reps=5&threads=1
-// (&simd=simd128: the simd128 build even where the browser runs relaxed-simd)
+// (&simd=simd128: the simd128 build even where the browser runs relaxed-simd; &speculative=0
+// skips the speculative runs, as tests/browser/ab-pages.mjs does)
 // threads > 1 needs a cross-origin isolated page (the threads build, see wasm.js).
 import { loadWasm } from "./wasm.js";
 import { hostPool } from "./pool.js";
@@ -78,6 +79,49 @@ async function runIds(engine, prompt, maxTokens, options) {
   }
 }
 
+/** Speculative decoding against plain decoding, greedy from a 16-token prompt, as
+ * `nexttoken bench --speculative`: guesses of known acceptance (a replay of the plain run's
+ * tokens: all right, every other one wrong, all wrong), k = 4. */
+async function speculativeRuns(engine, bos) {
+  const SPEC = 64;
+  const sprompt = promptOf(engine, 16, bos);
+  const plainRuns = [];
+  let ids = [];
+  for (let i = 0; i < reps; i++) {
+    const r = await runIds(engine, sprompt, SPEC + 1, {});
+    plainRuns.push(r.summary);
+    ids = r.ids;
+  }
+  // Where a pass rounds differently from one-token steps, the replay is the speculative run's
+  // own tokens (see nexttoken bench), so that "all right" is.
+  let guesses = ids;
+  for (let i = 0; i < 4; i++) {
+    const r = await runIds(engine, sprompt, SPEC + 1, { replayDraft: { ids: guesses } });
+    if (JSON.stringify(r.ids) === JSON.stringify(guesses)) break;
+    guesses = r.ids;
+  }
+  const plainTokS = median(plainRuns.map((s) => s.decodeTokS));
+  const speculative = { tokens: SPEC, k: 4, plainTokS, guessesArePlainTokens: guesses === ids, runs: {} };
+  for (const [name, wrongEvery] of [
+    ["allRight", 0],
+    ["everyOtherWrong", 2],
+    ["allWrong", 1],
+  ]) {
+    const runs = [];
+    for (let i = 0; i < reps; i++)
+      runs.push((await runIds(engine, sprompt, SPEC + 1, { replayDraft: { ids: guesses, wrongEvery } })).summary);
+    const tokS = median(runs.map((s) => s.decodeTokS));
+    const sp = runs[0].speculation;
+    speculative.runs[name] = {
+      tokS,
+      speedup: tokS / plainTokS,
+      tokensPerPass: sp.tokensPerPass,
+      acceptance: sp.acceptance,
+    };
+  }
+  return speculative;
+}
+
 async function main() {
   const t0 = performance.now();
   const threadsWanted = Number(q.get("threads") || 1);
@@ -141,46 +185,9 @@ async function main() {
       sampleText: druns[0].text,
     };
   }
-  // Speculative decoding against plain decoding, greedy from a 16-token prompt, as
-  // `nexttoken bench --speculative`: guesses of known acceptance (a replay of the plain run's
-  // tokens: all right, every other one wrong, all wrong), k = 4.
+  // Speculative decoding against plain decoding (&speculative=0 skips it: tools/ab comparisons).
   status("speculative decoding…");
-  const SPEC = 64;
-  const sprompt = promptOf(engine, 16, bos);
-  const plainRuns = [];
-  let ids = [];
-  for (let i = 0; i < reps; i++) {
-    const r = await runIds(engine, sprompt, SPEC + 1, {});
-    plainRuns.push(r.summary);
-    ids = r.ids;
-  }
-  // Where a pass rounds differently from one-token steps, the replay is the speculative run's
-  // own tokens (see nexttoken bench), so that "all right" is.
-  let guesses = ids;
-  for (let i = 0; i < 4; i++) {
-    const r = await runIds(engine, sprompt, SPEC + 1, { replayDraft: { ids: guesses } });
-    if (JSON.stringify(r.ids) === JSON.stringify(guesses)) break;
-    guesses = r.ids;
-  }
-  const plainTokS = median(plainRuns.map((s) => s.decodeTokS));
-  const speculative = { tokens: SPEC, k: 4, plainTokS, guessesArePlainTokens: guesses === ids, runs: {} };
-  for (const [name, wrongEvery] of [
-    ["allRight", 0],
-    ["everyOtherWrong", 2],
-    ["allWrong", 1],
-  ]) {
-    const runs = [];
-    for (let i = 0; i < reps; i++)
-      runs.push((await runIds(engine, sprompt, SPEC + 1, { replayDraft: { ids: guesses, wrongEvery } })).summary);
-    const tokS = median(runs.map((s) => s.decodeTokS));
-    const sp = runs[0].speculation;
-    speculative.runs[name] = {
-      tokS,
-      speedup: tokS / plainTokS,
-      tokensPerPass: sp.tokensPerPass,
-      acceptance: sp.acceptance,
-    };
-  }
+  const speculative = q.get("speculative") === "0" ? null : await speculativeRuns(engine, bos);
 
   // On WebGPU, each kernel family's time in one decode step at both contexts (null where the
   // browser exposes no timestamp-query, e.g. Chrome without it enabled), as `bench --profile`.

@@ -181,10 +181,11 @@ const MIN_TASK_LOG2: usize = if cfg!(target_arch = "wasm32") { 17 } else { 14 };
 
 /// Least work of a forward pass (weight bytes per token x tokens) that recruits a team of the
 /// pool's threads in the browser; a smaller pass runs every loop on the calling thread. There
-/// recruiting costs a job on the pool, Web Workers woken by `Atomics.notify` and the caller's
-/// wait for them: the default model (2 MiB of weights) decoded at 2.6k tok/s on one thread and
-/// 0.6k with a team of two. Natively a wake-up costs microseconds and the team always leads (on
-/// that model one thread and two measured the same there, within noise).
+/// recruiting wakes a Web Worker (`Atomics.notify`) and then shares 2 cores with the browser's
+/// own threads: the default model (2 MiB of weights) decoded at 0.69x its one-thread speed on a
+/// team of two (`tests/browser/ab-pages.mjs`, even with one wake-up a pass). Natively a wake-up
+/// costs microseconds and the team always leads (on that model one thread and two decode
+/// within noise of each other).
 #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
 const TEAM_MIN_PASS_BYTES: usize = 16 << 20;
 
@@ -379,30 +380,25 @@ impl CpuModel {
         f(0..n)
     }
 
-    /// Run a forward pass over `tokens` tokens, `f`, inside the pool as the leader of a [`team`]
-    /// of its threads, so the pass's many parallel loops cost no wake-ups. In the browser the
-    /// caller is a JS thread outside the pool (the page's worker), so the pass runs as one job on
-    /// the pool; there a pass too small to share (`TEAM_MIN_PASS_BYTES`) leads a team of one.
-    fn in_pool<R: Send>(&self, tokens: usize, f: impl FnOnce() -> R + Send) -> R {
+    /// Run a forward pass over `tokens` tokens, `f`, on this thread as the leader of a [`team`]
+    /// of the pool's threads, so the pass's many parallel loops cost no wake-ups (natively the
+    /// model's pool, in the browser the page's). In the browser a pass too small to share
+    /// (`TEAM_MIN_PASS_BYTES`) leads a team of one.
+    fn in_pool<R>(&self, tokens: usize, f: impl FnOnce() -> R) -> R {
         #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-        if self.threads > 1 && tokens.saturating_mul(self.pass_bytes) < TEAM_MIN_PASS_BYTES {
-            return team::lead(0, f);
+        if self.threads > 1 {
+            let helpers = if tokens.saturating_mul(self.pass_bytes) < TEAM_MIN_PASS_BYTES {
+                0
+            } else {
+                self.threads - 1
+            };
+            return team::lead(helpers, rayon::spawn, f);
         }
         #[cfg(not(all(target_arch = "wasm32", target_feature = "atomics")))]
         let _ = tokens;
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(pool) = &self.pool {
-            return pool.install(|| team::lead(self.threads - 1, f));
-        }
-        #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-        if self.threads > 1 {
-            let lead = || team::lead(self.threads - 1, f);
-            if rayon::current_thread_index().is_some() {
-                return lead();
-            }
-            let mut out = None;
-            rayon::scope(|s| s.spawn(|_| out = Some(lead())));
-            return out.expect("the pool ran the job");
+            return team::lead(self.threads - 1, |helper| pool.spawn(helper), f);
         }
         f()
     }

@@ -4,13 +4,15 @@
 //! small model. Through rayon, each loop wakes the pool's sleeping threads: a futex natively,
 //! `Atomics.wait` / `Atomics.notify` between Web Workers in a browser, where one wake-up costs
 //! about as much as the loop itself. A team instead holds the pool's threads for the whole pass
-//! (as llama.cpp's thread pool does): the helpers are recruited once, through rayon, and spin on
-//! one atomic word; the leader publishes each loop there and helpers claim its chunks. A loop
-//! never waits for a helper to arrive (the leader claims chunks too), only for the chunks
-//! already claimed to finish.
+//! (as llama.cpp's thread pool does): the caller leads, the helpers are recruited once as jobs on
+//! the pool and spin on one atomic word; the leader publishes each loop there and helpers claim
+//! its chunks. A loop never waits for a helper to arrive (the leader claims chunks too), only for
+//! the chunks already claimed to finish; nor does the pass's end wait for helpers to leave (they
+//! share the team, not the pass's stack), so a pass costs one wake-up per helper and nothing else.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Spins between checks before a waiting helper starts yielding its core now and then (natively;
 /// a Web Worker has nothing to yield to).
@@ -22,6 +24,10 @@ pub const MAX_CHUNKS: usize = 0xffff;
 /// The loop a team is running: a function of the chunk index.
 type Chunk<'a> = &'a (dyn Fn(usize) + Sync);
 
+/// A helper's whole life, to run as a job on a thread pool (see [`lead`]).
+pub type Helper = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
 pub struct Team {
     /// The current loop: epoch (high 32 bits), chunks (16 bits), next chunk to claim (low 16).
     /// A helper claims a chunk by compare-and-swap on the whole word, so a claim can never land
@@ -32,7 +38,8 @@ pub struct Team {
     job: AtomicPtr<()>,
     /// Chunks of the current loop finished.
     done: AtomicUsize,
-    /// Set when the pass is over: helpers go back to the pool.
+    /// Set when the pass is over: helpers go back to the pool (one that arrives later leaves at
+    /// once; no loop is open then, so it can claim nothing).
     quit: AtomicBool,
     /// Set when a chunk panicked on a helper (the leader panics too rather than wait forever).
     poisoned: AtomicBool,
@@ -43,40 +50,30 @@ thread_local! {
     static LEADING: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Run `f` as the leader of a team of `helpers` more threads from the current rayon pool: the
-/// parallel loops `f` runs through [`run`] are shared with them. Helpers that the pool cannot
-/// spare join late or never; the loops still finish (the leader does every chunk then).
-pub fn lead<R>(helpers: usize, f: impl FnOnce() -> R) -> R {
-    let team = Team {
-        state: AtomicU64::new(0),
-        job: AtomicPtr::new(std::ptr::null_mut()),
-        done: AtomicUsize::new(0),
-        quit: AtomicBool::new(false),
-        poisoned: AtomicBool::new(false),
-    };
-    let team = &team;
-    let led = move || {
-        // Helpers stop and this thread stops leading on every way out, unwinding included.
-        struct Dismiss<'a>(&'a Team, *const Team);
-        impl Drop for Dismiss<'_> {
-            fn drop(&mut self) {
-                self.0.quit.store(true, Ordering::Release);
-                LEADING.with(|l| l.set(self.1));
-            }
-        }
-        let _dismiss = Dismiss(team, LEADING.with(|l| l.replace(team)));
-        f()
-    };
-    if helpers == 0 {
-        // A team of one: every loop runs here, and no pool is touched.
-        return led();
+/// Run `f` on this thread as the leader of a team of `helpers` more threads, each recruited by
+/// `spawn` (a job on a pool: `ThreadPool::spawn`, `rayon::spawn`): the parallel loops `f` runs
+/// through [`run`] are shared with them. Helpers that the pool cannot spare join late or never;
+/// the loops still finish (the leader does every chunk then).
+pub fn lead<R>(helpers: usize, spawn: impl Fn(Helper), f: impl FnOnce() -> R) -> R {
+    let team = Arc::new(Team::default());
+    for _ in 0..helpers {
+        let team = Arc::clone(&team);
+        spawn(Box::new(move || {
+            // A panicking chunk has poisoned the team (`Finish`) for the leader to report; the
+            // pool's thread goes on.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| team.help()));
+        }));
     }
-    rayon::in_place_scope(|scope| {
-        for _ in 0..helpers {
-            scope.spawn(move |_| team.help());
+    // Helpers stop and this thread stops leading on every way out, unwinding included.
+    struct Dismiss<'a>(&'a Team, *const Team);
+    impl Drop for Dismiss<'_> {
+        fn drop(&mut self) {
+            self.0.quit.store(true, Ordering::Release);
+            LEADING.with(|l| l.set(self.1));
         }
-        led()
-    })
+    }
+    let _dismiss = Dismiss(&team, LEADING.with(|l| l.replace(&*team)));
+    f()
 }
 
 /// Run `f(c)` for every chunk `c` in `0..chunks` on the team this thread leads and return true
@@ -199,20 +196,27 @@ mod tests {
     fn a_team_of_one_runs_every_chunk_on_its_leader() {
         let me = std::thread::current().id();
         let ran = AtomicUsize::new(0);
-        let led = lead(0, || {
-            run(17, &|_| {
-                assert_eq!(std::thread::current().id(), me);
-                ran.fetch_add(1, Ordering::Relaxed);
-            })
-        });
+        let led = lead(
+            0,
+            |_| unreachable!("no helper"),
+            || {
+                run(17, &|_| {
+                    assert_eq!(std::thread::current().id(), me);
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+            },
+        );
         assert!(led, "no team was led");
         assert_eq!(ran.load(Ordering::Relaxed), 17);
     }
 
     #[test]
     fn every_chunk_of_every_loop_runs_once() {
-        let seen = pool(4).install(|| {
-            lead(3, || {
+        let pool = pool(3);
+        let seen = lead(
+            3,
+            |h| pool.spawn(h),
+            || {
                 let mut seen = std::collections::HashSet::new();
                 for i in 0..5000 {
                     let chunks = i % 41;
@@ -228,25 +232,32 @@ mod tests {
                     seen.extend(threads.into_inner().unwrap());
                 }
                 seen.len()
-            })
-        });
+            },
+        );
         assert!(seen > 1, "helpers took part ({seen} threads ran chunks)");
     }
 
     #[test]
     fn loops_finish_when_no_helper_comes() {
-        // One thread in the pool: the helpers only run (and quit at once) after the pass.
-        let sum = pool(1).install(|| {
-            lead(3, || {
+        // Helpers recruited but run only after the pass (a pool with no thread to spare): the
+        // leader does every chunk, and the late helpers leave at once.
+        let late = std::sync::Mutex::new(Vec::new());
+        let sum = lead(
+            3,
+            |h| late.lock().unwrap().push(h),
+            || {
                 let total = AtomicUsize::new(0);
                 let on_team = run(10, &|c| {
                     total.fetch_add(c, Ordering::Relaxed);
                 });
                 assert!(on_team, "the leader runs loops on its team");
                 total.into_inner()
-            })
-        });
+            },
+        );
         assert_eq!(sum, 45);
+        for helper in late.into_inner().unwrap() {
+            helper();
+        }
     }
 
     #[test]
@@ -257,7 +268,8 @@ mod tests {
         };
         assert!(!run(4, &f));
         // Nor after leading one.
-        pool(2).install(|| lead(1, || ()));
+        let pool = pool(1);
+        lead(1, |h| pool.spawn(h), || ());
         assert!(!run(4, &f));
         assert_eq!(ran.into_inner(), 0);
     }
@@ -265,16 +277,19 @@ mod tests {
     #[test]
     fn a_panicking_chunk_panics_the_pass_instead_of_hanging_it() {
         for bad in [0, 7] {
-            let r = std::panic::catch_unwind(|| {
-                pool(2).install(|| {
-                    lead(1, || {
+            let pool = pool(1);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                lead(
+                    1,
+                    |h| pool.spawn(h),
+                    || {
                         run(8, &|c| {
                             std::thread::sleep(std::time::Duration::from_millis(1));
                             assert!(c != bad, "chunk {c}");
                         })
-                    })
-                })
-            });
+                    },
+                )
+            }));
             assert!(r.is_err(), "chunk {bad} panicked");
         }
     }

@@ -750,7 +750,7 @@ impl CpuModel {
                 Ffn::GatedSilu { gate: wg, up: wu, down } => {
                     let jobs = [(wu, &mut *up), (wg, &mut *gate)];
                     self.linears(jobs, h, &mut QuantisedInput::new(act));
-                    kernels::silu_mul(self.kernel_isa(), gate, up);
+                    self.silu_mul(gate, up);
                     down
                 }
                 Ffn::Gelu { up: wu, down } => {
@@ -832,6 +832,24 @@ impl CpuModel {
             xq.filled = Some(scales);
         }
         Some(&xq.blocks[..blocks])
+    }
+
+    /// `up *= silu(gate)` for a batch of tokens, token by token over the pool (at prefill the
+    /// exponentials are a few per cent of the pass); whole tokens, so that each element is
+    /// computed as in a pass of any other size (SIMD lanes and the scalar tail round apart).
+    fn silu_mul(&self, gate: &[f32], up: &mut [f32]) {
+        let (n_ff, isa) = (self.model.config.n_ff, self.kernel_isa());
+        let up_ptr = SyncPtr(up.as_mut_ptr());
+        self.par_ranges(up.len() / n_ff, 16 * n_ff, &|tokens: Range<usize>| {
+            #[allow(clippy::redundant_locals)] // the whole SyncPtr (see `matmul`)
+            let up_ptr = up_ptr;
+            let elements = tokens.start * n_ff..tokens.end * n_ff;
+            // SAFETY: each task writes the elements of its own tokens, within `up`.
+            let up = unsafe {
+                std::slice::from_raw_parts_mut(up_ptr.0.add(elements.start), elements.len())
+            };
+            kernels::silu_mul(isa, &gate[elements], up);
+        });
     }
 
     /// Normalise each row of `x` as the model's [`Norm`] says.

@@ -72,6 +72,22 @@ impl Checker {
         }
     }
 
+    /// `got` vs the scalar `want` within `2e-6 |want| + 1e-30`: a polynomial exp against libm's
+    /// (a few units in the last place; ~1e-38 where libm underflows to 0).
+    fn close(&mut self, what: impl FnOnce() -> String, got: f32, want: f32) -> Result<(), String> {
+        self.checks += 1;
+        let tol = 2e-6 * want.abs() + 1e-30;
+        if (got - want).abs() <= tol {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} {}: {got} vs scalar {want} (tolerance {tol:.2e})",
+                self.isa.name(),
+                what()
+            ))
+        }
+    }
+
     /// `got` vs the scalar `want`, allowing for float summation order: `1e-5 * mag + 1e-6`,
     /// where `mag` is the sum of |products| that went into the result.
     fn check(
@@ -106,8 +122,8 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
 /// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (1 x 1, 4 x 1, 4 x 2, 4 x 4,
 /// 4 x 5; and that a token's sums are the same bits whatever the pass: `Checker::same`),
 /// `panel_gemm` where the ISA has panels (8 rows, 7 tokens),
-/// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy` and the attention kernels (f32 and f16
-/// rows) against the scalar kernels on data
+/// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy`, `softmax`, `silu_mul` and the attention
+/// kernels (f32 and f16 rows) against the scalar kernels on data
 /// drawn from `seed`. Returns a one-line summary, or the first mismatch.
 pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
     if !Isa::available().contains(&isa) {
@@ -274,6 +290,32 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
         }
     }
 
+    // softmax and silu (a polynomial exp where vectorised): scores ~±30 and some 70 lower, gates
+    // ~±90 and some ±1800 (e^90 overflows a float: silu ~1e-37 against 0).
+    for n in [1, 3, 4, 5, 8, 9, 33, 1000] {
+        let scale = |v: Vec<f32>, by: f32| v.into_iter().map(|x| x * by).collect::<Vec<f32>>();
+        let mut want = scale(activations(n, next), 10.0);
+        for (i, v) in want.iter_mut().enumerate() {
+            if i % 5 == 1 {
+                *v -= 70.0;
+            }
+        }
+        let mut got = want.clone();
+        scalar::softmax(&mut want);
+        softmax(isa, &mut got);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            c.close(|| format!("softmax n {n} element {i}"), g, w)?;
+        }
+        let gate = scale(activations(n, next), 30.0);
+        let mut want = activations(n, next);
+        let mut got = want.clone();
+        scalar::silu_mul(&gate, &mut want);
+        silu_mul(isa, &gate, &mut got);
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            c.close(|| format!("silu_mul n {n} element {i}"), g, w)?;
+        }
+    }
+
     // Attention over a cache of f32 or f16 rows, `stride` apart (one head's rows, or several
     // heads interleaved); head sizes that take each column width of the SIMD values kernels.
     for (head_dim, stride) in [(64, 192), (128, 128), (40, 80), (8, 24), (96, 96), (24, 48)] {
@@ -324,7 +366,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
 
     let panels = GgmlType::QUANTISED.iter().any(|&ty| has_panel(isa, ty));
     Ok(format!(
-        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles{} and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1, 2, 4 and 5 tokens and in decode's walks), seed {seed}",
+        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles{} and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; softmax; silu; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1, 2, 4 and 5 tokens and in decode's walks), seed {seed}",
         isa.name(),
         c.checks,
         if panels { ", prefill's 8-row panels" } else { "" }

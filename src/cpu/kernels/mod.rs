@@ -846,7 +846,7 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
     }
 }
 
-/// `x = exp(x - max x) / sum`, in place (one head's attention weights). AVX2 takes a polynomial
+/// `x = exp(x - max x) / sum`, in place (one head's attention weights). AVX2 and simd128 take a polynomial
 /// exp (within a few units in the last place; below e^-87 it gives ~1e-38 instead of 0), as
 /// llama.cpp's vectorised softmax does: libm's scalar expf was a twentieth of a long prefill.
 pub fn softmax(isa: Isa, x: &mut [f32]) {
@@ -854,6 +854,8 @@ pub fn softmax(isa: Isa, x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
         Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::softmax(x) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 | Isa::RelaxedSimd => simd128::softmax(x),
         _ => scalar::softmax(x),
     }
 }
@@ -865,6 +867,8 @@ pub fn silu_mul(isa: Isa, gate: &[f32], up: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
         Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::silu_mul(gate, up) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 | Isa::RelaxedSimd => simd128::silu_mul(gate, up),
         _ => scalar::silu_mul(gate, up),
     }
 }

@@ -227,6 +227,75 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     scalar::axpy(a, &x[main..], &mut y[main..]);
 }
 
+/// e^x for 4 floats, as AVX2's `exp_ps`: x = n ln2 + r (ln2 in two parts, |r| <= ln2 / 2), e^r
+/// by Cephes' degree-6 polynomial, 2^n into the exponent bits; x clamped to [-87.3, 88.3] so 2^n
+/// stays a normal float. Plain multiplies and adds (simd128 has no fused multiply-add).
+#[inline(always)]
+fn exp_ps(x: v128) -> v128 {
+    let x = f32x4_min(f32x4_max(x, f32x4_splat(-87.3)), f32x4_splat(88.3));
+    let n = f32x4_nearest(f32x4_mul(x, f32x4_splat(std::f32::consts::LOG2_E)));
+    let r = f32x4_sub(x, f32x4_mul(n, f32x4_splat(0.693_359_4)));
+    let r = f32x4_sub(r, f32x4_mul(n, f32x4_splat(-2.121_944_4e-4)));
+    let mut p = f32x4_splat(1.987_569_1e-4);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        p = f32x4_add(f32x4_mul(p, r), f32x4_splat(c));
+    }
+    let e = f32x4_add(f32x4_mul(f32x4_mul(p, r), r), f32x4_add(r, f32x4_splat(1.0)));
+    let n = i32x4_add(i32x4_trunc_sat_f32x4(n), i32x4_splat(127));
+    f32x4_mul(e, i32x4_shl(n, 23))
+}
+
+/// See `kernels::softmax`: libm's `exp` (a call per element in wasm) was the attention's
+/// slowest part at long contexts.
+pub fn softmax(x: &mut [f32]) {
+    let main = x.len() / 4 * 4;
+    let (body, tail) = x.split_at_mut(main);
+    let mut m = f32x4_splat(f32::NEG_INFINITY);
+    for c in body.chunks_exact(4) {
+        m = f32x4_max(m, load_f32x4_f(c));
+    }
+    let lanes = [
+        f32x4_extract_lane::<0>(m),
+        f32x4_extract_lane::<1>(m),
+        f32x4_extract_lane::<2>(m),
+        f32x4_extract_lane::<3>(m),
+    ];
+    let max = lanes.into_iter().chain(tail.iter().copied()).fold(f32::NEG_INFINITY, f32::max);
+    let (mv, mut sums) = (f32x4_splat(max), f32x4_splat(0.0));
+    for c in body.chunks_exact_mut(4) {
+        let e = exp_ps(f32x4_sub(load_f32x4_f(c), mv));
+        // SAFETY: c is 4 floats; v128_store is unaligned.
+        unsafe { v128_store(c.as_mut_ptr() as *mut v128, e) };
+        sums = f32x4_add(sums, e);
+    }
+    let mut sum = hsum_f32(sums);
+    for v in tail.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = f32x4_splat(1.0 / sum);
+    for c in body.chunks_exact_mut(4) {
+        // SAFETY: as above.
+        unsafe { v128_store(c.as_mut_ptr() as *mut v128, f32x4_mul(load_f32x4_f(c), inv)) };
+    }
+    for v in tail {
+        *v /= sum;
+    }
+}
+
+/// See `kernels::silu_mul`.
+pub fn silu_mul(gate: &[f32], up: &mut [f32]) {
+    let main = up.len() / 4 * 4;
+    let one = f32x4_splat(1.0);
+    for (u, g) in up.chunks_exact_mut(4).zip(gate.chunks_exact(4)) {
+        let g = load_f32x4_f(g);
+        let silu = f32x4_div(g, f32x4_add(one, exp_ps(f32x4_neg(g))));
+        // SAFETY: u is 4 floats; v128_store is unaligned.
+        unsafe { v128_store(u.as_mut_ptr() as *mut v128, f32x4_mul(load_f32x4_f(u), silu)) };
+    }
+    scalar::silu_mul(&gate[main..], &mut up[main..]);
+}
+
 /// Whether [`dot_q8_tile`] has a tiled kernel for `ty` (the others loop over `dot_q8`).
 pub fn has_tile(ty: GgmlType) -> bool {
     matches!(

@@ -75,17 +75,7 @@ impl Checker {
     /// `got` vs the scalar `want` within `2e-6 |want| + 1e-30`: a polynomial exp against libm's
     /// (a few units in the last place; ~1e-38 where libm underflows to 0).
     fn close(&mut self, what: impl FnOnce() -> String, got: f32, want: f32) -> Result<(), String> {
-        self.checks += 1;
-        let tol = 2e-6 * want.abs() + 1e-30;
-        if (got - want).abs() <= tol {
-            Ok(())
-        } else {
-            Err(format!(
-                "{} {}: {got} vs scalar {want} (tolerance {tol:.2e})",
-                self.isa.name(),
-                what()
-            ))
-        }
+        self.within(what, got, want, 2e-6 * want.abs() as f64 + 1e-30)
     }
 
     /// `got` vs the scalar `want`, allowing for float summation order: `1e-5 * mag + 1e-6`,
@@ -97,8 +87,17 @@ impl Checker {
         want: f32,
         mag: f64,
     ) -> Result<(), String> {
+        self.within(what, got, want, 1e-5 * mag + 1e-6)
+    }
+
+    fn within(
+        &mut self,
+        what: impl FnOnce() -> String,
+        got: f32,
+        want: f32,
+        tol: f64,
+    ) -> Result<(), String> {
         self.checks += 1;
-        let tol = 1e-5 * mag + 1e-6;
         // Written so that NaN fails.
         if ((got - want) as f64).abs() <= tol {
             Ok(())

@@ -665,15 +665,16 @@ pub fn logsumexp(logits: &[f32]) -> f64 {
 /// 2^n stays a normal float): next to the 1 that the largest logit adds, nothing.
 #[inline(always)]
 fn exp_nonpositive(x: f32) -> f32 {
+    use crate::cpu::kernels::{EXP_POLY, LN2_PARTS};
     // `<` is false for NaN, which goes on through and comes out NaN.
     let x = if x < -87.3 { -87.3 } else { x };
     const ROUND: f32 = 12_582_912.0;
     let t = x * std::f32::consts::LOG2_E + ROUND;
     let n = t - ROUND;
-    let r = x - n * 0.693_359_4;
-    let r = r - n * -2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+    let r = x - n * LN2_PARTS[0];
+    let r = r - n * LN2_PARTS[1];
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
         p = p * r + c;
     }
     let e = p * r * r + r + 1.0;

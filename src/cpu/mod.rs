@@ -44,9 +44,10 @@ pub struct CpuModel {
     precision: Precision,
     isa: Isa,
     threads: usize,
-    /// Natively, the model's own pool; `None` with one thread, and in the browser, where the
-    /// threads build uses the global pool the page started (`web::init_threads`).
-    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+    /// Natively, the model's own pool of the helpers its passes recruit (`threads - 1`: the
+    /// caller leads); `None` with one thread. (The browser's threads build recruits from the
+    /// global pool the page started, `web::pool::build_pool`.)
+    #[cfg(not(target_arch = "wasm32"))]
     pool: Option<std::sync::Arc<rayon::ThreadPool>>,
     /// Whether decode steps read the rows in long streams or adjacent tiles (see [`walk`]).
     walk: walk::WalkChoice,
@@ -96,7 +97,7 @@ impl Clone for KvCache {
     }
 }
 
-/// Threads of the browser's worker pool: set by `web::init_threads` once the page started it
+/// Threads of the browser's worker pool: set by `web::pool::build_pool` once the page started it
 /// (wasm threads build); 1 otherwise.
 #[cfg(target_arch = "wasm32")]
 pub static BROWSER_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
@@ -214,6 +215,18 @@ struct SyncPtr<T>(*mut T);
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 
+impl<T> SyncPtr<T> {
+    /// Elements `at..at + len` of the output. (A method, so that closures capture the whole
+    /// `SyncPtr`, which is Sync, not its raw-pointer field.)
+    ///
+    /// # Safety
+    /// They lie inside the output, and no other task touches them while the slice lives.
+    unsafe fn slice<'a>(&self, at: usize, len: usize) -> &'a mut [T] {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+}
+
 /// A matrix product's work, not yet done: `units` pieces (rows, or tiles or panels of rows) of
 /// about `cost` multiply-adds each, and what computes a range of them.
 struct Product<'a> {
@@ -242,7 +255,7 @@ impl CpuModel {
             precision: Precision::Exact,
             isa,
             threads: 1,
-            #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+            #[cfg(not(target_arch = "wasm32"))]
             pool: None,
             walk: walk::WalkChoice::new(kernels::decode_in_streams(isa)),
         }
@@ -297,7 +310,7 @@ impl CpuModel {
         {
             self.pool = if self.threads > 1 {
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(self.threads)
+                    .num_threads(self.threads - 1)
                     .build()
                     .ok()
                     .map(std::sync::Arc::new)
@@ -353,25 +366,16 @@ impl CpuModel {
         }
     }
 
-    /// Run `f` over `0..n` split into ranges on the thread pool (serially when small or single
-    /// threaded): on the team this thread leads during a forward pass (see [`team`]), else as a
-    /// rayon loop. `cost` is the work per item, to keep tiny loops on one thread.
+    /// Run `f` over `0..n` split into ranges on the team this thread leads during a forward pass
+    /// (see [`team`]; every caller runs inside one, see [`CpuModel::in_pool`]), serially when
+    /// small, single threaded or outside a team. `cost` is the work per item, to keep tiny loops
+    /// on one thread.
     fn par_ranges(&self, n: usize, cost: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
         if self.threads > 1 {
             let total = n.saturating_mul(cost);
             let chunks = (self.threads * 4).min(n).min(total >> MIN_TASK_LOG2);
-            if chunks > 1 {
-                let range = |c: usize| c * n / chunks..(c + 1) * n / chunks;
-                if team::run(chunks, &|c| f(range(c))) {
-                    return;
-                }
-                use rayon::prelude::*;
-                let run = || (0..chunks).into_par_iter().for_each(|c| f(range(c)));
-                match &self.pool {
-                    Some(pool) => pool.install(run),
-                    None => run(),
-                }
+            if chunks > 1 && team::run(chunks, &|c| f(c * n / chunks..(c + 1) * n / chunks)) {
                 return;
             }
         }
@@ -454,9 +458,6 @@ impl CpuModel {
                 const P: usize = kernels::PANEL_ROWS;
                 let xq = &xq[..n * (w.cols / QK8)];
                 let work = move |panels: Range<usize>| {
-                    // The whole SyncPtr (Sync), not its field (see `store`).
-                    #[allow(clippy::redundant_locals)]
-                    let out_ptr = out_ptr;
                     let mut panel = kernels::Panel::default();
                     let mut sums = vec![0f32; n * P];
                     let (r0, r1) = (panels.start * P, (panels.end * P).min(rows));
@@ -466,9 +467,7 @@ impl CpuModel {
                         kernels::panel_gemm(isa, w.ty, tile, xq, &mut panel, &mut sums);
                         for (t, s) in sums.chunks_exact(P).enumerate() {
                             // SAFETY: rows r..r + P of every token belong to this task alone.
-                            let dst = unsafe {
-                                std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r), P)
-                            };
+                            let dst = unsafe { out_ptr.slice(t * rows + r, P) };
                             dst.copy_from_slice(s);
                             if let Some(b) = bias_bytes {
                                 dst.iter_mut()
@@ -504,11 +503,8 @@ impl CpuModel {
                 };
                 // Decode's walks over rows a..b: the token's sums there, and the rows' bytes.
                 let rows_out = move |a: usize, b: usize| {
-                    // The whole SyncPtr (Sync), not its field (see `store`).
-                    #[allow(clippy::redundant_locals)]
-                    let out_ptr = out_ptr;
                     // SAFETY: rows a..b of the one token belong to this task alone.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(a), b - a) };
+                    let dst = unsafe { out_ptr.slice(a, b - a) };
                     (dst, &bytes[a * row_bytes..b * row_bytes])
                 };
                 let add_bias = move |dst: &mut [f32], r0: usize| {
@@ -817,15 +813,8 @@ impl CpuModel {
             let (per_token, isa) = (w.cols / QK8, self.isa);
             let out = SyncPtr(xq.blocks.as_mut_ptr());
             self.par_ranges(x.len() / w.cols, w.cols, &|tokens: Range<usize>| {
-                #[allow(clippy::redundant_locals)] // the whole SyncPtr (see `matmul`)
-                let out = out;
                 // SAFETY: each task writes the blocks of its own tokens, within `blocks`.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.0.add(tokens.start * per_token),
-                        tokens.len() * per_token,
-                    )
-                };
+                let out = unsafe { out.slice(tokens.start * per_token, tokens.len() * per_token) };
                 let x = &x[tokens.start * w.cols..tokens.end * w.cols];
                 scales.quantize_with(isa, x, out);
             });
@@ -841,13 +830,9 @@ impl CpuModel {
         let (n_ff, isa) = (self.model.config.n_ff, self.kernel_isa());
         let up_ptr = SyncPtr(up.as_mut_ptr());
         self.par_ranges(up.len() / n_ff, 16 * n_ff, &|tokens: Range<usize>| {
-            #[allow(clippy::redundant_locals)] // the whole SyncPtr (see `matmul`)
-            let up_ptr = up_ptr;
             let elements = tokens.start * n_ff..tokens.end * n_ff;
             // SAFETY: each task writes the elements of its own tokens, within `up`.
-            let up = unsafe {
-                std::slice::from_raw_parts_mut(up_ptr.0.add(elements.start), elements.len())
-            };
+            let up = unsafe { up_ptr.slice(elements.start, elements.len()) };
             kernels::silu_mul(isa, &gate[elements], up);
         });
     }
@@ -904,12 +889,10 @@ impl CpuModel {
         debug_assert!(stride >= pos0 + n);
         let (out_ptr, scores_ptr) = (SyncPtr(out.as_mut_ptr()), SyncPtr(scores.as_mut_ptr()));
         let work = |heads: Range<usize>| {
-            let (out_ptr, scores_ptr) = (out_ptr, scores_ptr);
             for h in heads {
                 // SAFETY: head h alone uses scores[h*stride..][..stride] and, for every t,
                 // out[t*q_dim + h*head_dim..][..head_dim]; both lie inside their buffers.
-                let scores =
-                    unsafe { std::slice::from_raw_parts_mut(scores_ptr.0.add(h * stride), stride) };
+                let scores = unsafe { scores_ptr.slice(h * stride, stride) };
                 let kvh = h / group;
                 for t in 0..n {
                     let seen = pos0 + t + 1;
@@ -918,12 +901,7 @@ impl CpuModel {
                     kernels::attention_scores(isa, qh, keys, head_dim, scale, &mut scores[..seen]);
                     kernels::softmax(isa, &mut scores[..seen]);
                     // SAFETY: see above.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            out_ptr.0.add(t * q_dim + h * head_dim),
-                            head_dim,
-                        )
-                    };
+                    let o = unsafe { out_ptr.slice(t * q_dim + h * head_dim, head_dim) };
                     kernels::attention_values(isa, &scores[..seen], v_cache.head(kvh), head_dim, o);
                 }
             }

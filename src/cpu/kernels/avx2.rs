@@ -874,10 +874,10 @@ fn exp_ps(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_PARTS[0]), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_PARTS[1]), r);
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     }
     let e = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));

@@ -846,6 +846,13 @@ pub fn attention_values(isa: Isa, weights: &[f32], values: KvRows, stride: usize
     }
 }
 
+/// Cephes' `expf`, which every vectorised exp here follows (AVX2's and simd128's, sampling's
+/// `logsumexp`): x = n ln 2 + r with ln 2 in two parts (`LN2_PARTS`, so r is exact enough), then
+/// e^r = 1 + r + r^2 p(r) for |r| <= ln 2 / 2, p's coefficients from the highest (`EXP_POLY`).
+pub(crate) const LN2_PARTS: [f32; 2] = [0.693_359_4, -2.121_944_4e-4];
+pub(crate) const EXP_POLY: [f32; 6] =
+    [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+
 /// `x = exp(x - max x) / sum`, in place (one head's attention weights). AVX2 and simd128 take a polynomial
 /// exp (within a few units in the last place; below e^-87 it gives ~1e-38 instead of 0), as
 /// llama.cpp's vectorised softmax does: libm's scalar expf was a twentieth of a long prefill.

@@ -234,10 +234,10 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 fn exp_ps(x: v128) -> v128 {
     let x = f32x4_min(f32x4_max(x, f32x4_splat(-87.3)), f32x4_splat(88.3));
     let n = f32x4_nearest(f32x4_mul(x, f32x4_splat(std::f32::consts::LOG2_E)));
-    let r = f32x4_sub(x, f32x4_mul(n, f32x4_splat(0.693_359_4)));
-    let r = f32x4_sub(r, f32x4_mul(n, f32x4_splat(-2.121_944_4e-4)));
-    let mut p = f32x4_splat(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+    let r = f32x4_sub(x, f32x4_mul(n, f32x4_splat(LN2_PARTS[0])));
+    let r = f32x4_sub(r, f32x4_mul(n, f32x4_splat(LN2_PARTS[1])));
+    let mut p = f32x4_splat(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         p = f32x4_add(f32x4_mul(p, r), f32x4_splat(c));
     }
     let e = f32x4_add(f32x4_mul(f32x4_mul(p, r), r), f32x4_add(r, f32x4_splat(1.0)));

@@ -491,8 +491,8 @@ impl CpuModel {
                 Product::new(rows.div_ceil(P), w.cols * n * P, work)
             }
             (Precision::Fast, Some(xq)) => {
-                // Tiles of TILE_ROWS rows x 4 or 2 tokens (prefill) or x 1 token (decode, and the
-                // odd token); rows past the last whole tile go one at a time.
+                // Tiles of TILE_ROWS rows x 5, 4, 3 or 2 tokens (prefill; 2 where the registers
+                // hold no more) or x 1 token (decode, and the odd token); rows past the last whole tile go one at a time.
                 // Decode walks the rows as this host streams them best (kernels::decode_walk).
                 const R: usize = kernels::TILE_ROWS;
                 let blocks = w.cols / QK8;
@@ -566,6 +566,9 @@ impl CpuModel {
                         if kernels::wide_tiles(isa, w.ty) {
                             tiles!(5);
                             tiles!(4);
+                            // A verification pass of 2 guesses: one sweep, not a tile of 2 and
+                            // one of 1 (135M Q8_0 shape, VNNI: 18.1 -> 16.2 ms).
+                            tiles!(3);
                         }
                         tiles!(2);
                         tiles!(1);

@@ -1117,13 +1117,19 @@ fn seeds_are_fresh_unless_given_and_text_mode_says_why_it_stopped() {
     assert!(err.contains("stopped: max_tokens were generated"), "{err}");
 }
 
-/// `bench` runs the embedded model when no `--model` is given.
+/// `bench` runs the embedded model when no `--model` is given; `--passes` times verification
+/// passes of those sizes and of one token, the reference.
 #[test]
 fn bench_defaults_to_the_embedded_model() {
-    let o = nexttoken(&["bench", "--contexts", "16", "--prefill", "16", "--steps", "2", "--json"]);
+    let args = ["bench", "--contexts", "16", "--prefill", "16", "--steps", "2", "--passes", "3"];
+    let o = nexttoken(&[&args[..], &["--json"]].concat());
     let report: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(report["model"], "embedded default (www/models/default.gguf)");
     assert_eq!(report["results"][0]["backend"], "cpu", "{report}");
+    let passes = report["results"][0]["pass_ms"].as_object().expect("pass_ms");
+    let sizes: Vec<&str> = passes.keys().map(|k| k.as_str()).collect();
+    assert_eq!(sizes, ["1", "3"], "{report}");
+    assert!(passes.values().all(|ms| ms.as_f64().is_some_and(|ms| ms > 0.0)), "{report}");
     // The embedded model's size, as `info` reports it from the file.
     let info = stdout(&nexttoken(&["info"]));
     let params = report["parameters"].as_u64().unwrap();

@@ -503,34 +503,83 @@ fn a_greedy_draft_model_gives_plain_greedy_and_is_mostly_right_when_it_is_the_mo
     }
 }
 
+/// How many steps `length` leaves plain before it guesses again, and how many it guesses then.
+fn plain_steps_then_guesses(length: &mut DraftLength) -> (usize, usize) {
+    for plain in 0..100 {
+        match length.for_this_step() {
+            0 => {}
+            k => return (plain, k),
+        }
+    }
+    panic!("no guess in 100 steps: {length:?}");
+}
+
 #[test]
 fn the_draft_length_follows_acceptance_and_cost() {
+    // A pass of k guesses in 10 ms (a plain step) plus 2 ms a guess.
+    let pass_ms = |k: usize| 10.0 + 2.0 * k as f64;
     let mut length = DraftLength::new(4);
     assert_eq!(length.for_this_step(), 0, "the first decode step is plain (a step's time)");
     length.time_plain_step(10.0);
-    assert_eq!(length.for_this_step(), 4);
-    // A pass of 4 guesses, all kept, in 14 ms: 5 tokens for 1.4 steps. Still 4 (the most).
-    length.record(4, 4, 14.0);
-    assert_eq!(length.for_this_step(), 4);
-    // One kept: next time 2 guesses.
-    length.record(4, 1, 14.0);
-    assert_eq!(length.for_this_step(), 2);
-    // Nothing kept: 1 step without guessing, then 1 guess; nothing again: 2 steps, then 4 ...
-    length.record(2, 0, 11.0);
-    assert_eq!((length.for_this_step(), length.for_this_step()), (0, 1));
-    length.record(1, 0, 11.0);
-    assert_eq!((length.for_this_step(), length.for_this_step(), length.for_this_step()), (0, 0, 1));
-    // Kept but dear (a compute-bound step: 2 tokens for the time of 5 steps): backs off too.
-    length.record(1, 1, 50.0);
-    let waits = (0..8).take_while(|_| length.for_this_step() == 0).count();
-    assert_eq!(waits, 4, "backed off 4 steps");
-    // A pass that pays resets the back-off.
-    length.record(2, 2, 12.0);
-    assert_eq!(length.for_this_step(), 4);
-    length.record(4, 0, 12.0);
-    assert_eq!((length.for_this_step(), length.for_this_step()), (0, 1));
-    // A pass that kept nothing backs off further even when the clock says it was cheap.
-    length.record(1, 0, 1.0);
-    let waits = (0..8).take_while(|_| length.for_this_step() == 0).count();
-    assert_eq!(waits, 2, "backed off 2 steps");
+    assert_eq!(length.for_this_step(), 1, "the first pass times one guess");
+    length.record(1, 1, pass_ms(1));
+    assert_eq!(
+        length.for_this_step(),
+        4,
+        "the counts (with a prior of 4 in 5 kept) ask for the most"
+    );
+    // Every guess kept: stays at 4.
+    for _ in 0..3 {
+        length.record(4, 4, pass_ms(4));
+        assert_eq!(length.for_this_step(), 4);
+    }
+    // First guesses kept, second ones not: one guess a pass (2 tokens for 1.2 steps beats
+    // 2 tokens for 1.4 or 1.8), though half the guesses of a k = 2 pass are kept.
+    for _ in 0..6 {
+        let k = length.for_this_step();
+        length.record(k, 1.min(k), pass_ms(k));
+    }
+    let ks: Vec<usize> = (0..4).map(|_| length.for_this_step()).collect();
+    assert_eq!(ks, [1, 1, 1, 1], "shares kept: {:?}", length.kept_shares());
+    // Right again: back to 4 within a few passes (old counts fade, untried positions return to
+    // the prior).
+    let mut k = length.for_this_step();
+    for _ in 0..12 {
+        length.record(k, k, pass_ms(k));
+        k = length.for_this_step();
+    }
+    assert_eq!(k, 4);
+    // Nothing kept from now on: no guessing for 1, 2, 4, 8 steps, each followed by one guess.
+    length.record(4, 0, pass_ms(4));
+    for wait in [1, 2, 4, 8] {
+        assert_eq!(plain_steps_then_guesses(&mut length), (wait, 1));
+        length.record(1, 0, pass_ms(1));
+    }
+    // A probe that is kept ends the back-off: the counts choose again.
+    assert_eq!(plain_steps_then_guesses(&mut length), (16, 1));
+    length.record(1, 1, pass_ms(1));
+    assert_eq!(plain_steps_then_guesses(&mut length).0, 0);
+    // Dear guesses (wasm: 0.6 of a step each), all kept: still the most, from the first passes.
+    let mut wasm = DraftLength::new(4);
+    wasm.for_this_step();
+    wasm.time_plain_step(10.0);
+    let ks: Vec<usize> = (0..6)
+        .map(|_| {
+            let k = wasm.for_this_step();
+            wasm.record(k, k, 10.0 + 6.0 * k as f64);
+            k
+        })
+        .collect();
+    assert_eq!((ks[0], &ks[2..]), (1, &[4; 4][..]), "{ks:?}");
+    // Kept but dear (a compute-bound step: a pass of 2 guesses for the time of 5 steps): no k
+    // pays, whatever is kept.
+    let mut dear = DraftLength::new(4);
+    dear.for_this_step();
+    dear.time_plain_step(10.0);
+    for _ in 0..3 {
+        let k = dear.for_this_step().max(1);
+        dear.record(k, k, 10.0 * (k + 2) as f64 + 20.0);
+    }
+    assert_eq!(dear.best(), None, "per pass: {:?}", dear);
+    assert_eq!(dear.for_this_step(), 0);
 }

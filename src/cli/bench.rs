@@ -81,6 +81,11 @@ pub struct BenchOptions {
     /// Speculative decoding: tokens each timed generation makes.
     #[arg(long, default_value_t = 128)]
     pub spec_tokens: usize,
+    /// Speculative decoding's verification passes: time forward passes of these token counts
+    /// (comma-separated) after a 16-token prompt, with a row of logits each, 20 times each; the
+    /// fastest, also in one-token passes (what a pass costs against a plain step).
+    #[arg(long, value_delimiter = ',')]
+    pub passes: Vec<usize>,
 }
 
 /// Time prefill and decode on any model.
@@ -120,7 +125,34 @@ fn measure<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
         }
         decode.insert(ctx.to_string(), json!(per_second(o.steps, default_clock() - start)));
     }
-    Ok(json!({"prefill_tok_s": prefill, "fill_tok_s": fill, "decode_tok_s": decode}))
+    let mut r = json!({"prefill_tok_s": prefill, "fill_tok_s": fill, "decode_tok_s": decode});
+    if !o.passes.is_empty() {
+        r["pass_ms"] = pass_times(m, o, &toks)?;
+    }
+    Ok(r)
+}
+
+/// The fastest of 20 forward passes of each of `--passes` token counts (and of 1, the
+/// reference) after a 16-token prompt, with all logits (a verification pass), in ms.
+fn pass_times<M: LanguageModel>(
+    m: &M,
+    o: &BenchOptions,
+    toks: &dyn Fn(usize, usize) -> Vec<u32>,
+) -> Result<Value> {
+    const REPS: usize = 20;
+    let mut times = serde_json::Map::new();
+    for &n in std::iter::once(&1).chain(o.passes.iter().filter(|&&n| n != 1)) {
+        let mut best = f64::INFINITY;
+        for rep in 0..REPS {
+            let mut s = m.new_state();
+            m.forward(&mut s, &toks(0, 16), false)?;
+            let start = default_clock();
+            m.forward(&mut s, &toks(16 + rep, n), true)?;
+            best = best.min(default_clock() - start);
+        }
+        times.insert(n.to_string(), json!(best));
+    }
+    Ok(Value::Object(times))
 }
 
 /// Constrained generations (sampling at temperature 1, a new seed each, `o.steps` tokens at
@@ -382,14 +414,18 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         speculative: o.speculative,
         draft_max: o.draft_max,
         spec_tokens: o.spec_tokens,
+        passes: o.passes.iter().map(|&n| fit(n)).collect(),
     };
     if o.speculative {
         SpeculativeOptions { source: DraftSource::lookup(), max_draft: o.draft_max }.validate()?;
     }
     let spec = o.constraint.spec()?;
     let spec_ctx = if o.speculative { 16 + o.spec_tokens + o.draft_max } else { 0 };
+    // A timed pass comes after a 16-token prompt, at one of 20 offsets.
+    let pass_ctx = o.passes.iter().map(|&n| 16 + 20 + n).max().unwrap_or(0);
     let max_ctx = (o.contexts.iter().chain(&o.prefill).copied().max().unwrap_or(16) + o.steps)
         .max(spec_ctx)
+        .max(pass_ctx)
         + 8;
     let mut results = Vec::new();
     let backends: Vec<&str> = match o.backend.as_str() {
@@ -533,6 +569,14 @@ pub fn run(o: &BenchOptions) -> Result<()> {
         println!("load           {:.3} s", r["load_s"].as_f64().unwrap_or(0.0));
         for (n, v) in r["prefill_tok_s"].as_object().into_iter().flatten() {
             println!("prefill {n:>5}  {:.1} tok/s", v.as_f64().unwrap_or(0.0));
+        }
+        let one = r["pass_ms"]["1"].as_f64().unwrap_or(f64::NAN);
+        for (n, v) in r["pass_ms"].as_object().into_iter().flatten() {
+            let ms = v.as_f64().unwrap_or(f64::NAN);
+            println!(
+                "pass    {n:>5}  {ms:.2} ms = {:.2} one-token passes (all logits, fastest of 20)",
+                ms / one
+            );
         }
         // The GPU's reference is its own measured read bandwidth, the CPU's the memcpy.
         let (reference, ref_name) = match r["read_bytes_s"].as_f64() {

@@ -37,9 +37,10 @@ use crate::sampling::{argmax, Sampler, SamplerConfig};
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpeculativeOptions {
     pub source: DraftSource,
-    /// The most tokens one pass verifies (k). The generation adapts k to how many guesses are
-    /// kept ([`DraftLength`]): it drafts fewer after a rejection and none for a while after a
-    /// pass that kept nothing, so a drafter that is always wrong costs almost nothing.
+    /// The most tokens one pass verifies (k). The generation adapts k to what guesses keep and
+    /// passes cost ([`DraftLength`]): the k expected to make the most tokens per millisecond,
+    /// and none for a while after a pass that kept nothing, so a drafter that is always wrong
+    /// costs almost nothing.
     pub max_draft: usize,
 }
 
@@ -225,18 +226,39 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
     rest.into_iter().map(|(id, w)| (id, (w / mass) as f32)).collect()
 }
 
-/// How many tokens to guess at each step: k adapts to what the model keeps and to what passes
-/// cost. After a pass that kept every guess k doubles (up to the maximum); after a rejection it
-/// becomes the number kept plus one (the guesses that would have been kept, and one to try).
-/// After a pass that did not pay — it made fewer tokens than the plain steps its time would
-/// have bought (a pass that kept nothing; any pass where a step is compute-bound, as on a tiny
-/// model, where a pass of 5 tokens costs about 5 steps) — no guessing for 1, 2, 4, ... up to
-/// [`MAX_BACKOFF`] steps, so a drafter that is never right costs one small pass in every few
-/// dozen steps. The first decode step is a plain one, to have a step's time to weigh passes by.
+/// How many tokens to guess at each step: the k that makes the most tokens per millisecond,
+/// judged from what passes have kept and what they cost so far.
+///
+/// - What guesses keep: for each guess position i (the first guess of a pass, the second, ...),
+///   the share of passes that reached it and kept it, decayed at each pass so old passes fade,
+///   and counted with a prior worth half a pass: the share of the position before (0.8 for the
+///   first). So a position not tried lately drifts back to what the one before it keeps and gets
+///   tried again; a fixed prior would leave k at 1 for good where a guess costs much (wasm: a
+///   guess adds 0.6 of a step, and four guesses at a prior of 0.8 looked worse than one). A pass of k guesses is then expected to make
+///   1 + a₀ + a₀a₁ + ... + a₀···aₖ₋₁ tokens. Position by position, not one rate for all: a
+///   drafter whose first guess is usually right and second usually wrong is worth k = 1, where
+///   one overall rate (1/2) would say k = 2 for the same two tokens at a dearer pass.
+/// - What a pass costs: a plain step's time (a moving average) plus k times what a guess adds
+///   (a moving average over passes of (pass / step − 1) / k, guessing included): about 0.2 of a
+///   step on a host where a step reads the weights from memory, near 1 where a step is
+///   compute-bound (a tiny model, or wasm without the multi-token kernels' speed).
+///
+/// The first pass guesses once: what a guess costs is not known before it, and where guesses
+/// are dear (wasm) a first pass of four that kept nothing cost 3.5 steps. After a pass that
+/// kept nothing, or when no k beats plain steps (passes that cost what their
+/// tokens do), no guessing for 1, 2, 4, ... up to [`MAX_BACKOFF`] steps, then one guess to try,
+/// so a drafter that is never right costs one small pass in every few dozen steps, and one that
+/// stops being right (prompt lookup past the copied text) costs one pass, not the several its
+/// counts would need to fall. The first
+/// decode step is a plain one, to have a step's time to weigh passes by.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     max: usize,
-    k: usize,
+    /// Per guess position: passes that reached it, and that kept it (decayed counts).
+    reached: Vec<f64>,
+    kept: Vec<f64>,
+    /// What one guess adds to a pass, in plain steps (a moving average), once a pass was timed.
+    per_guess: Option<f64>,
     backoff: usize,
     wait: usize,
     /// A plain step's milliseconds (a moving average), once one was timed.
@@ -246,9 +268,25 @@ pub struct DraftLength {
 /// The most plain steps between tries of a drafter that keeps failing.
 pub const MAX_BACKOFF: usize = 32;
 
+/// Each position's prior share of guesses kept, and what the prior weighs (in passes).
+const PRIOR_KEPT: f64 = 0.8;
+const PRIOR_WEIGHT: f64 = 0.5;
+/// What each pass keeps of the counts before it.
+const DECAY: f64 = 0.9;
+/// What a guess adds to a pass before one was timed, in plain steps.
+const PRIOR_PER_GUESS: f64 = 0.2;
+
 impl DraftLength {
     pub fn new(max: usize) -> DraftLength {
-        DraftLength { max, k: max, backoff: 0, wait: 1, step_ms: None }
+        DraftLength {
+            max,
+            reached: vec![0.0; max],
+            kept: vec![0.0; max],
+            per_guess: None,
+            backoff: 0,
+            wait: 1,
+            step_ms: None,
+        }
     }
 
     /// The guesses to make at this step: 0 while backing off.
@@ -257,7 +295,12 @@ impl DraftLength {
             self.wait -= 1;
             return 0;
         }
-        self.k
+        // The first pass, and the first after a back-off: one guess to try (the cheapest pass,
+        // which also times what a guess costs); the counts choose after it.
+        if self.backoff > 0 || self.per_guess.is_none() {
+            return 1;
+        }
+        self.best().map_or(1, |(k, _)| k)
     }
 
     /// A plain decode step took `ms` (its forward pass).
@@ -271,21 +314,59 @@ impl DraftLength {
     /// A pass verified `drafted` guesses and kept `accepted` in `ms` (guessing and its forward
     /// pass).
     pub fn record(&mut self, drafted: usize, accepted: usize, ms: f64) {
-        self.k = if accepted == drafted { (drafted * 2).max(1) } else { accepted + 1 };
-        self.k = self.k.min(self.max);
-        // The pass made accepted + 1 tokens; plain steps would have made ms / step_ms.
-        // (A pass that kept nothing never paid, whatever a noisy clock says.)
-        let paid = accepted > 0
-            && match self.step_ms {
-                Some(step) if step > 0.0 => (accepted + 1) as f64 * step > ms,
-                _ => true,
-            };
-        if !paid {
+        let drafted = drafted.min(self.max);
+        for i in 0..self.max {
+            self.reached[i] *= DECAY;
+            self.kept[i] *= DECAY;
+        }
+        // Positions 0..accepted were kept; the first rejected one was reached.
+        for i in 0..(accepted + 1).min(drafted) {
+            self.reached[i] += 1.0;
+            self.kept[i] += (i < accepted) as u8 as f64;
+        }
+        let step = self.step_ms.filter(|&s| s > 0.0 && drafted > 0);
+        let timed = step.map(|step| ((ms / step - 1.0) / drafted as f64).clamp(0.0, 4.0));
+        self.per_guess = Some(match (self.per_guess, timed) {
+            (Some(avg), Some(t)) => 0.7 * avg + 0.3 * t,
+            (None, Some(t)) => t,
+            // No clock to time it by: the prior.
+            (avg, None) => avg.unwrap_or(PRIOR_PER_GUESS),
+        });
+        // A pass that kept nothing never paid, whatever the counts still say.
+        if accepted == 0 || self.best().is_none() {
             self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
             self.wait = self.backoff;
         } else {
             self.backoff = 0;
         }
+    }
+
+    /// The share of passes reaching each guess position that keep it.
+    pub fn kept_shares(&self) -> Vec<f64> {
+        let mut prior = PRIOR_KEPT;
+        (0..self.max)
+            .map(|i| {
+                prior = (self.kept[i] + prior * PRIOR_WEIGHT) / (self.reached[i] + PRIOR_WEIGHT);
+                prior
+            })
+            .collect()
+    }
+
+    /// The k (1 to the most) expected to make the most tokens per plain step's time, with that
+    /// rate; `None` when none beats plain steps (1 token a step).
+    pub fn best(&self) -> Option<(usize, f64)> {
+        let (mut tokens, mut reach) = (1.0, 1.0);
+        let mut best: Option<(usize, f64)> = None;
+        for (k, share) in (1..=self.max).zip(self.kept_shares()) {
+            reach *= share;
+            tokens += reach;
+            let rate = tokens / (1.0 + self.per_guess.unwrap_or(PRIOR_PER_GUESS) * k as f64);
+            // Ties go to the longer draft (more tokens a pass).
+            if rate > 1.0 && best.is_none_or(|(_, r)| rate >= r) {
+                best = Some((k, rate));
+            }
+        }
+        best
     }
 }
 

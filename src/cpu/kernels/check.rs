@@ -119,7 +119,7 @@ fn magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
 }
 
 /// Checks `isa`'s `dot_q8` (every type of `GgmlType::QUANTISED`), `dot_q8_tile` (1 x 1, 4 x 1, 4 x 2, 4 x 4,
-/// 4 x 5; and that a token's sums are the same bits whatever the pass: `Checker::same`),
+/// 4 x 3, 4 x 5; and that a token's sums are the same bits whatever the pass: `Checker::same`),
 /// `panel_gemm` where the ISA has panels (8 rows, 7 tokens),
 /// `dot_float_row` (F32, F16, BF16), `dot_f32`, `axpy`, `softmax`, `silu_mul` and the attention
 /// kernels (f32 and f16 rows) against the scalar kernels on data
@@ -185,8 +185,10 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                     }
                 }
             }
-            // A token's sums do not depend on the pass it is in: 5 tokens at once (the widest
-            // tile) give each token what one gives it, bit for bit.
+            // A token's sums do not depend on the pass it is in: 3 and 5 tokens at once (the
+            // widest tile) give each token what one gives it, bit for bit.
+            let three =
+                dot_q8_tile(isa, ty, tile, std::array::from_fn::<_, 3, _>(|t| acts[t].as_slice()));
             let five = {
                 let mut five_acts = acts.clone();
                 five_acts.push(five_acts[0].clone());
@@ -203,6 +205,9 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
                     let mut passes = vec![(4, four[r][t]), (5, five[r][t])];
                     if t < 2 {
                         passes.push((2, two[r][t]));
+                    }
+                    if t < 3 {
+                        passes.push((3, three[r][t]));
                     }
                     for (n, got) in passes {
                         c.same(
@@ -365,7 +370,7 @@ pub fn check_isa_against_scalar(isa: Isa, seed: u64) -> Result<String, String> {
 
     let panels = GgmlType::QUANTISED.iter().any(|&ty| has_panel(isa, ty));
     Ok(format!(
-        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles{} and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; softmax; silu; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1, 2, 4 and 5 tokens and in decode's walks), seed {seed}",
+        "{}: {} results match scalar (dot_q8, 1x1, 4x1, 4x2, 4x4 tiles{} and decode's tiles and rows on Q8_0 Q4_0 Q5_0 Q5_1 Q4_K Q5_K Q6_K; dot_float_row on F32 F16 BF16; dot_f32; axpy; softmax; silu; attention scores and values on f32 and f16 rows; a token's sums the same bits in passes of 1 to 5 tokens and in decode's walks), seed {seed}",
         isa.name(),
         c.checks,
         if panels { ", prefill's 8-row panels" } else { "" }

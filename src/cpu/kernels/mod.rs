@@ -31,6 +31,11 @@ pub struct BlockQ8 {
     pub d: f32,
     pub sum: i32,
     pub qs: [i8; QK8],
+    /// The relaxed-simd build: `qs` split into x⁺ = max(q, 0) and x⁻ = max(−q, 0), what its
+    /// byte products multiply signed weights with (see `relaxed_simd.rs`), made once by the
+    /// quantiser instead of once per 4 rows in every tile.
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    pub split: [[i8; QK8]; 2],
 }
 
 /// Which instruction set a kernel uses.
@@ -259,6 +264,11 @@ impl ActScales {
                 }
                 o.d = d;
                 o.sum = sum;
+                // q is −127..=127, so −q is an i8.
+                #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+                {
+                    o.split = [o.qs.map(|q| q.max(0)), o.qs.map(|q| (-q).max(0))];
+                }
             }
         }
     }

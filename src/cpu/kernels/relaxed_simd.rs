@@ -53,8 +53,8 @@ fn low_nibbles(bytes: v128) -> v128 {
 
 impl Products for Bytes {
     type W = (v128, v128);
-    /// The activations (signed weights: x⁺ and x⁻, elements 0..16 and 16..32; unsigned weights:
-    /// the activations themselves, twice).
+    /// The activations (signed weights: x⁺ and x⁻ as the quantiser split them, `BlockQ8::split`,
+    /// elements 0..16 and 16..32; unsigned weights: the activations themselves, twice).
     type X = [v128; 4];
     #[inline(always)]
     fn signed(lo: v128, hi: v128) -> (v128, v128) {
@@ -83,13 +83,14 @@ impl Products for Bytes {
     }
     #[inline(always)]
     fn acts(a: &BlockQ8, signed: bool) -> [v128; 4] {
-        let (x0, x1) = (load_qs(a, 0), load_qs(a, 16));
         if signed {
-            let zero = i8x16_splat(0);
-            let plus = |x| i8x16_max(x, zero);
-            let minus = |x| i8x16_max(i8x16_neg(x), zero);
-            [plus(x0), plus(x1), minus(x0), minus(x1)]
+            // SAFETY: each load is 16 of a split's 32 bytes; v128_load takes any alignment.
+            let half =
+                |s: &[i8; QK8], at: usize| unsafe { v128_load(s[at..].as_ptr() as *const v128) };
+            let [plus, minus] = &a.split;
+            [half(plus, 0), half(plus, 16), half(minus, 0), half(minus, 16)]
         } else {
+            let (x0, x1) = (load_qs(a, 0), load_qs(a, 16));
             [x0, x1, x0, x1]
         }
     }

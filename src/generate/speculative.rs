@@ -234,23 +234,23 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
 ///   and counted with a prior worth half a pass: the share of the position before (0.8 for the
 ///   first). So a position not tried lately drifts back to what the one before it keeps and gets
 ///   tried again; a fixed prior would leave k at 1 for good where a guess costs much (wasm: a
-///   guess adds 0.6 of a step, and four guesses at a prior of 0.8 looked worse than one). A pass of k guesses is then expected to make
-///   1 + a₀ + a₀a₁ + ... + a₀···aₖ₋₁ tokens. Position by position, not one rate for all: a
-///   drafter whose first guess is usually right and second usually wrong is worth k = 1, where
-///   one overall rate (1/2) would say k = 2 for the same two tokens at a dearer pass.
+///   guess adds 0.6 of a step, and four guesses at a prior of 0.8 looked worse than one). A pass
+///   of k guesses is then expected to make 1 + a₀ + a₀a₁ + ... + a₀···aₖ₋₁ tokens. Position by
+///   position, not one rate for all: a drafter whose first guess is usually right and second
+///   usually wrong is worth k = 1, where one overall rate (1/2) would say k = 2 for the same two
+///   tokens at a dearer pass.
 /// - What a pass costs: a plain step's time (a moving average) plus k times what a guess adds
 ///   (a moving average over passes of (pass / step − 1) / k, guessing included): about 0.2 of a
 ///   step on a host where a step reads the weights from memory, near 1 where a step is
 ///   compute-bound (a tiny model, or wasm without the multi-token kernels' speed).
 ///
-/// The first pass guesses once: what a guess costs is not known before it, and where guesses
-/// are dear (wasm) a first pass of four that kept nothing cost 3.5 steps. After a pass that
-/// kept nothing, or when no k beats plain steps (passes that cost what their
-/// tokens do), no guessing for 1, 2, 4, ... up to [`MAX_BACKOFF`] steps, then one guess to try,
-/// so a drafter that is never right costs one small pass in every few dozen steps, and one that
-/// stops being right (prompt lookup past the copied text) costs one pass, not the several its
-/// counts would need to fall. The first
-/// decode step is a plain one, to have a step's time to weigh passes by.
+/// The first decode step is a plain one, to have a step's time to weigh passes by; the first
+/// pass guesses once, since what a guess costs is not known before it (where guesses are dear,
+/// wasm, a first pass of four that kept nothing cost 3.5 steps). After a pass that kept nothing,
+/// or when no k beats plain steps (passes that cost what their tokens do), no guessing for 1, 2,
+/// 4, ... up to [`MAX_BACKOFF`] steps, then one guess to try: a drafter that is never right costs
+/// one small pass in every few dozen steps, and one that stops being right (prompt lookup past
+/// the copied text) costs one pass, not the several its counts would need to fall.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     max: usize,
@@ -263,6 +263,11 @@ pub struct DraftLength {
     wait: usize,
     /// A plain step's milliseconds (a moving average), once one was timed.
     step_ms: Option<f64>,
+}
+
+/// `x` folded into the moving average `avg` (`x` itself for the first).
+fn moving_average(avg: Option<f64>, x: f64) -> f64 {
+    avg.map_or(x, |avg| 0.7 * avg + 0.3 * x)
 }
 
 /// The most plain steps between tries of a drafter that keeps failing.
@@ -305,10 +310,7 @@ impl DraftLength {
 
     /// A plain decode step took `ms` (its forward pass).
     pub fn time_plain_step(&mut self, ms: f64) {
-        self.step_ms = Some(match self.step_ms {
-            None => ms,
-            Some(avg) => 0.7 * avg + 0.3 * ms,
-        });
+        self.step_ms = Some(moving_average(self.step_ms, ms));
     }
 
     /// A pass verified `drafted` guesses and kept `accepted` in `ms` (guessing and its forward
@@ -326,11 +328,10 @@ impl DraftLength {
         }
         let step = self.step_ms.filter(|&s| s > 0.0 && drafted > 0);
         let timed = step.map(|step| ((ms / step - 1.0) / drafted as f64).clamp(0.0, 4.0));
-        self.per_guess = Some(match (self.per_guess, timed) {
-            (Some(avg), Some(t)) => 0.7 * avg + 0.3 * t,
-            (None, Some(t)) => t,
+        self.per_guess = Some(match timed {
+            Some(t) => moving_average(self.per_guess, t),
             // No clock to time it by: the prior.
-            (avg, None) => avg.unwrap_or(PRIOR_PER_GUESS),
+            None => self.per_guess.unwrap_or(PRIOR_PER_GUESS),
         });
         // A pass that kept nothing never paid, whatever the counts still say.
         if accepted == 0 || self.best().is_none() {

@@ -357,6 +357,9 @@ struct Speculation<M: LanguageModel, R> {
     stats: SpeculationStats,
     /// The verification pass whose rows are being sampled, if one is.
     pass: Option<VerifiedPass>,
+    /// Between passes, a free drafter's guess for the token at this position, checked when the
+    /// plain step makes it (`DraftLength::shadow`).
+    shadow: Option<(usize, u32)>,
 }
 
 /// A verification pass's guesses and rows of logits, and the next row to sample.
@@ -463,11 +466,14 @@ where
             None => None,
             Some(spec) => {
                 spec.validate()?;
+                let drafter = Drafter::new(&spec.source);
+                let length = DraftLength::new(spec.max_draft);
                 Some(Speculation {
-                    drafter: Drafter::new(&spec.source),
-                    length: DraftLength::new(spec.max_draft),
+                    length: if drafter.guesses_for_free() { length.shadowing() } else { length },
+                    drafter,
                     stats: SpeculationStats { source: spec.source.name(), ..Default::default() },
                     pass: None,
+                    shadow: None,
                 })
             }
         };
@@ -582,12 +588,19 @@ where
             .min(model.context_length().saturating_sub(self.tokens.len()));
         // A forced step counts as a plain one (its time is a step's time).
         let k = spec.length.for_this_step().min(room);
-        if k == 0 || forced {
+        // A plain step: a free drafter's guess for its token, to check.
+        let shadow = k == 0 && spec.drafter.guesses_for_free();
+        if forced || (k == 0 && !shadow) {
             return Ok(None);
         }
         let start = (self.clock)();
-        let draft = spec.drafter.draft(&self.tokens, generated, k, model.vocab_size()).await?;
+        let draft =
+            spec.drafter.draft(&self.tokens, generated, k.max(1), model.vocab_size()).await?;
         spec.stats.draft_ms += (self.clock)() - start;
+        if shadow {
+            spec.shadow = draft.ids.first().map(|&id| (self.tokens.len(), id));
+            return Ok(None);
+        }
         Ok((!draft.ids.is_empty()).then_some(draft))
     }
 
@@ -917,6 +930,13 @@ where
     /// set computed (which tells whether anything can follow).
     fn accept(&mut self, pick: Pick) -> Result<TokenEvent> {
         let position = self.tokens.len();
+        if let Some(spec) = self.speculation.as_mut() {
+            if let Some((at, guess)) = spec.shadow.take() {
+                if at == position {
+                    spec.length.shadow(guess == pick.id);
+                }
+            }
+        }
         let model = Borrow::<M>::borrow(&self.model);
         let is_end = self.opts.stop_at_eos
             && (model.eos_tokens().contains(&pick.id) || self.opts.stop_tokens.contains(&pick.id));

@@ -255,9 +255,10 @@ fn speculative<M: LanguageModel>(m: &M, o: &BenchOptions) -> Result<Value> {
     run(plain.clone())?; // warm-up
     let (want, first) = run(plain.clone())?;
     // The tokens a replay guesses: the plain run's, or where the verification passes round
-    // differently from one-token steps (the x86 Q4_0/Q5_0 one-token kernels sum in another
-    // order, and a random-weight network amplifies the last bit into other near-ties), the
-    // tokens the speculative run itself makes with them, so that "all right" is all right.
+    // differently from one-token steps (passes of more than 7 tokens go through prefill's
+    // panels, which sum in their own order, and a random-weight network amplifies the last bit
+    // into other near-ties; the GPU's tiles), the tokens the speculative run itself makes with
+    // them, so that "all right" is all right.
     let mut guesses = want.clone();
     for _ in 0..4 {
         let source = DraftSource::Replay { tokens: guesses.clone(), wrong_every: 0 };

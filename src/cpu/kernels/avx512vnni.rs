@@ -2,8 +2,8 @@
 //! multiplies unsigned by signed bytes and adds each group of four into an i32 in one instruction
 //! where AVX2 needs three (`maddubs`, `madd`, add), and 32 vector registers instead of 16, so a
 //! prefill tile holds 4 rows x 4 tokens of sums. Everything else runs the AVX2 kernels.
-//! Where the CPU also has AVX-512 VBMI (byte permutes), decode's Q4_0 and Q5_0 tiles go two
-//! blocks at a time in 512-bit vectors ([`nibble_decode_tile`]).
+//! Where the CPU also has AVX-512 VBMI (byte permutes), the Q4_0 and Q5_0 tiles of 4 rows go two
+//! blocks at a time in 512-bit vectors ([`nibble_tile`]).
 
 use super::avx2::{hsum_ps, load_block, tile_prefetch, unsigned_offset};
 use super::*;
@@ -76,8 +76,8 @@ pub unsafe fn dot_q8_rows(
     each_decode_row(matrix, row_bytes, out, |w| dot_q8_tile::<1, 1>(ty, [w], [act])[0][0])
 }
 
-/// See `kernels::dot_q8_decode_tiles`: Q4_0's or Q5_0's decode tile ([`nibble_decode_tile`])
-/// over the tiles.
+/// See `kernels::dot_q8_decode_tiles`: Q4_0's or Q5_0's one-token [`nibble_tile`] over the
+/// tiles.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 pub unsafe fn nibble_decode_tiles(
     ty: GgmlType,
@@ -89,23 +89,40 @@ pub unsafe fn nibble_decode_tiles(
 ) {
     match ty {
         GgmlType::Q5_0 => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
-            nibble_decode_tile::<true>(tile, act)
+            nibble_tile::<true, 1>(tile, [act]).map(|[sum]| sum)
         }),
         _ => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
-            nibble_decode_tile::<false>(tile, act)
+            nibble_tile::<false, 1>(tile, [act]).map(|[sum]| sum)
         }),
     }
 }
 
-/// Whether decode's 4-row, one-token tile of `ty` is [`nibble_decode_tile`] (with VBMI).
-pub fn has_decode_tile(ty: GgmlType) -> bool {
+/// Whether the 4-row tiles of `ty` are [`nibble_tile`] (with VBMI).
+pub fn has_nibble_tile(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0)
 }
 
-/// Whether this CPU has AVX-512 VBMI, which [`nibble_decode_tile`] needs (Zen 4, Ice Lake and
+/// Whether this CPU has AVX-512 VBMI, which [`nibble_tile`] needs (Zen 4, Ice Lake and
 /// later; not Cascade Lake). `std` caches the answer.
 pub fn has_vbmi() -> bool {
     is_x86_feature_detected!("avx512vbmi")
+}
+
+/// [`nibble_tile`] for `ty` ([`has_nibble_tile`]) in `kernels::dot_q8_tile`'s shape: `R` = 4.
+///
+/// # Safety
+/// The CPU has AVX-512 VNNI and VBMI ([`has_vbmi`]).
+pub unsafe fn nibble_tile_of<const R: usize, const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; R],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    let four: [&[u8]; 4] = rows.as_slice().try_into().expect("a nibble tile has 4 rows");
+    let out = match ty {
+        GgmlType::Q5_0 => nibble_tile::<true, T>(four, acts),
+        _ => nibble_tile::<false, T>(four, acts),
+    };
+    std::array::from_fn(|r| out[r])
 }
 
 /// Where a pair of blocks' quant bytes go: byte k of the unpacked vector takes byte
@@ -139,8 +156,9 @@ const Q5_0_NIBBLES: [u8; 64] = nibble_bytes(6, 22);
 const Q4_0_SCALES: [u16; 32] = scale_words(18);
 const Q5_0_SCALES: [u16; 32] = scale_words(22);
 
-/// Decode's Q4_0 (`FIVE` false) or Q5_0 tile, 4 rows x 1 token, with each row's blocks two at a
-/// time in 512-bit vectors.
+/// Q4_0's (`FIVE` false) or Q5_0's tile of 4 rows x `T` tokens, with each row's blocks two at a
+/// time in 512-bit vectors: decode's (`T` = 1) and a verification pass's, which must sum a token
+/// as decode does, bit for bit (speculative decoding keeps the plain run's tokens by it).
 ///
 /// Decode is this kernel's arithmetic, not the memory, on one core of AMD Zen 4 (the 256-bit tile
 /// ran at ~12 GB/s of weights with the rows in L2, below a core's ~20 GB/s read from memory): per
@@ -151,18 +169,22 @@ const Q5_0_SCALES: [u16; 32] = scale_words(22);
 /// shift and a mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15, then
 /// both blocks' 16-31), Q5_0's fifth bits add 16 under a mask built from the two `qh` words,
 /// `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`, one conversion and
-/// one FMA cover 64 weights. The activations are arranged to match once per pair and shared by
-/// the 4 rows. 1.15-1.3x the 256-bit Q4_0 tile's rate on Zen 4 (in L2 and from memory). An odd
-/// last block goes through the 256-bit tile.
+/// one FMA per token cover 64 weights. The activations are arranged to match once per pair and
+/// shared by the 4 rows; a row's unpacked pair by the tokens. 1.15-1.3x the 256-bit Q4_0 tile's
+/// rate at decode on Zen 4 (in L2 and from memory). An odd last block goes through the 256-bit
+/// tile.
 // Not inlined into the walk over the tiles: there LLVM kept the loop's constants live across
 // tiles and decoded Qwen2.5-0.5B Q4_0 4 % slower on one Zen 4 core.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn nibble_decode_tile<const FIVE: bool>(rows: [&[u8]; 4], act: &[BlockQ8]) -> [f32; 4] {
+pub unsafe fn nibble_tile<const FIVE: bool, const T: usize>(
+    rows: [&[u8]; 4],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; 4] {
     let (ty, bb) = if FIVE { (GgmlType::Q5_0, 22) } else { (GgmlType::Q4_0, 18) };
     let offset = if FIVE { 16 } else { 8 };
-    let nb = act.len();
-    assert!(rows.iter().all(|r| r.len() >= nb * bb));
+    let nb = acts[0].len();
+    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
     let ahead = tile_prefetch::<4>(rows[0].len());
     let (nibbles, scales) =
         if FIVE { (&Q5_0_NIBBLES, &Q5_0_SCALES) } else { (&Q4_0_NIBBLES, &Q4_0_SCALES) };
@@ -175,22 +197,27 @@ pub unsafe fn nibble_decode_tile<const FIVE: bool>(rows: [&[u8]; 4], act: &[Bloc
     // The activations' quarter-blocks (64-bit words) in the weights' order.
     let act_words = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
     let pair_mask: __mmask64 = (1 << (2 * bb)) - 1;
-    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut acc = [[_mm512_setzero_ps(); T]; 4];
     let mut i = 0;
     while i + 2 <= nb {
-        let (a0, a1) = (act.get_unchecked(i), act.get_unchecked(i + 1));
-        let x = _mm512_permutex2var_epi64(
-            _mm512_castsi256_si512(_mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i)),
-            act_words,
-            _mm512_castsi256_si512(_mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i)),
-        );
-        // sum((q - offset) x) = sum(q x) - offset sum(x), one correction per block.
-        let start = _mm512_mask_set1_epi32(
-            _mm512_maskz_set1_epi32(0x0001, -offset * a0.sum),
-            0x0010,
-            -offset * a1.sum,
-        );
-        let da = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d));
+        let mut x = [_mm512_setzero_si512(); T];
+        let mut start = [_mm512_setzero_si512(); T];
+        let mut da = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            let (a0, a1) = (acts[t].get_unchecked(i), acts[t].get_unchecked(i + 1));
+            x[t] = _mm512_permutex2var_epi64(
+                _mm512_castsi256_si512(_mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i)),
+                act_words,
+                _mm512_castsi256_si512(_mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i)),
+            );
+            // sum((q - offset) x) = sum(q x) - offset sum(x), one correction per block.
+            start[t] = _mm512_mask_set1_epi32(
+                _mm512_maskz_set1_epi32(0x0001, -offset * a0.sum),
+                0x0010,
+                -offset * a1.sum,
+            );
+            da[t] = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d));
+        }
         for r in 0..4 {
             let p = rows[r].as_ptr().add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
@@ -207,25 +234,34 @@ pub unsafe fn nibble_decode_tile<const FIVE: bool>(rows: [&[u8]; 4], act: &[Bloc
                     (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
                 w = _mm512_mask_add_epi8(w, bits, w, fifth);
             }
-            let sums = _mm512_dpbusd_epi32(start, w, x);
             let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
                 scale_words,
                 pair,
             )));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, da), acc[r]);
+            for t in 0..T {
+                let sums = _mm512_dpbusd_epi32(start[t], w, x[t]);
+                acc[r][t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, da[t]), acc[r][t]);
+            }
         }
         i += 2;
     }
     // Plain loops here: a closure (`array::from_fn`) lacks the target features, so the
     // intrinsics inside it became calls.
-    let mut out = [0f32; 4];
+    let mut out = [[0f32; T]; 4];
     for r in 0..4 {
-        out[r] = _mm512_reduce_add_ps(acc[r]);
+        for t in 0..T {
+            out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+        }
     }
     if i < nb {
         let last = [&rows[0][i * bb..], &rows[1][i * bb..], &rows[2][i * bb..], &rows[3][i * bb..]];
-        let tail = dot_q8_tile::<4, 1>(ty, last, [&act[i..]]);
-        out.iter_mut().zip(tail).for_each(|(o, t)| *o += t[0]);
+        let tail = dot_q8_tile::<4, T>(ty, last, acts.map(|a| &a[i..]));
+        for r in 0..4 {
+            for t in 0..T {
+                out[r][t] += tail[r][t];
+            }
+        }
     }
     out
 }

@@ -441,23 +441,6 @@ fn host_decodes_in_streams() -> Option<bool> {
     })
 }
 
-/// Whether a one-token step sums rows of `ty` bit for bit as passes of several tokens do, which
-/// speculative decoding's verification passes rely on to keep the plain run's tokens: every
-/// tile sums a row and token in one order whatever the number of rows and tokens it takes, and
-/// decode's walks take those tiles, except decode's Q4_0 and Q5_0 tile with AVX-512 VBMI
-/// (Zen 4, Ice Lake and later), which keeps its two blocks per vector, and its 1.15-1.3x: in
-/// the tile's order (a second chain of sums, block i + 1's into the upper half) it decoded
-/// Qwen2.5-0.5B Q4_0 at 46 tok/s instead of 57 on one Zen 4 core. Panels (prefill of
-/// `PANEL_MIN_TOKENS` tokens and more) sum in their own order.
-pub fn one_token_sums_as_in_passes(isa: Isa, ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni && avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() {
-        return false;
-    }
-    let _ = (isa, ty);
-    true
-}
-
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:
 /// each weight block is loaded (and unpacked) once for all `T` vectors, each activation block
 /// once for all `R` rows, and the `R * T` sums stay in registers. Decode uses `T = 1` (one token,
@@ -469,6 +452,11 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_q8`, and VBMI was detected.
+        Isa::Avx512Vnni
+            if R == TILE_ROWS && avx512vnni::has_nibble_tile(ty) && avx512vnni::has_vbmi() =>
+        unsafe { avx512vnni::nibble_tile_of(ty, rows, acts) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
         Isa::Avx512Vnni if avx512vnni::has_tile(ty) => unsafe {
@@ -532,8 +520,7 @@ pub fn dot_q8_rows(
 /// ([`DecodeWalk::Tiles`]) or, with `spread`, tiles of rows a quarter of the range apart
 /// ([`DecodeWalk::SpreadTiles`]; see [`decode_tile_rows`]). `out[r]` gets row r's sum, the same
 /// bits whichever the walk: the 4-row, one-token tile's ([`dot_q8_tile`]), which passes of
-/// several tokens give too, except the VBMI Q4_0/Q5_0 tile's own order
-/// ([`one_token_sums_as_in_passes`]).
+/// several tokens give too.
 pub fn dot_q8_decode_tiles(
     isa: Isa,
     ty: GgmlType,
@@ -549,7 +536,7 @@ pub fn dot_q8_decode_tiles(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8_tile`.
-        Isa::Avx512Vnni if avx512vnni::has_decode_tile(ty) && avx512vnni::has_vbmi() => unsafe {
+        Isa::Avx512Vnni if avx512vnni::has_nibble_tile(ty) && avx512vnni::has_vbmi() => unsafe {
             avx512vnni::nibble_decode_tiles(ty, matrix, row_bytes, spread, act, out)
         },
         #[cfg(target_arch = "x86_64")]

@@ -534,6 +534,16 @@ impl CpuModel {
                             );
                             add_bias(dst, r0);
                         }
+                        _ if kernels::has_pass_tiles(isa, w.ty) => {
+                            // The whole tiles in one call, the activations arranged once.
+                            r = r0 + (r1 - r0) / R * R;
+                            let acts: Vec<&[BlockQ8]> = (0..n).map(act).collect();
+                            let matrix = &bytes[r0 * row_bytes..r * row_bytes];
+                            let mut put = |t: usize, k: usize, v: f32| store(t, r0 + k, v);
+                            kernels::dot_q8_pass_tiles(
+                                isa, w.ty, matrix, row_bytes, &acts, &mut put,
+                            );
+                        }
                         _ => {}
                     }
                     while r + R <= r1 {

@@ -87,12 +87,13 @@ pub unsafe fn nibble_decode_tiles(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
+    let pairs = arrange(ty, act);
     match ty {
         GgmlType::Q5_0 => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
-            nibble_tile::<true, 1>(tile, [act]).map(|[sum]| sum)
+            nibble_tile::<true, 4, 1>(tile, [&pairs], [act]).map(|[sum]| sum)
         }),
         _ => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
-            nibble_tile::<false, 1>(tile, [act]).map(|[sum]| sum)
+            nibble_tile::<false, 4, 1>(tile, [&pairs], [act]).map(|[sum]| sum)
         }),
     }
 }
@@ -118,11 +119,120 @@ pub unsafe fn nibble_tile_of<const R: usize, const T: usize>(
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     let four: [&[u8]; 4] = rows.as_slice().try_into().expect("a nibble tile has 4 rows");
+    let pairs = acts.map(|a| arrange(ty, a));
+    let pairs = std::array::from_fn(|t| pairs[t].as_slice());
     let out = match ty {
-        GgmlType::Q5_0 => nibble_tile::<true, T>(four, acts),
-        _ => nibble_tile::<false, T>(four, acts),
+        GgmlType::Q5_0 => nibble_tile::<true, 4, T>(four, pairs, acts),
+        _ => nibble_tile::<false, 4, T>(four, pairs, acts),
     };
     std::array::from_fn(|r| out[r])
+}
+
+/// A pass's products over whole tiles of 4 rows (`matrix`, `row_bytes` a row) with the
+/// activations `acts` (a token each), arranged once ([`arrange`]) for all the tiles: `store(t, r,
+/// sum)` gets row r's sum with token t, decode's bits.
+///
+/// # Safety
+/// The CPU has AVX-512 VNNI and VBMI ([`has_vbmi`]); `ty` is [`has_nibble_tile`]'s.
+pub unsafe fn nibble_pass_tiles(
+    ty: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8]],
+    store: &mut dyn FnMut(usize, usize, f32),
+) {
+    match ty {
+        GgmlType::Q5_0 => pass_tiles::<true>(ty, matrix, row_bytes, acts, store),
+        _ => pass_tiles::<false>(ty, matrix, row_bytes, acts, store),
+    }
+}
+
+unsafe fn pass_tiles<const FIVE: bool>(
+    ty: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8]],
+    store: &mut dyn FnMut(usize, usize, f32),
+) {
+    let pairs: Vec<Vec<ActPair>> = acts.iter().map(|a| arrange(ty, a)).collect();
+    let n = acts.len();
+    for r in (0..matrix.len() / row_bytes / 4 * 4).step_by(4) {
+        let tile: [&[u8]; 4] =
+            std::array::from_fn(|k| &matrix[(r + k) * row_bytes..(r + k + 1) * row_bytes]);
+        let mut t = 0;
+        // Tiles of 4 rows x up to 4 tokens, 2 rows x 5: what fits 32 registers (the sums, a
+        // row's unpacked pair, the tokens' pairs, which LLVM keeps across the rows). 4 x 5 spilled
+        // sums through the stack, a 5-token pass 1.15x the 256-bit tile's time; 2 x 5 is 0.8-0.95x.
+        macro_rules! tiles {
+            ($rows:literal, $t:literal) => {
+                #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
+                while t + $t <= n {
+                    for h in (0..4).step_by($rows) {
+                        let sums = nibble_tile::<FIVE, $rows, $t>(
+                            std::array::from_fn(|k| tile[h + k]),
+                            std::array::from_fn(|j| pairs[t + j].as_slice()),
+                            std::array::from_fn(|j| acts[t + j]),
+                        );
+                        for (k, row) in sums.iter().enumerate() {
+                            for (j, &sum) in row.iter().enumerate() {
+                                store(t + j, r + h + k, sum);
+                            }
+                        }
+                    }
+                    t += $t;
+                }
+            };
+        }
+        tiles!(2, 5);
+        tiles!(4, 4);
+        tiles!(4, 3);
+        tiles!(4, 2);
+        tiles!(4, 1);
+    }
+}
+
+/// A pair of blocks' activations as [`nibble_tile`] multiplies them, made once per product and
+/// token rather than once per tile: both blocks' quants with their quarters in the weights'
+/// order, and each block's scale and offset correction (`-offset * sum`, which starts the
+/// integer sums) in its lanes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct ActPair {
+    x: __m512i,
+    da: __m512,
+    start: __m512i,
+}
+
+/// `act` arranged for [`nibble_tile`] over rows of `ty` (Q4_0 or Q5_0, whose offsets differ):
+/// one [`ActPair`] per whole pair of blocks.
+fn arrange(ty: GgmlType, act: &[BlockQ8]) -> Vec<ActPair> {
+    // SAFETY: AVX-512 was detected wherever a nibble tile runs.
+    unsafe { arrange_pairs(if ty == GgmlType::Q5_0 { 16 } else { 8 }, act) }
+}
+
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn arrange_pairs(offset: i32, act: &[BlockQ8]) -> Vec<ActPair> {
+    // The activations' quarter-blocks (64-bit words) in the weights' order.
+    let act_words = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+    let mut pairs = Vec::with_capacity(act.len() / 2);
+    for pair in act.chunks_exact(2) {
+        let (a0, a1) = (&pair[0], &pair[1]);
+        pairs.push(ActPair {
+            x: _mm512_permutex2var_epi64(
+                _mm512_castsi256_si512(_mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i)),
+                act_words,
+                _mm512_castsi256_si512(_mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i)),
+            ),
+            // sum((q - offset) x) = sum(q x) - offset sum(x), one correction per block.
+            start: _mm512_mask_set1_epi32(
+                _mm512_maskz_set1_epi32(0x0001, -offset * a0.sum),
+                0x0010,
+                -offset * a1.sum,
+            ),
+            da: _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d)),
+        });
+    }
+    pairs
 }
 
 /// Where a pair of blocks' quant bytes go: byte k of the unpacked vector takes byte
@@ -156,9 +266,11 @@ const Q5_0_NIBBLES: [u8; 64] = nibble_bytes(6, 22);
 const Q4_0_SCALES: [u16; 32] = scale_words(18);
 const Q5_0_SCALES: [u16; 32] = scale_words(22);
 
-/// Q4_0's (`FIVE` false) or Q5_0's tile of 4 rows x `T` tokens, with each row's blocks two at a
-/// time in 512-bit vectors: decode's (`T` = 1) and a verification pass's, which must sum a token
-/// as decode does, bit for bit (speculative decoding keeps the plain run's tokens by it).
+/// Q4_0's (`FIVE` false) or Q5_0's tile of `R` rows x `T` tokens, with each row's blocks two at
+/// a time in 512-bit vectors: decode's (4 x 1) and a verification pass's, which must sum a token
+/// as decode does, bit for bit (speculative decoding keeps the plain run's tokens by it): every
+/// row and token gets the same operations in the same order whatever `R` and `T`. `pairs` are
+/// `acts` arranged ([`arrange`]), once per product.
 ///
 /// Decode is this kernel's arithmetic, not the memory, on one core of AMD Zen 4 (the 256-bit tile
 /// ran at ~12 GB/s of weights with the rows in L2, below a core's ~20 GB/s read from memory): per
@@ -169,23 +281,25 @@ const Q5_0_SCALES: [u16; 32] = scale_words(22);
 /// shift and a mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15, then
 /// both blocks' 16-31), Q5_0's fifth bits add 16 under a mask built from the two `qh` words,
 /// `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`, one conversion and
-/// one FMA per token cover 64 weights. The activations are arranged to match once per pair and
-/// shared by the 4 rows; a row's unpacked pair by the tokens. 1.15-1.3x the 256-bit Q4_0 tile's
-/// rate at decode on Zen 4 (in L2 and from memory). An odd last block goes through the 256-bit
-/// tile.
+/// one FMA per token cover 64 weights; a row's unpacked pair serves every token. 1.15-1.3x the
+/// 256-bit Q4_0 tile's rate at decode on Zen 4 (in L2 and from memory); on an Intel Xeon, passes
+/// of 2 to 5 tokens 0.8-0.9x the 256-bit tile's time with the pairs arranged once per product
+/// (arranged once per tile they were 1.05-1.1x: a quarter of a 5-token tile's instructions). An
+/// odd last block goes through the 256-bit tile.
 // Not inlined into the walk over the tiles: there LLVM kept the loop's constants live across
 // tiles and decoded Qwen2.5-0.5B Q4_0 4 % slower on one Zen 4 core.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn nibble_tile<const FIVE: bool, const T: usize>(
-    rows: [&[u8]; 4],
+pub unsafe fn nibble_tile<const FIVE: bool, const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    pairs: [&[ActPair]; T],
     acts: [&[BlockQ8]; T],
-) -> [[f32; T]; 4] {
+) -> [[f32; T]; R] {
     let (ty, bb) = if FIVE { (GgmlType::Q5_0, 22) } else { (GgmlType::Q4_0, 18) };
-    let offset = if FIVE { 16 } else { 8 };
     let nb = acts[0].len();
     assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
-    let ahead = tile_prefetch::<4>(rows[0].len());
+    assert!(pairs.iter().all(|p| p.len() == nb / 2));
+    let ahead = tile_prefetch::<R>(rows[0].len());
     let (nibbles, scales) =
         if FIVE { (&Q5_0_NIBBLES, &Q5_0_SCALES) } else { (&Q4_0_NIBBLES, &Q4_0_SCALES) };
     let nibble_bytes = _mm512_loadu_si512(nibbles.as_ptr() as *const __m512i);
@@ -194,31 +308,15 @@ pub unsafe fn nibble_tile<const FIVE: bool, const T: usize>(
     let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
     let low4 = _mm512_set1_epi8(0x0f);
     let fifth = _mm512_set1_epi8(0x10);
-    // The activations' quarter-blocks (64-bit words) in the weights' order.
-    let act_words = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
     let pair_mask: __mmask64 = (1 << (2 * bb)) - 1;
-    let mut acc = [[_mm512_setzero_ps(); T]; 4];
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
     let mut i = 0;
     while i + 2 <= nb {
-        let mut x = [_mm512_setzero_si512(); T];
-        let mut start = [_mm512_setzero_si512(); T];
-        let mut da = [_mm512_setzero_ps(); T];
+        let mut a = [std::ptr::null::<ActPair>(); T];
         for t in 0..T {
-            let (a0, a1) = (acts[t].get_unchecked(i), acts[t].get_unchecked(i + 1));
-            x[t] = _mm512_permutex2var_epi64(
-                _mm512_castsi256_si512(_mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i)),
-                act_words,
-                _mm512_castsi256_si512(_mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i)),
-            );
-            // sum((q - offset) x) = sum(q x) - offset sum(x), one correction per block.
-            start[t] = _mm512_mask_set1_epi32(
-                _mm512_maskz_set1_epi32(0x0001, -offset * a0.sum),
-                0x0010,
-                -offset * a1.sum,
-            );
-            da[t] = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d));
+            a[t] = pairs[t].as_ptr().add(i / 2);
         }
-        for r in 0..4 {
+        for r in 0..R {
             let p = rows[r].as_ptr().add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             let pair = _mm512_maskz_loadu_epi8(pair_mask, p as *const i8);
@@ -239,25 +337,25 @@ pub unsafe fn nibble_tile<const FIVE: bool, const T: usize>(
                 pair,
             )));
             for t in 0..T {
-                let sums = _mm512_dpbusd_epi32(start[t], w, x[t]);
+                let a = &*a[t];
+                let sums = _mm512_dpbusd_epi32(a.start, w, a.x);
                 acc[r][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, da[t]), acc[r][t]);
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, a.da), acc[r][t]);
             }
         }
         i += 2;
     }
     // Plain loops here: a closure (`array::from_fn`) lacks the target features, so the
     // intrinsics inside it became calls.
-    let mut out = [[0f32; T]; 4];
-    for r in 0..4 {
+    let mut out = [[0f32; T]; R];
+    for r in 0..R {
         for t in 0..T {
             out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
         }
     }
     if i < nb {
-        let last = [&rows[0][i * bb..], &rows[1][i * bb..], &rows[2][i * bb..], &rows[3][i * bb..]];
-        let tail = dot_q8_tile::<4, T>(ty, last, acts.map(|a| &a[i..]));
-        for r in 0..4 {
+        let tail = dot_q8_tile::<R, T>(ty, rows.map(|r| &r[i * bb..]), acts.map(|a| &a[i..]));
+        for r in 0..R {
             for t in 0..T {
                 out[r][t] += tail[r][t];
             }

@@ -441,6 +441,41 @@ fn host_decodes_in_streams() -> Option<bool> {
     })
 }
 
+/// Whether a pass of several tokens over rows of `ty` takes its whole tiles through
+/// [`dot_q8_pass_tiles`] (Q4_0 and Q5_0 with AVX-512 VBMI), not tile by tile through
+/// [`dot_q8_tile`].
+pub fn has_pass_tiles(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512Vnni && avx512vnni::has_nibble_tile(ty) && avx512vnni::has_vbmi();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        false
+    }
+}
+
+/// A pass's products over the whole tiles of 4 rows in `matrix` (`row_bytes` each) with `acts`
+/// (a token each), where [`has_pass_tiles`]: the activations arranged once for every tile.
+/// `store(t, r, sum)` gets row r's sum with token t: [`dot_q8_tile`]'s bits.
+pub fn dot_q8_pass_tiles(
+    isa: Isa,
+    ty: GgmlType,
+    matrix: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8]],
+    store: &mut dyn FnMut(usize, usize, f32),
+) {
+    assert!(has_pass_tiles(isa, ty), "no pass tiles for {} with {}", ty.name(), isa.name());
+    assert!(acts.iter().all(|a| row_bytes >= ty.row_bytes(a.len() * QK8)));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `has_pass_tiles` checked the CPU's features and the type.
+    unsafe {
+        avx512vnni::nibble_pass_tiles(ty, matrix, row_bytes, acts, store)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (matrix, store);
+}
+
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:
 /// each weight block is loaded (and unpacked) once for all `T` vectors, each activation block
 /// once for all `R` rows, and the `R * T` sums stay in registers. Decode uses `T = 1` (one token,

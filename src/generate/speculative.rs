@@ -248,18 +248,19 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
 /// pass guesses once, since what a guess costs is not known before it (where guesses are dear,
 /// wasm, a first pass of four that kept nothing cost 3.5 steps). After a pass that kept nothing,
 /// or when no k beats plain steps (passes that cost what their tokens do), no guessing for 1, 2,
-/// 4, ... up to [`MAX_BACKOFF`] steps, then one guess to try: a drafter that is never right costs
-/// one small pass in every few dozen steps, and one that stops being right (prompt lookup past
-/// the copied text) costs one pass, not the several its counts would need to fall.
+/// 4, ... up to [`MAX_BACKOFF`] steps, then one guess to try: a draft model that is never right
+/// costs one small pass in every few dozen steps, and a drafter that stops being right (prompt
+/// lookup past the copied text) costs one pass, not the several its counts would need to fall.
 ///
 /// A drafter that guesses for free (prompt lookup, a replay) is also asked between passes, and
 /// its guess checked against the token the plain step makes ([`shadow`](DraftLength::shadow)):
 /// what a one-guess pass would have kept, known without the pass (with a drafter that guesses
 /// one token, the plain step's token is the guess exactly as often as the rejection rule keeps
 /// it). Then no pass is tried, not even the first, until such a guess was right, and two right
-/// in a row end a back-off at once where the counts say passes pay: a drafter that is never right costs
-/// no pass at all (it cost 10-19 % of decode's speed where a guess costs most, wasm and the 1B
-/// shape's Q4_0 passes), and one that becomes right is back in the next step.
+/// in a row end a back-off at once where the counts say passes pay: a drafter that is never
+/// right costs no pass at all (its probes cost 10-19 % of decode's speed where a guess costs
+/// most, wasm and the 1B shape's Q4_0 passes), and one that becomes right is back within a few
+/// steps.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     max: usize,

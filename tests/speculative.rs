@@ -606,16 +606,21 @@ fn always_right(length: &mut DraftLength, steps: usize) -> Vec<usize> {
         .collect()
 }
 
+/// `steps` steps of a drafter whose guesses checked between passes are all wrong: none passes.
+fn no_pass_while_wrong(length: &mut DraftLength, steps: usize) {
+    for _ in 0..steps {
+        assert_eq!(length.for_this_step(), 0, "{length:?}");
+        length.shadow(false);
+    }
+}
+
 #[test]
 fn guesses_checked_between_passes_keep_a_wrong_drafter_from_passing() {
     let mut length = DraftLength::new(4).shadowing();
     assert_eq!(length.for_this_step(), 0);
     length.time_plain_step(10.0);
     // Wrong guesses between passes: no pass, not even the first, however long.
-    for _ in 0..200 {
-        assert_eq!(length.for_this_step(), 0, "{length:?}");
-        length.shadow(false);
-    }
+    no_pass_while_wrong(&mut length, 200);
     // One right guess: the first pass at the next step; then passes of more as the counts
     // recover from 200 wrong guesses (old counts fade: each step keeps 0.9 of them).
     length.shadow(true);
@@ -625,10 +630,7 @@ fn guesses_checked_between_passes_keep_a_wrong_drafter_from_passing() {
     assert_eq!(ks[12..], [4; 4], "{ks:?}");
     // A pass that keeps nothing, then wrong guesses: no pass in the back-off nor after it.
     length.record(4, 0, 18.0);
-    for _ in 0..100 {
-        assert_eq!(length.for_this_step(), 0, "{length:?}");
-        length.shadow(false);
-    }
+    no_pass_while_wrong(&mut length, 100);
     // Right again: one guess at once, and the same recovery.
     length.shadow(true);
     let ks = always_right(&mut length, 16);

@@ -142,18 +142,18 @@ pub unsafe fn nibble_pass_tiles(
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
     match ty {
-        GgmlType::Q5_0 => pass_tiles::<true>(ty, matrix, row_bytes, acts, store),
-        _ => pass_tiles::<false>(ty, matrix, row_bytes, acts, store),
+        GgmlType::Q5_0 => pass_tiles::<true>(matrix, row_bytes, acts, store),
+        _ => pass_tiles::<false>(matrix, row_bytes, acts, store),
     }
 }
 
 unsafe fn pass_tiles<const FIVE: bool>(
-    ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
     acts: &[&[BlockQ8]],
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
+    let ty = if FIVE { GgmlType::Q5_0 } else { GgmlType::Q4_0 };
     let pairs: Vec<Vec<ActPair>> = acts.iter().map(|a| arrange(ty, a)).collect();
     let n = acts.len();
     for r in (0..matrix.len() / row_bytes / 4 * 4).step_by(4) {

@@ -837,16 +837,18 @@ impl CpuModel {
     }
 
     /// `up *= silu(gate)` for a batch of tokens, token by token over the pool (at prefill the
-    /// exponentials are a few per cent of the pass); whole tokens, so that each element is
-    /// computed as in a pass of any other size (SIMD lanes and the scalar tail round apart).
+    /// exponentials are a few per cent of the pass); one kernel call a token, so that each
+    /// element is computed as in a pass of any other size (SIMD lanes and the scalar tail round
+    /// apart: a task's tokens in one call gave stories260K's 172-wide rows other bits in a pass).
     fn silu_mul(&self, gate: &[f32], up: &mut [f32]) {
         let (n_ff, isa) = (self.model.config.n_ff, self.kernel_isa());
         let up_ptr = SyncPtr(up.as_mut_ptr());
         self.par_ranges(up.len() / n_ff, 16 * n_ff, &|tokens: Range<usize>| {
-            let elements = tokens.start * n_ff..tokens.end * n_ff;
-            // SAFETY: each task writes the elements of its own tokens, within `up`.
-            let up = unsafe { up_ptr.slice(elements.start, elements.len()) };
-            kernels::silu_mul(isa, &gate[elements], up);
+            for t in tokens {
+                // SAFETY: each task writes the elements of its own tokens, within `up`.
+                let up = unsafe { up_ptr.slice(t * n_ff, n_ff) };
+                kernels::silu_mul(isa, &gate[t * n_ff..(t + 1) * n_ff], up);
+            }
         });
     }
 

@@ -2,8 +2,9 @@
 //! multiplies unsigned by signed bytes and adds each group of four into an i32 in one instruction
 //! where AVX2 needs three (`maddubs`, `madd`, add), and 32 vector registers instead of 16, so a
 //! prefill tile holds 4 rows x 4 tokens of sums. Everything else runs the AVX2 kernels.
-//! Where the CPU also has AVX-512 VBMI (byte permutes), the Q4_0 and Q5_0 tiles of 4 rows go two
-//! blocks at a time in 512-bit vectors ([`nibble_tile`]).
+//! Decode and verification passes take each row's blocks two at a time in 512-bit vectors
+//! ([`pair_tile`]): Q8_0 on every such CPU, Q4_0 and Q5_0 in tiles of 4 rows where the CPU also
+//! has AVX-512 VBMI (byte permutes).
 
 use super::avx2::{hsum_ps, load_block, tile_prefetch, unsigned_offset};
 use super::*;
@@ -64,7 +65,8 @@ pub unsafe fn dot_q8_tile<const R: usize, const T: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| hsum_ps(acc[r][t])))
 }
 
-/// See `kernels::dot_q8_rows`: the one-row tile over consecutive rows (`has_tile`'s types).
+/// See `kernels::dot_q8_rows`: the one-row tile over consecutive rows (`has_tile`'s types;
+/// Q8_0's is [`pair_tile`], its activations arranged once for all the rows).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn dot_q8_rows(
     ty: GgmlType,
@@ -73,13 +75,61 @@ pub unsafe fn dot_q8_rows(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
+    if has_pair_tile(ty, 1) {
+        let pairs = arrange(ty, act);
+        return each_decode_row(matrix, row_bytes, out, |w| {
+            pair_tile::<PAIR_Q8_0, 1, 1>([w], [&pairs], [act])[0][0]
+        });
+    }
     each_decode_row(matrix, row_bytes, out, |w| dot_q8_tile::<1, 1>(ty, [w], [act])[0][0])
 }
 
-/// See `kernels::dot_q8_decode_tiles`: Q4_0's or Q5_0's one-token [`nibble_tile`] over the
-/// tiles.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn nibble_decode_tiles(
+/// [`pair_tile`]'s weight types, as its const parameter.
+const PAIR_Q8_0: u8 = 0;
+const PAIR_Q4_0: u8 = 1;
+const PAIR_Q5_0: u8 = 2;
+
+/// `$body` with `$k` the const of `$ty`'s [`pair_tile`] (Q8_0, Q4_0 or Q5_0).
+macro_rules! by_pair_type {
+    ($ty:expr, $k:ident => $body:expr) => {
+        match $ty {
+            GgmlType::Q8_0 => {
+                const $k: u8 = PAIR_Q8_0;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                const $k: u8 = PAIR_Q5_0;
+                $body
+            }
+            _ => {
+                const $k: u8 = PAIR_Q4_0;
+                $body
+            }
+        }
+    };
+}
+
+/// Whether tiles of `rows` rows (1 or 4) of `ty` are [`pair_tile`]: Q8_0's always, Q4_0's and
+/// Q5_0's of 4 rows where the CPU has VBMI (one row of them keeps the 256-bit tile, in decode and
+/// passes alike).
+pub fn has_pair_tile(ty: GgmlType, rows: usize) -> bool {
+    match ty {
+        GgmlType::Q8_0 => true,
+        GgmlType::Q4_0 | GgmlType::Q5_0 => rows == TILE_ROWS && has_vbmi(),
+        _ => false,
+    }
+}
+
+/// Whether this CPU has AVX-512 VBMI, which [`pair_tile`] needs for Q4_0 and Q5_0 (Zen 4, Ice
+/// Lake and later; not Cascade Lake). `std` caches the answer.
+pub fn has_vbmi() -> bool {
+    is_x86_feature_detected!("avx512vbmi")
+}
+
+/// See `kernels::dot_q8_decode_tiles`: the one-token [`pair_tile`] over the tiles
+/// ([`has_pair_tile`] with 4 rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn pair_decode_tiles(
     ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
@@ -88,44 +138,23 @@ pub unsafe fn nibble_decode_tiles(
     out: &mut [f32],
 ) {
     let pairs = arrange(ty, act);
-    match ty {
-        GgmlType::Q5_0 => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
-            nibble_tile::<true, 4, 1>(tile, [&pairs], [act]).map(|[sum]| sum)
-        }),
-        _ => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
-            nibble_tile::<false, 4, 1>(tile, [&pairs], [act]).map(|[sum]| sum)
-        }),
-    }
+    by_pair_type!(ty, K => each_decode_tile(matrix, row_bytes, spread, out, |tile| {
+        pair_tile::<K, 4, 1>(tile, [&pairs], [act]).map(|[sum]| sum)
+    }))
 }
 
-/// Whether the 4-row tiles of `ty` are [`nibble_tile`] (with VBMI).
-pub fn has_nibble_tile(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0)
-}
-
-/// Whether this CPU has AVX-512 VBMI, which [`nibble_tile`] needs (Zen 4, Ice Lake and
-/// later; not Cascade Lake). `std` caches the answer.
-pub fn has_vbmi() -> bool {
-    is_x86_feature_detected!("avx512vbmi")
-}
-
-/// [`nibble_tile`] for `ty` ([`has_nibble_tile`]) in `kernels::dot_q8_tile`'s shape: `R` = 4.
+/// [`pair_tile`] in `kernels::dot_q8_tile`'s shape, the activations arranged for this call.
 ///
 /// # Safety
-/// The CPU has AVX-512 VNNI and VBMI ([`has_vbmi`]).
-pub unsafe fn nibble_tile_of<const R: usize, const T: usize>(
+/// The CPU has AVX-512 VNNI, and VBMI for Q4_0 and Q5_0 ([`has_pair_tile`]).
+pub unsafe fn pair_tile_of<const R: usize, const T: usize>(
     ty: GgmlType,
     rows: [&[u8]; R],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
-    let four: [&[u8]; 4] = rows.as_slice().try_into().expect("a nibble tile has 4 rows");
     let pairs = acts.map(|a| arrange(ty, a));
     let pairs = std::array::from_fn(|t| pairs[t].as_slice());
-    let out = match ty {
-        GgmlType::Q5_0 => nibble_tile::<true, 4, T>(four, pairs, acts),
-        _ => nibble_tile::<false, 4, T>(four, pairs, acts),
-    };
-    std::array::from_fn(|r| out[r])
+    by_pair_type!(ty, K => pair_tile::<K, R, T>(rows, pairs, acts))
 }
 
 /// A pass's products over whole tiles of 4 rows (`matrix`, `row_bytes` a row) with the
@@ -133,28 +162,24 @@ pub unsafe fn nibble_tile_of<const R: usize, const T: usize>(
 /// sum)` gets row r's sum with token t, decode's bits.
 ///
 /// # Safety
-/// The CPU has AVX-512 VNNI and VBMI ([`has_vbmi`]); `ty` is [`has_nibble_tile`]'s.
-pub unsafe fn nibble_pass_tiles(
+/// The CPU has AVX-512 VNNI, and VBMI for Q4_0 and Q5_0 ([`has_pair_tile`] with 4 rows).
+pub unsafe fn pair_pass_tiles(
     ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
     acts: &[&[BlockQ8]],
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
-    match ty {
-        GgmlType::Q5_0 => pass_tiles::<true>(matrix, row_bytes, acts, store),
-        _ => pass_tiles::<false>(matrix, row_bytes, acts, store),
-    }
+    by_pair_type!(ty, K => pass_tiles::<K>(matrix, row_bytes, acts, store))
 }
 
-unsafe fn pass_tiles<const FIVE: bool>(
+unsafe fn pass_tiles<const K: u8>(
     matrix: &[u8],
     row_bytes: usize,
     acts: &[&[BlockQ8]],
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
-    let ty = if FIVE { GgmlType::Q5_0 } else { GgmlType::Q4_0 };
-    let pairs: Vec<Vec<ActPair>> = acts.iter().map(|a| arrange(ty, a)).collect();
+    let pairs: Vec<Vec<ActPair>> = acts.iter().map(|a| arrange(pair_type(K), a)).collect();
     let n = acts.len();
     for r in (0..matrix.len() / row_bytes / 4 * 4).step_by(4) {
         let tile: [&[u8]; 4] =
@@ -168,7 +193,7 @@ unsafe fn pass_tiles<const FIVE: bool>(
                 #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
                 while t + $t <= n {
                     for h in (0..4).step_by($rows) {
-                        let sums = nibble_tile::<FIVE, $rows, $t>(
+                        let sums = pair_tile::<K, $rows, $t>(
                             std::array::from_fn(|k| tile[h + k]),
                             std::array::from_fn(|j| pairs[t + j].as_slice()),
                             std::array::from_fn(|j| acts[t + j]),
@@ -183,7 +208,11 @@ unsafe fn pass_tiles<const FIVE: bool>(
                 }
             };
         }
-        tiles!(2, 5);
+        if K == PAIR_Q8_0 {
+            tiles!(4, 5); // its sums folded: a register a token
+        } else {
+            tiles!(2, 5);
+        }
         tiles!(4, 4);
         tiles!(4, 3);
         tiles!(4, 2);
@@ -191,10 +220,19 @@ unsafe fn pass_tiles<const FIVE: bool>(
     }
 }
 
-/// A pair of blocks' activations as [`nibble_tile`] multiplies them, made once per product and
-/// token rather than once per tile: both blocks' quants with their quarters in the weights'
-/// order, and each block's scale and offset correction (`-offset * sum`, which starts the
-/// integer sums) in its lanes.
+/// The weight type of [`pair_tile`]'s const `K`, and its block's bytes.
+const fn pair_type(k: u8) -> GgmlType {
+    match k {
+        PAIR_Q8_0 => GgmlType::Q8_0,
+        PAIR_Q5_0 => GgmlType::Q5_0,
+        _ => GgmlType::Q4_0,
+    }
+}
+
+/// A pair of blocks' activations as [`pair_tile`] multiplies them, made once per product and
+/// token rather than once per tile: both blocks' quants in the order of the weights' lanes, and
+/// each block's scale and offset correction (`-offset * sum`, which starts the integer sums) in
+/// its lanes.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub struct ActPair {
@@ -203,33 +241,40 @@ pub struct ActPair {
     start: __m512i,
 }
 
-/// `act` arranged for [`nibble_tile`] over rows of `ty` (Q4_0 or Q5_0, whose offsets differ):
-/// one [`ActPair`] per whole pair of blocks.
+/// `act` arranged for [`pair_tile`] over rows of `ty` (Q8_0, Q4_0 or Q5_0: their lanes and
+/// offsets differ): one [`ActPair`] per whole pair of blocks.
 fn arrange(ty: GgmlType, act: &[BlockQ8]) -> Vec<ActPair> {
-    // SAFETY: AVX-512 was detected wherever a nibble tile runs.
-    unsafe { arrange_pairs(if ty == GgmlType::Q5_0 { 16 } else { 8 }, act) }
+    // SAFETY: AVX-512 was detected wherever a pair tile runs.
+    unsafe { by_pair_type!(ty, K => arrange_pairs::<K>(act)) }
 }
 
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn arrange_pairs(offset: i32, act: &[BlockQ8]) -> Vec<ActPair> {
-    // The activations' quarter-blocks (64-bit words) in the weights' order.
-    let act_words = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+unsafe fn arrange_pairs<const K: u8>(act: &[BlockQ8]) -> Vec<ActPair> {
+    // Where the second block goes: Q8_0's weights are in order (lanes 8-15 are block i + 1's);
+    // the nibble types' are quarter-blocks (64-bit words) of both blocks interleaved, and the
+    // activations' words go the same way (block i + 1's in lanes 4-7 and 12-15).
+    let (words, second, offset) = match K {
+        PAIR_Q8_0 => (_mm512_set_epi64(11, 10, 9, 8, 3, 2, 1, 0), 0xff00u16, 128),
+        PAIR_Q5_0 => (_mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), 0xf0f0, 16),
+        _ => (_mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), 0xf0f0, 8),
+    };
+    let second_start = 1 << second.trailing_zeros();
     let mut pairs = Vec::with_capacity(act.len() / 2);
     for pair in act.chunks_exact(2) {
         let (a0, a1) = (&pair[0], &pair[1]);
         pairs.push(ActPair {
             x: _mm512_permutex2var_epi64(
                 _mm512_castsi256_si512(_mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i)),
-                act_words,
+                words,
                 _mm512_castsi256_si512(_mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i)),
             ),
             // sum((q - offset) x) = sum(q x) - offset sum(x), one correction per block.
             start: _mm512_mask_set1_epi32(
                 _mm512_maskz_set1_epi32(0x0001, -offset * a0.sum),
-                0x0010,
+                second_start,
                 -offset * a1.sum,
             ),
-            da: _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d)),
+            da: _mm512_mask_blend_ps(second, _mm512_set1_ps(a0.d), _mm512_set1_ps(a1.d)),
         });
     }
     pairs
@@ -266,11 +311,202 @@ const Q5_0_NIBBLES: [u8; 64] = nibble_bytes(6, 22);
 const Q4_0_SCALES: [u16; 32] = scale_words(18);
 const Q5_0_SCALES: [u16; 32] = scale_words(22);
 
-/// Q4_0's (`FIVE` false) or Q5_0's tile of `R` rows x `T` tokens, with each row's blocks two at
-/// a time in 512-bit vectors: decode's (4 x 1) and a verification pass's, which must sum a token
-/// as decode does, bit for bit (speculative decoding keeps the plain run's tokens by it): every
-/// row and token gets the same operations in the same order whatever `R` and `T`. `pairs` are
-/// `acts` arranged ([`arrange`]), once per product.
+/// The tile of `R` rows x `T` tokens of Q8_0, Q4_0 or Q5_0 (`K`) with each row's blocks two at a
+/// time in 512-bit vectors: decode's (4 x 1, and 1 x 1 for Q8_0) and a verification pass's,
+/// which must sum a token as decode does, bit for bit (speculative decoding keeps the plain run's
+/// tokens by it): every row and token gets the same operations in the same order whatever `R` and
+/// `T`. `pairs` are `acts` arranged ([`arrange`]), once per product. Q8_0's is [`q8_0_tile`];
+/// Q4_0's and Q5_0's [`nibble_pair_tile`].
+#[inline(always)]
+unsafe fn pair_tile<const K: u8, const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    pairs: [&[ActPair]; T],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    match K {
+        PAIR_Q8_0 => q8_0_pair_tile(rows, pairs, acts),
+        _ => nibble_pair_tile::<K, R, T>(rows, pairs, acts),
+    }
+}
+
+/// Q8_0's [`pair_tile`]: 4 rows folded ([`q8_0_tile`]), or one row at a time ([`q8_0_row`]), which
+/// sums a row in the same order.
+#[inline(always)]
+unsafe fn q8_0_pair_tile<const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    pairs: [&[ActPair]; T],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    let mut out = [[0f32; T]; R];
+    if R == TILE_ROWS {
+        let four = q8_0_tile::<T>(std::array::from_fn(|r| rows[r]), pairs, acts);
+        out.copy_from_slice(&four[..R]);
+    } else {
+        for r in 0..R {
+            for t in 0..T {
+                out[r][t] = q8_0_row(rows[r], pairs[t], acts[t]);
+            }
+        }
+    }
+    out
+}
+
+/// Which f16 word `vpermt2w` takes for lane 4c + r of [`q8_0_tile`]'s scales: row r's scale of
+/// block c / 2 (word 0 or 17 of its pair of blocks) from the first (r even) or the second
+/// (r odd) of two rows' pairs.
+const Q8_0_FOLDED_SCALES: [u16; 32] = {
+    let mut idx = [0u16; 32];
+    let mut k = 0;
+    while k < 16 {
+        idx[k] = (k / 8 * 17 + k % 2 * 32) as u16;
+        k += 1;
+    }
+    idx
+};
+
+/// Q8_0's tile of 4 rows x `T` tokens, a row's blocks two at a time in 512-bit vectors, the 4
+/// rows' integer sums folded before the float work. Each row's pair of blocks (68 bytes: two
+/// 32-byte loads) becomes the unsigned operand of `vpdpbusd` by adding 128 (an xor), which the
+/// activations' correction takes back (-128 x sum(x), as Q4_0's offset 8), so the sign needs no
+/// work per token. The 4 rows' 16 lanes of sums fold into one vector whose lane 4c + r holds row
+/// r's sum of quarter c (blocks i, i, i + 1, i + 1): two unpacks and an add per two rows, then
+/// per two pairs of rows, all exact integers and mostly shuffles, which run beside the
+/// arithmetic. Then one conversion, one multiply (the 4 rows' f16 scales, spread by `vpermt2w`,
+/// times the token's) and one FMA per token cover 4 x 64 weights, where a row at a time took 4
+/// of each: on a core with one 512-bit FMA unit (this Intel Xeon) those were the bound (~40
+/// GMAC/s for 4 and 5 tokens with the rows in L2). [`q8_0_row`] sums a row alone in the same
+/// order, bit for bit.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8_0_tile<const T: usize>(
+    rows: [&[u8]; TILE_ROWS],
+    pairs: [&[ActPair]; T],
+    acts: [&[BlockQ8]; T],
+) -> [[f32; T]; TILE_ROWS] {
+    const BB: usize = 34;
+    let nb = acts[0].len();
+    assert!(rows.iter().all(|r| r.len() >= nb * BB) && acts.iter().all(|a| a.len() == nb));
+    assert!(pairs.iter().all(|p| p.len() == nb / 2));
+    let ahead = tile_prefetch::<TILE_ROWS>(rows[0].len());
+    let unsigned = _mm512_set1_epi8(-128);
+    let scale_words = _mm512_loadu_si512(Q8_0_FOLDED_SCALES.as_ptr() as *const __m512i);
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut i = 0;
+    while i + 2 <= nb {
+        let mut w = [_mm512_setzero_si512(); TILE_ROWS];
+        let mut scales = [_mm512_setzero_si512(); TILE_ROWS];
+        for r in 0..TILE_ROWS {
+            let p = rows[r].as_ptr().add(i * BB);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+            (w[r], scales[r]) = q8_0_pair(p, unsigned);
+        }
+        // Lane 4c + r: row r's scale of block c / 2; rows 2 and 3 blended in.
+        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_blend_epi16(
+            0xcccc,
+            _mm512_permutex2var_epi16(scales[0], scale_words, scales[1]),
+            _mm512_permutex2var_epi16(scales[2], scale_words, scales[3]),
+        )));
+        for t in 0..T {
+            let a = &*pairs[t].as_ptr().add(i / 2);
+            let s: [__m512i; TILE_ROWS] = [
+                _mm512_dpbusd_epi32(a.start, w[0], a.x),
+                _mm512_dpbusd_epi32(a.start, w[1], a.x),
+                _mm512_dpbusd_epi32(a.start, w[2], a.x),
+                _mm512_dpbusd_epi32(a.start, w[3], a.x),
+            ];
+            // Per 128 bits: [s0 lanes 0+2, s1 0+2, s0 1+3, s1 1+3], then rows 2 and 3 the same,
+            // then lane r = row r's 4 lanes.
+            let fold = |u: __m512i, v: __m512i| {
+                _mm512_add_epi32(_mm512_unpacklo_epi32(u, v), _mm512_unpackhi_epi32(u, v))
+            };
+            let (f01, f23) = (fold(s[0], s[1]), fold(s[2], s[3]));
+            let sums =
+                _mm512_add_epi32(_mm512_unpacklo_epi64(f01, f23), _mm512_unpackhi_epi64(f01, f23));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, a.da), acc[t]);
+        }
+        i += 2;
+    }
+    let mut out = [[0f32; T]; TILE_ROWS];
+    for t in 0..T {
+        // Lane r: (quarter 0 + quarter 2) + (quarter 1 + quarter 3), as `q8_0_row` adds.
+        let halves = _mm256_add_ps(
+            _mm512_castps512_ps256(acc[t]),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[t]))),
+        );
+        let rows4 = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
+        let mut four = [0f32; 4];
+        _mm_storeu_ps(four.as_mut_ptr(), rows4);
+        for r in 0..TILE_ROWS {
+            out[r][t] = four[r];
+        }
+    }
+    if i < nb {
+        let tail = dot_q8_tile::<TILE_ROWS, T>(
+            GgmlType::Q8_0,
+            rows.map(|r| &r[i * BB..]),
+            acts.map(|a| &a[i..]),
+        );
+        for r in 0..TILE_ROWS {
+            for t in 0..T {
+                out[r][t] += tail[r][t];
+            }
+        }
+    }
+    out
+}
+
+/// A Q8_0 row's pair of blocks at `p`: the 64 quants plus 128 (`unsigned`: -128 in each byte,
+/// an xor), and the two f16 scales (words 0 and 17; a masked load: the other 64 bytes from `p`
+/// made LLVM build the quants' load at byte 2 from that one with 6 shuffles).
+#[inline(always)]
+unsafe fn q8_0_pair(p: *const u8, unsigned: __m512i) -> (__m512i, __m512i) {
+    let block = |b: usize| _mm256_loadu_si256(p.add(b * 34 + 2) as *const __m256i);
+    let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(block(0)), block(1));
+    let scales = _mm512_maskz_loadu_epi8(0b11 | 0b11 << 34, p as *const i8);
+    (_mm512_xor_si512(both, unsigned), scales)
+}
+
+/// One Q8_0 row with one token as [`q8_0_tile`] sums it, bit for bit: the same integer sums of
+/// each quarter (lanes 0, 4, 8 and 12 of a 128-bit vector's worth here), times the same scales,
+/// into 4 lanes added in the same order. Decode row by row (AMD) and the rows past a matrix's
+/// last tile take it.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8_0_row(row: &[u8], pairs: &[ActPair], act: &[BlockQ8]) -> f32 {
+    const BB: usize = 34;
+    let nb = act.len();
+    assert!(row.len() >= nb * BB && pairs.len() == nb / 2);
+    let ahead = tile_prefetch::<1>(row.len());
+    let unsigned = _mm512_set1_epi8(-128);
+    let quarters = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    let scale_words = _mm512_castsi128_si512(_mm_setr_epi16(0, 0, 17, 17, 0, 0, 0, 0));
+    let mut acc = _mm_setzero_ps();
+    let mut i = 0;
+    while i + 2 <= nb {
+        let p = row.as_ptr().add(i * BB);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+        let (w, scales) = q8_0_pair(p, unsigned);
+        let dw =
+            _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(scale_words, scales)));
+        let a = &*pairs.as_ptr().add(i / 2);
+        let s = _mm512_dpbusd_epi32(a.start, w, a.x);
+        // Each 128 bits' 4 lanes added (exact integers), then lanes 0, 4, 8, 12.
+        let s = _mm512_add_epi32(s, _mm512_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm512_add_epi32(s, _mm512_shuffle_epi32::<0b10_11_00_01>(s));
+        let sums = _mm512_castsi512_si128(_mm512_permutexvar_epi32(quarters, s));
+        let da = _mm512_castps512_ps128(_mm512_permutexvar_ps(quarters, a.da));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da), acc);
+        i += 2;
+    }
+    let halves = _mm_add_ps(acc, _mm_movehl_ps(acc, acc));
+    let mut out = _mm_cvtss_f32(halves) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(halves, halves));
+    if i < nb {
+        out += dot_q8_tile::<1, 1>(GgmlType::Q8_0, [&row[i * BB..]], [&act[i..]])[0][0];
+    }
+    out
+}
+
+/// Q4_0's or Q5_0's [`pair_tile`] (with VBMI).
 ///
 /// Decode is this kernel's arithmetic, not the memory, on one core of AMD Zen 4 (the 256-bit tile
 /// ran at ~12 GB/s of weights with the rows in L2, below a core's ~20 GB/s read from memory): per
@@ -278,30 +514,31 @@ const Q5_0_SCALES: [u16; 32] = scale_words(22);
 /// converted and broadcast, the sum converted, scaled and added). Here one 64-byte load takes two
 /// blocks of a row (36 or 44 bytes, masked: the last pair of a tensor must not read past it);
 /// `vpermb` puts both blocks' nibble bytes where the low and the high nibbles go, a per-half
-/// shift and a mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15, then
-/// both blocks' 16-31), Q5_0's fifth bits add 16 under a mask built from the two `qh` words,
-/// `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`, one conversion and
-/// one FMA per token cover 64 weights; a row's unpacked pair serves every token. 1.15-1.3x the
-/// 256-bit Q4_0 tile's rate at decode on Zen 4 (in L2 and from memory); on an Intel Xeon, passes
-/// of 2 to 5 tokens 0.8-0.9x the 256-bit tile's time with the pairs arranged once per product
-/// (arranged once per tile they were 1.05-1.1x: a quarter of a 5-token tile's instructions). An
-/// odd last block goes through the 256-bit tile.
+/// shift and a mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15,
+/// then both blocks' 16-31), Q5_0's fifth bits add 16 under a mask built from the two `qh`
+/// words, `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`, one
+/// conversion, one multiply and one FMA per token cover 64 weights; a row's unpacked pair serves
+/// every token. 1.15-1.3x the 256-bit Q4_0 tile's rate at decode on Zen 4 (in L2 and from
+/// memory); on an Intel Xeon, passes of 2 to 5 tokens 0.8-0.9x the 256-bit tile's time with the
+/// pairs arranged once per product (arranged once per tile they were 1.05-1.1x: a quarter of a
+/// 5-token tile's instructions). An odd last block goes through the 256-bit tile.
 // Not inlined into the walk over the tiles: there LLVM kept the loop's constants live across
 // tiles and decoded Qwen2.5-0.5B Q4_0 4 % slower on one Zen 4 core.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub unsafe fn nibble_tile<const FIVE: bool, const R: usize, const T: usize>(
+unsafe fn nibble_pair_tile<const K: u8, const R: usize, const T: usize>(
     rows: [&[u8]; R],
     pairs: [&[ActPair]; T],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
-    let (ty, bb) = if FIVE { (GgmlType::Q5_0, 22) } else { (GgmlType::Q4_0, 18) };
+    let ty = pair_type(K);
+    let bb = ty.block_bytes();
     let nb = acts[0].len();
     assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
     assert!(pairs.iter().all(|p| p.len() == nb / 2));
     let ahead = tile_prefetch::<R>(rows[0].len());
     let (nibbles, scales) =
-        if FIVE { (&Q5_0_NIBBLES, &Q5_0_SCALES) } else { (&Q4_0_NIBBLES, &Q4_0_SCALES) };
+        if K == PAIR_Q5_0 { (&Q5_0_NIBBLES, &Q5_0_SCALES) } else { (&Q4_0_NIBBLES, &Q4_0_SCALES) };
     let nibble_bytes = _mm512_loadu_si512(nibbles.as_ptr() as *const __m512i);
     let scale_words = _mm512_castsi256_si512(_mm256_loadu_si256(scales.as_ptr() as *const __m256i));
     // The high nibbles (upper 256 bits) shift down by 4, the low ones stay.
@@ -324,7 +561,7 @@ pub unsafe fn nibble_tile<const FIVE: bool, const R: usize, const T: usize>(
                 _mm512_srlv_epi16(_mm512_permutexvar_epi8(nibble_bytes, pair), shifts),
                 low4,
             );
-            if FIVE {
+            if K == PAIR_Q5_0 {
                 // Weight e's fifth bit is bit e of its block's `qh` (bytes 2..6).
                 let qh = |b: usize| (p.add(b * bb + 2) as *const u32).read_unaligned() as u64;
                 let (h0, h1) = (qh(0), qh(1));

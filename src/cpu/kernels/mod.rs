@@ -442,11 +442,11 @@ fn host_decodes_in_streams() -> Option<bool> {
 }
 
 /// Whether a pass of several tokens over rows of `ty` takes its whole tiles through
-/// [`dot_q8_pass_tiles`] (Q4_0 and Q5_0 with AVX-512 VBMI), not tile by tile through
+/// [`dot_q8_pass_tiles`] (AVX-512 VNNI: Q8_0, and Q4_0 and Q5_0 with VBMI), not tile by tile through
 /// [`dot_q8_tile`].
 pub fn has_pass_tiles(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return isa == Isa::Avx512Vnni && avx512vnni::has_nibble_tile(ty) && avx512vnni::has_vbmi();
+    return isa == Isa::Avx512Vnni && avx512vnni::has_pair_tile(ty, TILE_ROWS);
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (isa, ty);
@@ -470,7 +470,7 @@ pub fn dot_q8_pass_tiles(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `has_pass_tiles` checked the CPU's features and the type.
     unsafe {
-        avx512vnni::nibble_pass_tiles(ty, matrix, row_bytes, acts, store)
+        avx512vnni::pair_pass_tiles(ty, matrix, row_bytes, acts, store)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (matrix, store);
@@ -488,10 +488,10 @@ pub fn dot_q8_tile<const R: usize, const T: usize>(
 ) -> [[f32; T]; R] {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `dot_q8`, and VBMI was detected.
-        Isa::Avx512Vnni
-            if R == TILE_ROWS && avx512vnni::has_nibble_tile(ty) && avx512vnni::has_vbmi() =>
-        unsafe { avx512vnni::nibble_tile_of(ty, rows, acts) },
+        // SAFETY: as in `dot_q8`; `has_pair_tile` checked VBMI where the type needs it.
+        Isa::Avx512Vnni if avx512vnni::has_pair_tile(ty, R) => unsafe {
+            avx512vnni::pair_tile_of(ty, rows, acts)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.
         Isa::Avx512Vnni if avx512vnni::has_tile(ty) => unsafe {
@@ -571,8 +571,8 @@ pub fn dot_q8_decode_tiles(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8_tile`.
-        Isa::Avx512Vnni if avx512vnni::has_nibble_tile(ty) && avx512vnni::has_vbmi() => unsafe {
-            avx512vnni::nibble_decode_tiles(ty, matrix, row_bytes, spread, act, out)
+        Isa::Avx512Vnni if avx512vnni::has_pair_tile(ty, R) => unsafe {
+            avx512vnni::pair_decode_tiles(ty, matrix, row_bytes, spread, act, out)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `dot_q8`.

@@ -208,11 +208,7 @@ unsafe fn pass_tiles<const K: u8>(
                 }
             };
         }
-        if K == PAIR_Q8_0 {
-            tiles!(4, 5); // its sums folded: a register a token
-        } else {
-            tiles!(2, 5);
-        }
+        tiles!(4, 5);
         tiles!(4, 4);
         tiles!(4, 3);
         tiles!(4, 2);
@@ -294,22 +290,8 @@ const fn nibble_bytes(first: usize, bb: usize) -> [u8; 64] {
     idx
 }
 
-/// Which 16-bit word of a pair holds the scale of each i32 lane's block, as `vpermw` indices:
-/// block i's (word 0) for lanes 0-3 and 8-11, block i + 1's (word `bb / 2`) for 4-7 and 12-15.
-const fn scale_words(bb: usize) -> [u16; 32] {
-    let mut idx = [0u16; 32];
-    let mut k = 0;
-    while k < 16 {
-        idx[k] = if (k / 4) % 2 == 1 { (bb / 2) as u16 } else { 0 };
-        k += 1;
-    }
-    idx
-}
-
 const Q4_0_NIBBLES: [u8; 64] = nibble_bytes(2, 18);
 const Q5_0_NIBBLES: [u8; 64] = nibble_bytes(6, 22);
-const Q4_0_SCALES: [u16; 32] = scale_words(18);
-const Q5_0_SCALES: [u16; 32] = scale_words(22);
 
 /// The tile of `R` rows x `T` tokens of Q8_0, Q4_0 or Q5_0 (`K`) with each row's blocks two at a
 /// time in 512-bit vectors: decode's (4 x 1, and 1 x 1 for Q8_0) and a verification pass's,
@@ -351,18 +333,63 @@ unsafe fn q8_0_pair_tile<const R: usize, const T: usize>(
     out
 }
 
-/// Which f16 word `vpermt2w` takes for lane 4c + r of [`q8_0_tile`]'s scales: row r's scale of
-/// block c / 2 (word 0 or 17 of its pair of blocks) from the first (r even) or the second
-/// (r odd) of two rows' pairs.
-const Q8_0_FOLDED_SCALES: [u16; 32] = {
+/// The folded tiles' scales: lane 4c + r = row r's f16 scale of quarter c's block, from each
+/// row's pair of blocks (`raw`, the scales' words where `scale_words` says:
+/// [`folded_scale_words`]) by two `vpermt2w` (rows 0 and 1, rows 2 and 3) and a blend.
+#[inline(always)]
+unsafe fn folded_scales(raw: [__m512i; TILE_ROWS], scale_words: __m512i) -> __m512 {
+    _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_blend_epi16(
+        0xcccc,
+        _mm512_permutex2var_epi16(raw[0], scale_words, raw[1]),
+        _mm512_permutex2var_epi16(raw[2], scale_words, raw[3]),
+    )))
+}
+
+/// 4 rows' integer sums (16 lanes each) folded into one vector whose lane 4c + r holds row r's
+/// sum of its quarter c (lanes 4c..4c + 4): per 128 bits [s0 0+2, s1 0+2, s0 1+3, s1 1+3], rows 2
+/// and 3 the same, then lane r = row r's four. Exact integers; mostly shuffles, which run beside
+/// the arithmetic.
+#[inline(always)]
+unsafe fn fold_rows(s: [__m512i; TILE_ROWS]) -> __m512i {
+    let pairs = |u: __m512i, v: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(u, v), _mm512_unpackhi_epi32(u, v))
+    };
+    let (f01, f23) = (pairs(s[0], s[1]), pairs(s[2], s[3]));
+    _mm512_add_epi32(_mm512_unpacklo_epi64(f01, f23), _mm512_unpackhi_epi64(f01, f23))
+}
+
+/// The 4 rows' sums of a folded accumulator: lane r = (quarter 0 + quarter 2) + (quarter 1 +
+/// quarter 3), the order [`q8_0_row`] adds in.
+#[inline(always)]
+unsafe fn folded_sums(acc: __m512) -> [f32; TILE_ROWS] {
+    let halves = _mm256_add_ps(
+        _mm512_castps512_ps256(acc),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
+    );
+    let rows = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
+    let mut four = [0f32; TILE_ROWS];
+    _mm_storeu_ps(four.as_mut_ptr(), rows);
+    four
+}
+
+/// `vpermt2w` indices for [`folded_scales`]: lane 4c + r takes row r's scale of quarter c's
+/// block, word 0 of the pair or `second` (the second block's scale), from the first (r even) or
+/// the second (r odd) of two rows' pairs.
+const fn folded_scale_words(second: usize, q8_0: bool) -> [u16; 32] {
     let mut idx = [0u16; 32];
     let mut k = 0;
     while k < 16 {
-        idx[k] = (k / 8 * 17 + k % 2 * 32) as u16;
+        // Q8_0's quarters are blocks i, i, i + 1, i + 1; the nibble types' i, i + 1, i, i + 1.
+        let block = if q8_0 { k / 8 } else { (k / 4) % 2 };
+        idx[k] = (block * second + k % 2 * 32) as u16;
         k += 1;
     }
     idx
-};
+}
+
+const Q8_0_FOLDED_SCALES: [u16; 32] = folded_scale_words(17, true);
+const Q4_0_FOLDED_SCALES: [u16; 32] = folded_scale_words(9, false);
+const Q5_0_FOLDED_SCALES: [u16; 32] = folded_scale_words(11, false);
 
 /// Q8_0's tile of 4 rows x `T` tokens, a row's blocks two at a time in 512-bit vectors, the 4
 /// rows' integer sums folded before the float work. Each row's pair of blocks (68 bytes: two
@@ -400,42 +427,22 @@ unsafe fn q8_0_tile<const T: usize>(
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             (w[r], scales[r]) = q8_0_pair(p, unsigned);
         }
-        // Lane 4c + r: row r's scale of block c / 2; rows 2 and 3 blended in.
-        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_blend_epi16(
-            0xcccc,
-            _mm512_permutex2var_epi16(scales[0], scale_words, scales[1]),
-            _mm512_permutex2var_epi16(scales[2], scale_words, scales[3]),
-        )));
+        let dw = folded_scales(scales, scale_words);
         for t in 0..T {
             let a = &*pairs[t].as_ptr().add(i / 2);
-            let s: [__m512i; TILE_ROWS] = [
+            let sums = fold_rows([
                 _mm512_dpbusd_epi32(a.start, w[0], a.x),
                 _mm512_dpbusd_epi32(a.start, w[1], a.x),
                 _mm512_dpbusd_epi32(a.start, w[2], a.x),
                 _mm512_dpbusd_epi32(a.start, w[3], a.x),
-            ];
-            // Per 128 bits: [s0 lanes 0+2, s1 0+2, s0 1+3, s1 1+3], then rows 2 and 3 the same,
-            // then lane r = row r's 4 lanes.
-            let fold = |u: __m512i, v: __m512i| {
-                _mm512_add_epi32(_mm512_unpacklo_epi32(u, v), _mm512_unpackhi_epi32(u, v))
-            };
-            let (f01, f23) = (fold(s[0], s[1]), fold(s[2], s[3]));
-            let sums =
-                _mm512_add_epi32(_mm512_unpacklo_epi64(f01, f23), _mm512_unpackhi_epi64(f01, f23));
+            ]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, a.da), acc[t]);
         }
         i += 2;
     }
     let mut out = [[0f32; T]; TILE_ROWS];
     for t in 0..T {
-        // Lane r: (quarter 0 + quarter 2) + (quarter 1 + quarter 3), as `q8_0_row` adds.
-        let halves = _mm256_add_ps(
-            _mm512_castps512_ps256(acc[t]),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[t]))),
-        );
-        let rows4 = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps::<1>(halves));
-        let mut four = [0f32; 4];
-        _mm_storeu_ps(four.as_mut_ptr(), rows4);
+        let four = folded_sums(acc[t]);
         for r in 0..TILE_ROWS {
             out[r][t] = four[r];
         }
@@ -531,34 +538,36 @@ unsafe fn nibble_pair_tile<const K: u8, const R: usize, const T: usize>(
     pairs: [&[ActPair]; T],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
+    assert_eq!(R, TILE_ROWS, "a nibble pair tile has 4 rows");
     let ty = pair_type(K);
     let bb = ty.block_bytes();
     let nb = acts[0].len();
     assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
     assert!(pairs.iter().all(|p| p.len() == nb / 2));
     let ahead = tile_prefetch::<R>(rows[0].len());
-    let (nibbles, scales) =
-        if K == PAIR_Q5_0 { (&Q5_0_NIBBLES, &Q5_0_SCALES) } else { (&Q4_0_NIBBLES, &Q4_0_SCALES) };
+    let (nibbles, scales) = if K == PAIR_Q5_0 {
+        (&Q5_0_NIBBLES, &Q5_0_FOLDED_SCALES)
+    } else {
+        (&Q4_0_NIBBLES, &Q4_0_FOLDED_SCALES)
+    };
     let nibble_bytes = _mm512_loadu_si512(nibbles.as_ptr() as *const __m512i);
-    let scale_words = _mm512_castsi256_si512(_mm256_loadu_si256(scales.as_ptr() as *const __m256i));
+    let scale_words = _mm512_loadu_si512(scales.as_ptr() as *const __m512i);
     // The high nibbles (upper 256 bits) shift down by 4, the low ones stay.
     let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
     let low4 = _mm512_set1_epi8(0x0f);
     let fifth = _mm512_set1_epi8(0x10);
     let pair_mask: __mmask64 = (1 << (2 * bb)) - 1;
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut acc = [_mm512_setzero_ps(); T];
     let mut i = 0;
     while i + 2 <= nb {
-        let mut a = [std::ptr::null::<ActPair>(); T];
-        for t in 0..T {
-            a[t] = pairs[t].as_ptr().add(i / 2);
-        }
-        for r in 0..R {
+        let mut w = [_mm512_setzero_si512(); TILE_ROWS];
+        let mut raw = [_mm512_setzero_si512(); TILE_ROWS];
+        for r in 0..TILE_ROWS {
             let p = rows[r].as_ptr().add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-            let pair = _mm512_maskz_loadu_epi8(pair_mask, p as *const i8);
-            let mut w = _mm512_and_si512(
-                _mm512_srlv_epi16(_mm512_permutexvar_epi8(nibble_bytes, pair), shifts),
+            raw[r] = _mm512_maskz_loadu_epi8(pair_mask, p as *const i8);
+            w[r] = _mm512_and_si512(
+                _mm512_srlv_epi16(_mm512_permutexvar_epi8(nibble_bytes, raw[r]), shifts),
                 low4,
             );
             if K == PAIR_Q5_0 {
@@ -567,27 +576,27 @@ unsafe fn nibble_pair_tile<const K: u8, const R: usize, const T: usize>(
                 let (h0, h1) = (qh(0), qh(1));
                 let bits =
                     (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
-                w = _mm512_mask_add_epi8(w, bits, w, fifth);
+                w[r] = _mm512_mask_add_epi8(w[r], bits, w[r], fifth);
             }
-            let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
-                scale_words,
-                pair,
-            )));
-            for t in 0..T {
-                let a = &*a[t];
-                let sums = _mm512_dpbusd_epi32(a.start, w, a.x);
-                acc[r][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, a.da), acc[r][t]);
-            }
+        }
+        let dw = folded_scales(raw, scale_words);
+        for t in 0..T {
+            let a = &*pairs[t].as_ptr().add(i / 2);
+            let sums = fold_rows([
+                _mm512_dpbusd_epi32(a.start, w[0], a.x),
+                _mm512_dpbusd_epi32(a.start, w[1], a.x),
+                _mm512_dpbusd_epi32(a.start, w[2], a.x),
+                _mm512_dpbusd_epi32(a.start, w[3], a.x),
+            ]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, a.da), acc[t]);
         }
         i += 2;
     }
-    // Plain loops here: a closure (`array::from_fn`) lacks the target features, so the
-    // intrinsics inside it became calls.
     let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+    for t in 0..T {
+        let four = folded_sums(acc[t]);
+        for r in 0..R {
+            out[r][t] = four[r];
         }
     }
     if i < nb {

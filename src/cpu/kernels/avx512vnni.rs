@@ -400,9 +400,9 @@ const Q5_0_FOLDED_SCALES: [u16; 32] = folded_scale_words(11, false);
 /// per two pairs of rows, all exact integers and mostly shuffles, which run beside the
 /// arithmetic. Then one conversion, one multiply (the 4 rows' f16 scales, spread by `vpermt2w`,
 /// times the token's) and one FMA per token cover 4 x 64 weights, where a row at a time took 4
-/// of each: on a core with one 512-bit FMA unit (this Intel Xeon) those were the bound (~40
-/// GMAC/s for 4 and 5 tokens with the rows in L2). [`q8_0_row`] sums a row alone in the same
-/// order, bit for bit.
+/// of each: on a core with one 512-bit FMA unit (this Intel Xeon) those were the bound: with the
+/// rows in L2, 5 tokens ran at 27 GMAC/s in the 256-bit tile, 40 unfolded, 57 folded. [`q8_0_row`]
+/// sums a row alone in the same order, bit for bit.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q8_0_tile<const T: usize>(
@@ -523,12 +523,12 @@ unsafe fn q8_0_row(row: &[u8], pairs: &[ActPair], act: &[BlockQ8]) -> f32 {
 /// `vpermb` puts both blocks' nibble bytes where the low and the high nibbles go, a per-half
 /// shift and a mask unpack them (lanes 0-15 block i's weights 0-15, 16-31 block i + 1's 0-15,
 /// then both blocks' 16-31), Q5_0's fifth bits add 16 under a mask built from the two `qh`
-/// words, `vpermw` spreads the two f16 scales over the same lanes, and one `vpdpbusd`, one
-/// conversion, one multiply and one FMA per token cover 64 weights; a row's unpacked pair serves
-/// every token. 1.15-1.3x the 256-bit Q4_0 tile's rate at decode on Zen 4 (in L2 and from
-/// memory); on an Intel Xeon, passes of 2 to 5 tokens 0.8-0.9x the 256-bit tile's time with the
-/// pairs arranged once per product (arranged once per tile they were 1.05-1.1x: a quarter of a
-/// 5-token tile's instructions). An odd last block goes through the 256-bit tile.
+/// words. A row's unpacked pair serves every token, and the 4 rows' sums fold as in
+/// [`q8_0_tile`] (quarters: blocks i, i + 1, i, i + 1), so one conversion, one multiply and one
+/// FMA per token cover 4 x 64 weights. Per row (before the fold) this was 1.15-1.3x the 256-bit
+/// Q4_0 tile's rate at decode on Zen 4 (in L2 and from memory); folded, on an Intel Xeon,
+/// passes of the Llama-3.2-1B Q4_0 shape of 5 tokens 1.4x faster (131-136 -> 93-94 ms on one
+/// thread), one-token steps the same. An odd last block goes through the 256-bit tile.
 // Not inlined into the walk over the tiles: there LLVM kept the loop's constants live across
 // tiles and decoded Qwen2.5-0.5B Q4_0 4 % slower on one Zen 4 core.
 #[inline(never)]

@@ -410,24 +410,39 @@ unsafe fn q8_0_tile<const T: usize>(
     pairs: [&[ActPair]; T],
     acts: [&[BlockQ8]; T],
 ) -> [[f32; T]; TILE_ROWS] {
-    const BB: usize = 34;
-    let nb = acts[0].len();
-    assert!(rows.iter().all(|r| r.len() >= nb * BB) && acts.iter().all(|a| a.len() == nb));
-    assert!(pairs.iter().all(|p| p.len() == nb / 2));
-    let ahead = tile_prefetch::<TILE_ROWS>(rows[0].len());
     let unsigned = _mm512_set1_epi8(-128);
     let scale_words = _mm512_loadu_si512(Q8_0_FOLDED_SCALES.as_ptr() as *const __m512i);
+    folded_tile(GgmlType::Q8_0, rows, pairs, acts, scale_words, |p| q8_0_pair(p, unsigned))
+}
+
+/// [`q8_0_tile`]'s and [`nibble_pair_tile`]'s loop: `unpack(p)` makes the pair of blocks of a row
+/// at `p` `vpdpbusd`'s unsigned operand, and gives the bytes their scales are read from (the
+/// words `scale_words` names, [`folded_scales`]). Inlined into each, with its target features.
+#[inline(always)]
+unsafe fn folded_tile<const T: usize>(
+    ty: GgmlType,
+    rows: [&[u8]; TILE_ROWS],
+    pairs: [&[ActPair]; T],
+    acts: [&[BlockQ8]; T],
+    scale_words: __m512i,
+    unpack: impl Fn(*const u8) -> (__m512i, __m512i),
+) -> [[f32; T]; TILE_ROWS] {
+    let bb = ty.block_bytes();
+    let nb = acts[0].len();
+    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
+    assert!(pairs.iter().all(|p| p.len() == nb / 2));
+    let ahead = tile_prefetch::<TILE_ROWS>(rows[0].len());
     let mut acc = [_mm512_setzero_ps(); T];
     let mut i = 0;
     while i + 2 <= nb {
         let mut w = [_mm512_setzero_si512(); TILE_ROWS];
-        let mut scales = [_mm512_setzero_si512(); TILE_ROWS];
+        let mut raw = [_mm512_setzero_si512(); TILE_ROWS];
         for r in 0..TILE_ROWS {
-            let p = rows[r].as_ptr().add(i * BB);
+            let p = rows[r].as_ptr().add(i * bb);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-            (w[r], scales[r]) = q8_0_pair(p, unsigned);
+            (w[r], raw[r]) = unpack(p);
         }
-        let dw = folded_scales(scales, scale_words);
+        let dw = folded_scales(raw, scale_words);
         for t in 0..T {
             let a = &*pairs[t].as_ptr().add(i / 2);
             let sums = fold_rows([
@@ -448,11 +463,8 @@ unsafe fn q8_0_tile<const T: usize>(
         }
     }
     if i < nb {
-        let tail = dot_q8_tile::<TILE_ROWS, T>(
-            GgmlType::Q8_0,
-            rows.map(|r| &r[i * BB..]),
-            acts.map(|a| &a[i..]),
-        );
+        let tail =
+            dot_q8_tile::<TILE_ROWS, T>(ty, rows.map(|r| &r[i * bb..]), acts.map(|a| &a[i..]));
         for r in 0..TILE_ROWS {
             for t in 0..T {
                 out[r][t] += tail[r][t];
@@ -541,10 +553,6 @@ unsafe fn nibble_pair_tile<const K: u8, const R: usize, const T: usize>(
     assert_eq!(R, TILE_ROWS, "a nibble pair tile has 4 rows");
     let ty = pair_type(K);
     let bb = ty.block_bytes();
-    let nb = acts[0].len();
-    assert!(rows.iter().all(|r| r.len() >= nb * bb) && acts.iter().all(|a| a.len() == nb));
-    assert!(pairs.iter().all(|p| p.len() == nb / 2));
-    let ahead = tile_prefetch::<R>(rows[0].len());
     let (nibbles, scales) = if K == PAIR_Q5_0 {
         (&Q5_0_NIBBLES, &Q5_0_FOLDED_SCALES)
     } else {
@@ -557,55 +565,24 @@ unsafe fn nibble_pair_tile<const K: u8, const R: usize, const T: usize>(
     let low4 = _mm512_set1_epi8(0x0f);
     let fifth = _mm512_set1_epi8(0x10);
     let pair_mask: __mmask64 = (1 << (2 * bb)) - 1;
-    let mut acc = [_mm512_setzero_ps(); T];
-    let mut i = 0;
-    while i + 2 <= nb {
-        let mut w = [_mm512_setzero_si512(); TILE_ROWS];
-        let mut raw = [_mm512_setzero_si512(); TILE_ROWS];
-        for r in 0..TILE_ROWS {
-            let p = rows[r].as_ptr().add(i * bb);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-            raw[r] = _mm512_maskz_loadu_epi8(pair_mask, p as *const i8);
-            w[r] = _mm512_and_si512(
-                _mm512_srlv_epi16(_mm512_permutexvar_epi8(nibble_bytes, raw[r]), shifts),
-                low4,
-            );
-            if K == PAIR_Q5_0 {
-                // Weight e's fifth bit is bit e of its block's `qh` (bytes 2..6).
-                let qh = |b: usize| (p.add(b * bb + 2) as *const u32).read_unaligned() as u64;
-                let (h0, h1) = (qh(0), qh(1));
-                let bits =
-                    (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
-                w[r] = _mm512_mask_add_epi8(w[r], bits, w[r], fifth);
-            }
+    let unpack = |p: *const u8| {
+        let raw = _mm512_maskz_loadu_epi8(pair_mask, p as *const i8);
+        let w = _mm512_and_si512(
+            _mm512_srlv_epi16(_mm512_permutexvar_epi8(nibble_bytes, raw), shifts),
+            low4,
+        );
+        if K != PAIR_Q5_0 {
+            return (w, raw);
         }
-        let dw = folded_scales(raw, scale_words);
-        for t in 0..T {
-            let a = &*pairs[t].as_ptr().add(i / 2);
-            let sums = fold_rows([
-                _mm512_dpbusd_epi32(a.start, w[0], a.x),
-                _mm512_dpbusd_epi32(a.start, w[1], a.x),
-                _mm512_dpbusd_epi32(a.start, w[2], a.x),
-                _mm512_dpbusd_epi32(a.start, w[3], a.x),
-            ]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, a.da), acc[t]);
-        }
-        i += 2;
-    }
+        // Weight e's fifth bit is bit e of its block's `qh` (bytes 2..6).
+        let qh = |b: usize| (p.add(b * bb + 2) as *const u32).read_unaligned() as u64;
+        let (h0, h1) = (qh(0), qh(1));
+        let bits = (h0 & 0xffff) | (h1 & 0xffff) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
+        (_mm512_mask_add_epi8(w, bits, w, fifth), raw)
+    };
+    let four =
+        folded_tile(ty, [rows[0], rows[1], rows[2], rows[3]], pairs, acts, scale_words, unpack);
     let mut out = [[0f32; T]; R];
-    for t in 0..T {
-        let four = folded_sums(acc[t]);
-        for r in 0..R {
-            out[r][t] = four[r];
-        }
-    }
-    if i < nb {
-        let tail = dot_q8_tile::<R, T>(ty, rows.map(|r| &r[i * bb..]), acts.map(|a| &a[i..]));
-        for r in 0..R {
-            for t in 0..T {
-                out[r][t] += tail[r][t];
-            }
-        }
-    }
+    out.copy_from_slice(&four[..R]);
     out
 }

@@ -759,25 +759,34 @@ fn a_tokens_logits_do_not_depend_on_its_pass() {
                     model.forward(&mut state, &prompt, false).unwrap();
                     state
                 };
-                let mut state = after_prompt();
-                let steps: Vec<Vec<f32>> =
-                    next.iter().map(|&t| model.forward(&mut state, &[t], false).unwrap()).collect();
-                for n in 2..=next.len() {
-                    let rows = model.forward(&mut after_prompt(), &next[..n], true).unwrap();
-                    for (k, row) in rows.chunks_exact(vocab).enumerate() {
-                        let same =
-                            row.iter().zip(&steps[k]).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(
-                            same,
-                            "{} {} streams {streams}: token {k} of a pass of {n} differs from its \
-                             one-token step (max diff {})",
-                            ty.name(),
-                            isa.name(),
-                            common::max_abs_diff(row, &steps[k])
-                        );
-                    }
-                }
+                let what = format!("{} {} streams {streams}", ty.name(), isa.name());
+                passes_give_their_steps_bits(&model, after_prompt, &next, vocab, &what);
             }
+        }
+    }
+}
+
+/// After `start()`, each token of `next` in passes of 2 to all its tokens gets the logits it gets
+/// in one-token steps, bit for bit.
+fn passes_give_their_steps_bits(
+    model: &CpuModel,
+    start: impl Fn() -> <CpuModel as LanguageModel>::State,
+    next: &[u32],
+    vocab: usize,
+    what: &str,
+) {
+    let mut state = start();
+    let steps: Vec<Vec<f32>> =
+        next.iter().map(|&t| model.forward(&mut state, &[t], false).unwrap()).collect();
+    for n in 2..=next.len() {
+        let rows = model.forward(&mut start(), &next[..n], true).unwrap();
+        for (k, row) in rows.chunks_exact(vocab).enumerate() {
+            let same = row.iter().zip(&steps[k]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{what}: token {k} of a pass of {n} differs from its one-token step (max diff {})",
+                common::max_abs_diff(row, &steps[k])
+            );
         }
     }
 }
@@ -806,23 +815,8 @@ fn a_real_models_logits_do_not_depend_on_its_pass() {
                 }
                 state
             };
-            let next = &text[m..m + 5];
-            let mut state = after();
-            let steps: Vec<Vec<f32>> =
-                next.iter().map(|&t| model.forward(&mut state, &[t], false).unwrap()).collect();
-            for n in 2..=next.len() {
-                let rows = model.forward(&mut after(), &next[..n], true).unwrap();
-                for (k, row) in rows.chunks_exact(vocab).enumerate() {
-                    let same = row.iter().zip(&steps[k]).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{}: position {} in a pass of {n} differs from its step (max diff {})",
-                        isa.name(),
-                        prompt.len() + m + k,
-                        common::max_abs_diff(row, &steps[k])
-                    );
-                }
-            }
+            let what = format!("{} after {} tokens", isa.name(), prompt.len() + m);
+            passes_give_their_steps_bits(&model, after, &text[m..m + 5], vocab, &what);
         }
     }
 }

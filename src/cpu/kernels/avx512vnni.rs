@@ -75,11 +75,9 @@ pub unsafe fn dot_q8_rows(
     act: &[BlockQ8],
     out: &mut [f32],
 ) {
-    if has_pair_tile(ty, 1) {
+    if ty == GgmlType::Q8_0 {
         let pairs = arrange(ty, act);
-        return each_decode_row(matrix, row_bytes, out, |w| {
-            pair_tile::<PAIR_Q8_0, 1, 1>([w], [&pairs], [act])[0][0]
-        });
+        return each_decode_row(matrix, row_bytes, out, |w| q8_0_row(w, &pairs, act));
     }
     each_decode_row(matrix, row_bytes, out, |w| dot_q8_tile::<1, 1>(ty, [w], [act])[0][0])
 }
@@ -185,38 +183,35 @@ unsafe fn pass_tiles<const K: u8>(
         let tile: [&[u8]; 4] =
             std::array::from_fn(|k| &matrix[(r + k) * row_bytes..(r + k + 1) * row_bytes]);
         let mut t = 0;
-        // Tiles of 4 rows x up to 4 tokens, 2 rows x 5: what fits 32 registers (the sums, a
-        // row's unpacked pair, the tokens' pairs, which LLVM keeps across the rows). 4 x 5 spilled
-        // sums through the stack, a 5-token pass 1.15x the 256-bit tile's time; 2 x 5 is 0.8-0.95x.
+        // 5, 4, 3, 2 or 1 tokens a tile: with the rows' sums folded, a token's sums are one
+        // register (4 rows x 5 tokens unfolded spilled through the stack).
         macro_rules! tiles {
-            ($rows:literal, $t:literal) => {
+            ($t:literal) => {
                 #[allow(clippy::int_plus_one)] // `t + 1 <= n` reads as the others
                 while t + $t <= n {
-                    for h in (0..4).step_by($rows) {
-                        let sums = pair_tile::<K, $rows, $t>(
-                            std::array::from_fn(|k| tile[h + k]),
-                            std::array::from_fn(|j| pairs[t + j].as_slice()),
-                            std::array::from_fn(|j| acts[t + j]),
-                        );
-                        for (k, row) in sums.iter().enumerate() {
-                            for (j, &sum) in row.iter().enumerate() {
-                                store(t + j, r + h + k, sum);
-                            }
+                    let sums = pair_tile::<K, 4, $t>(
+                        tile,
+                        std::array::from_fn(|j| pairs[t + j].as_slice()),
+                        std::array::from_fn(|j| acts[t + j]),
+                    );
+                    for (k, row) in sums.iter().enumerate() {
+                        for (j, &sum) in row.iter().enumerate() {
+                            store(t + j, r + k, sum);
                         }
                     }
                     t += $t;
                 }
             };
         }
-        tiles!(4, 5);
-        tiles!(4, 4);
-        tiles!(4, 3);
-        tiles!(4, 2);
-        tiles!(4, 1);
+        tiles!(5);
+        tiles!(4);
+        tiles!(3);
+        tiles!(2);
+        tiles!(1);
     }
 }
 
-/// The weight type of [`pair_tile`]'s const `K`, and its block's bytes.
+/// The weight type of [`pair_tile`]'s const `K`.
 const fn pair_type(k: u8) -> GgmlType {
     match k {
         PAIR_Q8_0 => GgmlType::Q8_0,

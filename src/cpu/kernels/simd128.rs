@@ -505,7 +505,7 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
         // Q5_1: w = d q + m, so + m da sum(xq).
         let m = if KIND == Q5_1 { four(b, 2) } else { f32x4_splat(0.0) };
         let (w0, w1, w2, w3) = (weights(b[0]), weights(b[1]), weights(b[2]), weights(b[3]));
-        for t in 0..T {
+        each_token::<T>(|t| {
             let a = &acts[t][i];
             let signed = KIND == Q8_0;
             let x = P::acts(a, signed);
@@ -522,9 +522,43 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
             if KIND == Q5_1 {
                 acc[t] = f32x4_add(acc[t], f32x4_mul(m, f32x4_splat(a.d * a.sum as f32)));
             }
-        }
+        });
     }
     acc
+}
+
+/// `f(0)`, `f(1)` ... `f(T - 1)` written out, not a loop. V8 placed work that the wasm computes
+/// before a loop inside it where only the loop uses it: as a loop over a tile's tokens, the four
+/// rows' f16 scales were converted again for every token, with the constants that takes, and the
+/// tokens' sums lived in memory, an array indexed in a loop (Node 20's code, `perf annotate`;
+/// Q8_0 prefill 1.08-1.14x in Chromium, docs/benchmarks.md).
+#[inline(always)]
+fn each_token<const T: usize>(mut f: impl FnMut(usize)) {
+    const { assert!(T <= 8, "tiles of at most 8 tokens") };
+    if T > 0 {
+        f(0)
+    }
+    if T > 1 {
+        f(1)
+    }
+    if T > 2 {
+        f(2)
+    }
+    if T > 3 {
+        f(3)
+    }
+    if T > 4 {
+        f(4)
+    }
+    if T > 5 {
+        f(5)
+    }
+    if T > 6 {
+        f(6)
+    }
+    if T > 7 {
+        f(7)
+    }
 }
 
 /// `tile4`'s loop for Q4_K super-blocks (Q5_K with `FIVE`: the fifth bits, bit j of byte l for

@@ -535,30 +535,10 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
 #[inline(always)]
 fn each_token<const T: usize>(mut f: impl FnMut(usize)) {
     const { assert!(T <= 8, "tiles of at most 8 tokens") };
-    if T > 0 {
-        f(0)
+    macro_rules! calls {
+        ($($t:literal)*) => { $(if T > $t { f($t) })* };
     }
-    if T > 1 {
-        f(1)
-    }
-    if T > 2 {
-        f(2)
-    }
-    if T > 3 {
-        f(3)
-    }
-    if T > 4 {
-        f(4)
-    }
-    if T > 5 {
-        f(5)
-    }
-    if T > 6 {
-        f(6)
-    }
-    if T > 7 {
-        f(7)
-    }
+    calls!(0 1 2 3 4 5 6 7);
 }
 
 /// `tile4`'s loop for Q4_K super-blocks (Q5_K with `FIVE`: the fifth bits, bit j of byte l for

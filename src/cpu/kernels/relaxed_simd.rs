@@ -17,7 +17,7 @@
 //!
 //! Q6_K (0..=63 stored as q − 32, with 16-element scales) keeps simd128's tile.
 
-use super::simd128::{high_nibbles, load_qs, tiles_with, Products};
+use super::simd128::{high_nibbles, load_qs, tiles_with, Constants, Products};
 use super::*;
 use std::arch::wasm32::*;
 
@@ -95,16 +95,19 @@ impl Products for Bytes {
         }
     }
     #[inline(always)]
-    fn dot(w: &(v128, v128), x: &[v128; 4], signed: bool) -> v128 {
+    fn dot(w: &(v128, v128), x: &[v128; 4], signed: bool, k: &Constants) -> v128 {
+        // Pairs of i16 added into i32 by a multiply-add with ones: V8's `extadd_pairwise` is
+        // that instruction with its operand's address built at each use.
+        let widen = |v| i32x4_dot_i16x8(v, k.ones_i16);
         if signed {
             // Each pair: w0 x0 + w1 x1 = (w0 x0⁺ + w1 x1⁺) − (w0 x0⁻ + w1 x1⁻); all three fit i16,
             // so the wrapping difference is exact.
             let lo = i16x8_sub(pairs(w.0, x[0]), pairs(w.0, x[2]));
             let hi = i16x8_sub(pairs(w.1, x[1]), pairs(w.1, x[3]));
-            i32x4_add(i32x4_extadd_pairwise_i16x8(lo), i32x4_extadd_pairwise_i16x8(hi))
+            i32x4_add(widen(lo), widen(hi))
         } else {
             // Weights 0..=31: a pair is at most 2 · 31 · 128, the two halves' sum 15872.
-            i32x4_extadd_pairwise_i16x8(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)))
+            widen(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)))
         }
     }
 }

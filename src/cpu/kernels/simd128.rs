@@ -393,8 +393,8 @@ pub(super) trait Products {
     /// bit `j` of the 32 bytes of fifth bits (`fifth`: those bytes and j).
     fn sub_block(q0: v128, q1: v128, high: bool, fifth: Option<(v128, v128, u32)>) -> Self::W;
     fn acts(a: &BlockQ8, signed: bool) -> Self::X;
-    /// The 32 products as 4 i32 partial sums.
-    fn dot(w: &Self::W, x: &Self::X, signed: bool) -> v128;
+    /// The 32 products as 4 i32 partial sums (`k`: the constants, see [`Constants`]).
+    fn dot(w: &Self::W, x: &Self::X, signed: bool, k: &Constants) -> v128;
 }
 
 /// simd128's products: weights and activations widened to i16 (`i32x4.dot_i16x8_s`: one
@@ -442,7 +442,7 @@ impl Products for Widened {
         widen_i8(load_qs(a, 0), load_qs(a, 16))
     }
     #[inline(always)]
-    fn dot(w: &[v128; 4], x: &[v128; 4], _signed: bool) -> v128 {
+    fn dot(w: &[v128; 4], x: &[v128; 4], _signed: bool, _k: &Constants) -> v128 {
         dot32_i16(w, x)
     }
 }
@@ -481,6 +481,7 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
             _ => P::signed(v128_load(b.add(2) as *const v128), v128_load(b.add(18) as *const v128)),
         }
     };
+    let k = Constants::opaque();
     // The four rows' f16 at byte `at` of their blocks, as floats.
     // Each put straight into the low half of its u32 lane (LLVM makes each a `v128.load16_lane`,
     // one `pinsrw` from memory on x86, where four loads and a vector built of them were eight).
@@ -488,7 +489,7 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
         let v = u16x8_replace_lane::<0>(u32x4_splat(0), half(b[0], at));
         let v = u16x8_replace_lane::<2>(v, half(b[1], at));
         let v = u16x8_replace_lane::<4>(v, half(b[2], at));
-        f16_bits_to_f32(u16x8_replace_lane::<6>(v, half(b[3], at)))
+        f16_bits_to_f32_with(u16x8_replace_lane::<6>(v, half(b[3], at)), &k)
     };
     let offset = match KIND {
         Q4_0 => 8,
@@ -510,10 +511,10 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
             let signed = KIND == Q8_0;
             let x = P::acts(a, signed);
             let sums = fold4([
-                P::dot(&w0, &x, signed),
-                P::dot(&w1, &x, signed),
-                P::dot(&w2, &x, signed),
-                P::dot(&w3, &x, signed),
+                P::dot(&w0, &x, signed, &k),
+                P::dot(&w1, &x, signed, &k),
+                P::dot(&w2, &x, signed, &k),
+                P::dot(&w3, &x, signed, &k),
             ]);
             let sums =
                 if offset != 0 { i32x4_sub(sums, i32x4_splat(offset * a.sum)) } else { sums };
@@ -574,7 +575,7 @@ fn tile4_q4_k<const T: usize, const FIVE: bool, P: Products>(
                 let fifth = FIVE.then(|| (load(b[r], 16), load(b[r], 32), j as u32));
                 let w = P::sub_block(load(b[r], at), load(b[r], at + 16), j % 2 == 1, fifth);
                 for t in 0..T {
-                    let s = i32x4_mul(P::dot(&w, &x[t], false), i32x4_splat(sc as i32));
+                    let s = i32x4_mul(P::dot(&w, &x[t], false, &CONSTANTS), i32x4_splat(sc as i32));
                     isum[t][r] = i32x4_add(isum[t][r], s);
                     mins[t][r] += m as i32 * acts[t][sb * SUB + j].sum;
                 }
@@ -697,12 +698,59 @@ pub(super) fn fold4(v: [v128; 4]) -> v128 {
 /// place are the value times 2^-112 for normal and subnormal numbers alike; infinities and NaNs
 /// (exponent 31) get the f32 exponent of all ones.
 pub(super) fn f16_bits_to_f32(h: v128) -> v128 {
-    let mag = i32x4_shl(v128_and(h, u32x4_splat(0x7fff)), 13);
-    let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
-    let finite = f32x4_mul(mag, f32x4_splat(f32::from_bits((127 + 112) << 23)));
-    let special = v128_or(mag, u32x4_splat(0x7f80_0000));
-    let is_special = u32x4_ge(mag, u32x4_splat(0x7c00 << 13));
+    f16_bits_to_f32_with(h, &CONSTANTS)
+}
+
+/// [`f16_bits_to_f32`] with its constants from `k` (see [`Constants::opaque`]).
+#[inline(always)]
+pub(super) fn f16_bits_to_f32_with(h: v128, k: &Constants) -> v128 {
+    let mag = i32x4_shl(v128_and(h, k.f16_magnitude), 13);
+    let sign = i32x4_shl(v128_and(h, k.f16_sign), 16);
+    let finite = f32x4_mul(mag, k.f16_scale);
+    let special = v128_or(mag, k.f32_exponent);
+    let is_special = u32x4_ge(mag, k.f16_special);
     v128_or(v128_bitselect(special, finite, is_special), sign)
+}
+
+/// The vector constants of the tiles' block loops. V8 builds a constant again at each use (three
+/// instructions for a splat of 32 bits; for `i32x4.extadd_pairwise_i16x8_s`, a 64-bit move of
+/// the address of its operand of ones), inside the loop where the use is; the tiles take them
+/// from [`Constants::opaque`], loaded from memory once per call, values that V8 keeps in a
+/// register or reads from one stack slot.
+#[derive(Clone, Copy)]
+pub(super) struct Constants {
+    /// i16 ones: `i32x4.dot_i16x8_s` with it adds pairs as `extadd_pairwise` does (the
+    /// relaxed-simd products; simd128's widened ones end in that instruction already).
+    #[cfg_attr(not(target_feature = "relaxed-simd"), allow(dead_code))]
+    pub ones_i16: v128,
+    f16_magnitude: v128,
+    f16_sign: v128,
+    /// 2^112 as f32: an f16's magnitude bits shifted into an f32's place are its value / 2^112.
+    f16_scale: v128,
+    f32_exponent: v128,
+    /// The magnitude, shifted, from which an f16 is infinite or NaN.
+    f16_special: v128,
+}
+
+pub(super) const CONSTANTS: Constants = Constants {
+    ones_i16: i16x8(1, 1, 1, 1, 1, 1, 1, 1),
+    f16_magnitude: u32x4(0x7fff, 0x7fff, 0x7fff, 0x7fff),
+    f16_sign: u32x4(0x8000, 0x8000, 0x8000, 0x8000),
+    f16_scale: u32x4((127 + 112) << 23, (127 + 112) << 23, (127 + 112) << 23, (127 + 112) << 23),
+    f32_exponent: u32x4(0x7f80_0000, 0x7f80_0000, 0x7f80_0000, 0x7f80_0000),
+    f16_special: u32x4(0x7c00 << 13, 0x7c00 << 13, 0x7c00 << 13, 0x7c00 << 13),
+};
+
+static CONSTANTS_IN_MEMORY: Constants = CONSTANTS;
+
+impl Constants {
+    /// [`CONSTANTS`] by a volatile load, which neither LLVM nor wasm-opt folds back into
+    /// constants, so the wasm holds loads of values, not `v128.const`s.
+    #[inline(always)]
+    pub(super) fn opaque() -> Constants {
+        // SAFETY: a static of plain vectors, read as it is.
+        unsafe { std::ptr::read_volatile(&CONSTANTS_IN_MEMORY) }
+    }
 }
 
 /// f32 keys (the wasm build's cache; f16 goes to scalar), `q.len()` a multiple of 4: four keys

@@ -712,11 +712,11 @@ pub(super) fn f16_bits_to_f32_with(h: v128, k: &Constants) -> v128 {
     v128_or(v128_bitselect(special, finite, is_special), sign)
 }
 
-/// The vector constants of the tiles' block loops. V8 builds a constant again at each use (three
-/// instructions for a splat of 32 bits; for `i32x4.extadd_pairwise_i16x8_s`, a 64-bit move of
-/// the address of its operand of ones), inside the loop where the use is; the tiles take them
+/// The vector constants of the tiles' block loops. V8 rebuilt some at each use, inside the loop
+/// (`i32x4.extadd_pairwise_i16x8_s`'s operand of ones: its address moved into a register first)
+/// or turned an operation with one into more instructions (`u32x4_ge`: four); the tiles take them
 /// from [`Constants::opaque`], loaded from memory once per call, values that V8 keeps in a
-/// register or reads from one stack slot.
+/// register or reads from one stack slot (decode 1.08-1.15x, docs/benchmarks.md).
 #[derive(Clone, Copy)]
 pub(super) struct Constants {
     /// i16 ones: `i32x4.dot_i16x8_s` with it adds pairs as `extadd_pairwise` does (the

@@ -110,4 +110,10 @@ impl Products for Bytes {
             widen(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)))
         }
     }
+    #[inline(always)]
+    fn dot_scaled(w: &(v128, v128), x: &[v128; 4], scale: v128) -> v128 {
+        // The two halves' pairs, at most 15872 (as in `dot`), times the scale (at most 63) in
+        // the multiply-add that widens them to i32.
+        i32x4_dot_i16x8(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)), scale)
+    }
 }

@@ -395,6 +395,9 @@ pub(super) trait Products {
     fn acts(a: &BlockQ8, signed: bool) -> Self::X;
     /// The 32 products as 4 i32 partial sums (`k`: the constants, see [`Constants`]).
     fn dot(w: &Self::W, x: &Self::X, signed: bool, k: &Constants) -> v128;
+    /// `sc` times the 32 products of unsigned weights (0..=31, a K-quant sub-block) as 4 i32
+    /// partial sums; `scale` is `sc` (0..=63) in each i16 lane.
+    fn dot_scaled(w: &Self::W, x: &Self::X, scale: v128) -> v128;
 }
 
 /// simd128's products: weights and activations widened to i16 (`i32x4.dot_i16x8_s`: one
@@ -445,6 +448,11 @@ impl Products for Widened {
     fn dot(w: &[v128; 4], x: &[v128; 4], _signed: bool, _k: &Constants) -> v128 {
         dot32_i16(w, x)
     }
+    #[inline(always)]
+    fn dot_scaled(w: &[v128; 4], x: &[v128; 4], scale: v128) -> v128 {
+        // A weight times its scale is at most 31 · 63, inside i16.
+        dot32_i16(&w.map(|v| i16x8_mul(v, scale)), x)
+    }
 }
 
 /// `tile4`'s loop for Q8_0, Q4_0, Q5_0 or Q5_1 blocks (`KIND`), written out for four rows so that
@@ -482,15 +490,8 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
         }
     };
     let k = Constants::opaque();
-    // The four rows' f16 at byte `at` of their blocks, as floats.
-    // Each put straight into the low half of its u32 lane (LLVM makes each a `v128.load16_lane`,
-    // one `pinsrw` from memory on x86, where four loads and a vector built of them were eight).
-    let four = |b: [*const u8; 4], at: usize| {
-        let v = u16x8_replace_lane::<0>(u32x4_splat(0), half(b[0], at));
-        let v = u16x8_replace_lane::<2>(v, half(b[1], at));
-        let v = u16x8_replace_lane::<4>(v, half(b[2], at));
-        f16_bits_to_f32_with(u16x8_replace_lane::<6>(v, half(b[3], at)), &k)
-    };
+    // SAFETY: `at` is 0 or 2, inside each row's block.
+    let four = |b: [*const u8; 4], at: usize| unsafe { four_f16(b, at, &k) };
     let offset = match KIND {
         Q4_0 => 8,
         Q5_0 => 16,
@@ -506,7 +507,7 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
         // Q5_1: w = d q + m, so + m da sum(xq).
         let m = if KIND == Q5_1 { four(b, 2) } else { f32x4_splat(0.0) };
         let (w0, w1, w2, w3) = (weights(b[0]), weights(b[1]), weights(b[2]), weights(b[3]));
-        each_token::<T>(|t| {
+        written_out::<T>(|t| {
             let a = &acts[t][i];
             let signed = KIND == Q8_0;
             let x = P::acts(a, signed);
@@ -528,26 +529,46 @@ fn tile4_blocks<const T: usize, const KIND: u8, P: Products>(
     acc
 }
 
-/// `f(0)`, `f(1)` ... `f(T - 1)` written out, not a loop. V8 placed work that the wasm computes
-/// before a loop inside it where only the loop uses it: as a loop over a tile's tokens, the four
-/// rows' f16 scales were converted again for every token, with the constants that takes, and the
-/// tokens' sums lived in memory, an array indexed in a loop (Node 20's code, `perf annotate`;
-/// Q8_0 prefill 1.08-1.14x in Chromium, docs/benchmarks.md).
+/// The f16 at `b[r] + at` for each of four rows, as floats in lanes 0..4. Each is put straight
+/// into the low half of its u32 lane (LLVM makes each a `v128.load16_lane`, one `pinsrw` from
+/// memory on x86, where four loads and a vector built of them were eight).
+///
+/// # Safety
+/// `b[r] + at .. b[r] + at + 2` readable for each row.
 #[inline(always)]
-fn each_token<const T: usize>(mut f: impl FnMut(usize)) {
-    const { assert!(T <= 8, "tiles of at most 8 tokens") };
+unsafe fn four_f16(b: [*const u8; 4], at: usize, k: &Constants) -> v128 {
+    let half = |r: usize| unsafe { (b[r].add(at) as *const u16).read_unaligned() };
+    let v = u16x8_replace_lane::<0>(u32x4_splat(0), half(0));
+    let v = u16x8_replace_lane::<2>(v, half(1));
+    let v = u16x8_replace_lane::<4>(v, half(2));
+    f16_bits_to_f32_with(u16x8_replace_lane::<6>(v, half(3)), k)
+}
+
+/// `f(0)`, `f(1)` ... `f(N - 1)` written out, not a loop (a tile's tokens, its 4 rows, a
+/// super-block's sub-blocks). V8 placed work that the wasm computes before a loop inside it
+/// where only the loop uses it: as a loop over a tile's tokens, the four rows' f16 scales were
+/// converted again for every token, with the constants that takes, and the tokens' sums lived in
+/// memory, an array indexed in a loop (Node 20's code, `perf annotate`; Q8_0 prefill 1.08-1.14x
+/// in Chromium, docs/benchmarks.md); as a loop over sub-blocks, the K-quants' 6-bit scales were
+/// unpacked again for each.
+#[inline(always)]
+fn written_out<const N: usize>(mut f: impl FnMut(usize)) {
+    const { assert!(N <= 8, "at most 8 calls") };
     macro_rules! calls {
-        ($($t:literal)*) => { $(if T > $t { f($t) })* };
+        ($($t:literal)*) => { $(if N > $t { f($t) })* };
     }
     calls!(0 1 2 3 4 5 6 7);
 }
 
 /// `tile4`'s loop for Q4_K super-blocks (Q5_K with `FIVE`: the fifth bits, bit j of byte l for
 /// element l of sub-block j, sit in 32 bytes between the scales and the nibbles). The
-/// activations share one scale per super-block (`ActScales::PerSuperBlock`), so each row's
-/// sub-block sums are multiplied by their 6-bit scales in integers and added up over the
-/// super-block, and the floats (d, dmin, the activation scale) come once per super-block for the
-/// four rows together.
+/// activations share one scale per super-block (`ActScales::PerSuperBlock`), so everything but
+/// the floats (d, dmin, the activation scale: once per super-block for the four rows together)
+/// is integers: each sub-block's products times its 6-bit scale (the multiply-add that widens
+/// them takes the scale for its operand), and the mins times the activations' sub-block sums,
+/// 8 of each in one `i32x4.dot_i16x8_s` a row. The rows and tokens are written out, so that
+/// the sums stay in locals; the pairs of sub-blocks stay a loop (written out, V8 loaded all of
+/// a super-block first and spilled most of it: decode about 1.2x slower).
 #[inline(always)]
 fn tile4_q4_k<const T: usize, const FIVE: bool, P: Products>(
     rows: [&[u8]; 4],
@@ -555,40 +576,65 @@ fn tile4_q4_k<const T: usize, const FIVE: bool, P: Products>(
 ) -> [v128; T] {
     const SUB: usize = QK_K / QK8;
     let (bb, qs) = if FIVE { (176, 48) } else { (144, 16) };
+    let k = Constants::opaque();
+    let [p0, p1, p2, p3] = rows.map(|r| r.as_ptr());
     let mut acc = [f32x4_splat(0.0); T];
     for sb in 0..acts[0].len() / SUB {
-        let b: [&[u8]; 4] = std::array::from_fn(|r| &rows[r][sb * bb..(sb + 1) * bb]);
-        let f16s = |at: usize| {
-            let h = |r: usize| u16::from_le_bytes([b[r][at], b[r][at + 1]]) as u32;
-            f16_bits_to_f32(u32x4(h(0), h(1), h(2), h(3)))
-        };
-        let (d, dmin) = (f16s(0), f16s(2));
-        let packed: [(u64, u64); 4] = std::array::from_fn(|r| q4_k_scales_mins(&b[r][4..16]));
+        let at = sb * bb;
+        // SAFETY (all): super-block sb of rows of at least nb / SUB of them (the caller checked
+        // the rows' lengths); every offset below is inside its bb bytes.
+        let b = unsafe { [p0.add(at), p1.add(at), p2.add(at), p3.add(at)] };
+        let (d, dmin) = unsafe { (four_f16(b, 0, &k), four_f16(b, 2, &k)) };
+        let load_at = |r: usize, at: usize| unsafe { v128_load(b[r].add(at) as *const v128) };
+        let packed: [(u64, u64); 4] = std::array::from_fn(|r| {
+            q4_k_scales_mins(unsafe { std::slice::from_raw_parts(b[r].add(4), 12) })
+        });
+        // The 8 mins of each row as i16.
+        let mins = packed.map(|(_, m)| u16x8_extend_low_u8x16(u64x2(m, 0)));
         let mut isum = [[i32x4_splat(0); 4]; T];
-        let mut mins = [[0i32; 4]; T];
-        for j in 0..SUB {
-            let x: [P::X; T] = std::array::from_fn(|t| P::acts(&acts[t][sb * SUB + j], false));
-            for r in 0..4 {
-                let (sc, m) = ((packed[r].0 >> (8 * j)) as u8, (packed[r].1 >> (8 * j)) as u8);
-                // Sub-block j: the low (j even) or high nibbles of 32 bytes.
-                let at = qs + (j / 2) * 32;
-                let fifth = FIVE.then(|| (load(b[r], 16), load(b[r], 32), j as u32));
-                let w = P::sub_block(load(b[r], at), load(b[r], at + 16), j % 2 == 1, fifth);
-                for t in 0..T {
-                    let s = i32x4_mul(P::dot(&w, &x[t], false, &CONSTANTS), i32x4_splat(sc as i32));
-                    isum[t][r] = i32x4_add(isum[t][r], s);
-                    mins[t][r] += m as i32 * acts[t][sb * SUB + j].sum;
-                }
-            }
+        // Sub-blocks 2i and 2i + 1: the low and high nibbles of the same 32 bytes.
+        for i in 0..SUB / 2 {
+            let x = |j: usize| -> [P::X; T] {
+                std::array::from_fn(|t| P::acts(&acts[t][sb * SUB + j], false))
+            };
+            let (x_low, x_high) = (x(2 * i), x(2 * i + 1));
+            let at = qs + i * 32;
+            written_out::<4>(|r| {
+                let (q0, q1) = (load_at(r, at), load_at(r, at + 16));
+                let scale = |j: usize| i16x8_splat((packed[r].0 >> (8 * j)) as u8 as i16);
+                let fifth = |j: usize| FIVE.then(|| (load_at(r, 16), load_at(r, 32), j as u32));
+                let low = P::sub_block(q0, q1, false, fifth(2 * i));
+                let high = P::sub_block(q0, q1, true, fifth(2 * i + 1));
+                let (s_low, s_high) = (scale(2 * i), scale(2 * i + 1));
+                written_out::<T>(|t| {
+                    let both = i32x4_add(
+                        P::dot_scaled(&low, &x_low[t], s_low),
+                        P::dot_scaled(&high, &x_high[t], s_high),
+                    );
+                    isum[t][r] = i32x4_add(isum[t][r], both);
+                });
+            });
         }
-        for t in 0..T {
+        written_out::<T>(|t| {
+            let a = &acts[t][sb * SUB..(sb + 1) * SUB];
+            // The token's 8 sub-block sums (each at most 32 · 127 in magnitude) as i16.
+            let sums = i16x8(
+                a[0].sum as i16,
+                a[1].sum as i16,
+                a[2].sum as i16,
+                a[3].sum as i16,
+                a[4].sum as i16,
+                a[5].sum as i16,
+                a[6].sum as i16,
+                a[7].sum as i16,
+            );
+            let m = fold4(mins.map(|m| i32x4_dot_i16x8(m, sums)));
             // d da sum_j sc_j dot_j - dmin da sum_j m_j sum_j, four rows at once.
-            let da = f32x4_splat(acts[t][sb * SUB].d);
+            let da = f32x4_splat(a[0].d);
             let dots = f32x4_convert_i32x4(fold4(isum[t]));
-            let m = f32x4_convert_i32x4(i32x4(mins[t][0], mins[t][1], mins[t][2], mins[t][3]));
-            let v = f32x4_sub(f32x4_mul(dots, d), f32x4_mul(m, dmin));
+            let v = f32x4_sub(f32x4_mul(dots, d), f32x4_mul(f32x4_convert_i32x4(m), dmin));
             acc[t] = f32x4_add(acc[t], f32x4_mul(v, da));
-        }
+        });
     }
     acc
 }

@@ -8,8 +8,7 @@
 // each build's median tok/s and every round's. TOKENIZER_FILE (default the llama-spm
 // tokenizer.json in ../shared/tokenizer-tests) only when the GGUF has no tokenizer of its own.
 // PROMPT_REPEAT=N repeats the prompt N times, to decode at a long context (attention's share).
-import fs from "node:fs";
-import path from "node:path";
+import { loadEngines } from "./wasm_engines.mjs";
 
 const [model, stepsArg, roundsArg, ...pkgs] = process.argv.slice(2);
 if (!model || !pkgs.length) {
@@ -17,21 +16,9 @@ if (!model || !pkgs.length) {
   process.exit(2);
 }
 const steps = Number(stepsArg), rounds = Number(roundsArg);
-const bytes = fs.readFileSync(model);
-const tok = fs.readFileSync(process.env.TOKENIZER_FILE || "../shared/tokenizer-tests/llama-spm/tokenizer.json");
 const PROMPT = "Once upon a time there was a little girl who lived in a village near the forest. "
   .repeat(Number(process.env.PROMPT_REPEAT || 1)).trim();
-
-const engines = [];
-for (const pkg of pkgs) {
-  const dir = path.resolve(pkg);
-  // The query string makes each folder's glue a module of its own.
-  const m = await import(`${dir}/nexttoken.js?${dir}`);
-  m.initSync({ module: fs.readFileSync(`${dir}/nexttoken_bg.wasm`) });
-  const sink = new m.ByteSink(bytes.length);
-  sink.push(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length));
-  engines.push(await m.Engine.loadGguf(sink, new Uint8Array(tok), { backend: "cpu", maxSeq: 4096 }));
-}
+const engines = await loadEngines(model, pkgs);
 const results = pkgs.map(() => []);
 for (let r = 0; r < rounds; r++) {
   engines.forEach((engine, k) => {

@@ -8,25 +8,14 @@
 //
 // SIZES (default 1,4,5,128) picks the sizes; TOKENIZER_FILE (default the llama-spm tokenizer.json
 // in ../shared/tokenizer-tests) only when the GGUF has no tokenizer of its own.
-import fs from "node:fs";
-import path from "node:path";
+import { loadEngines } from "./wasm_engines.mjs";
 const [model, roundsArg, ...pkgs] = process.argv.slice(2);
 if (!model || !pkgs.length) {
   console.error("usage: node --experimental-wasm-relaxed-simd tools/wasm_passes.mjs MODEL.gguf ROUNDS PKG_DIR...");
   process.exit(2);
 }
 const rounds = Number(roundsArg);
-const bytes = fs.readFileSync(model);
-const tok = fs.readFileSync(process.env.TOKENIZER_FILE || "../shared/tokenizer-tests/llama-spm/tokenizer.json");
-const engines = [];
-for (const pkg of pkgs) {
-  const dir = path.resolve(pkg);
-  const m = await import(`${dir}/nexttoken.js?${dir}`);
-  m.initSync({ module: fs.readFileSync(`${dir}/nexttoken_bg.wasm`) });
-  const sink = new m.ByteSink(bytes.length);
-  sink.push(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length));
-  engines.push(await m.Engine.loadGguf(sink, new Uint8Array(tok), { backend: "cpu", maxSeq: 4096 }));
-}
+const engines = await loadEngines(model, pkgs);
 const ids = (n, first) => Array.from({ length: n }, (_, i) => (i === 0 ? first : 100 + ((i * 37) % 900)));
 const sizes = (process.env.SIZES || "1,4,5,128").split(",").map(Number);
 const best = pkgs.map(() => Object.fromEntries(sizes.map((n) => [n, Infinity])));

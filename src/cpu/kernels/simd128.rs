@@ -544,13 +544,12 @@ unsafe fn four_f16(b: [*const u8; 4], at: usize, k: &Constants) -> v128 {
     f16_bits_to_f32_with(u16x8_replace_lane::<6>(v, half(3)), k)
 }
 
-/// `f(0)`, `f(1)` ... `f(N - 1)` written out, not a loop (a tile's tokens, its 4 rows, a
-/// super-block's sub-blocks). V8 placed work that the wasm computes before a loop inside it
-/// where only the loop uses it: as a loop over a tile's tokens, the four rows' f16 scales were
-/// converted again for every token, with the constants that takes, and the tokens' sums lived in
-/// memory, an array indexed in a loop (Node 20's code, `perf annotate`; Q8_0 prefill 1.08-1.14x
-/// in Chromium, docs/benchmarks.md); as a loop over sub-blocks, the K-quants' 6-bit scales were
-/// unpacked again for each.
+/// `f(0)`, `f(1)` ... `f(N - 1)` written out, not a loop (a tile's tokens, its 4 rows). V8
+/// placed work that the wasm computes before a loop inside it where only the loop uses it: as a
+/// loop over a tile's tokens, the four rows' f16 scales were converted again for every token,
+/// with the constants that takes, and the tokens' sums lived in memory, an array indexed in a
+/// loop (Node 20's code, `perf annotate`; Q8_0 prefill 1.08-1.14x in Chromium,
+/// docs/benchmarks.md).
 #[inline(always)]
 fn written_out<const N: usize>(mut f: impl FnMut(usize)) {
     const { assert!(N <= 8, "at most 8 calls") };

@@ -47,6 +47,13 @@ fn pairs(a: v128, b: v128) -> v128 {
     i16x8_relaxed_dot_i8x16_i7x16(a, b)
 }
 
+/// Unsigned weights (0..=31) by the activations: the two halves' pairs added in i16 (a pair is
+/// at most 2 · 31 · 128, the sum 15872).
+#[inline(always)]
+fn unsigned_pairs(w: &(v128, v128), x: &[v128; 4]) -> v128 {
+    i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1))
+}
+
 fn low_nibbles(bytes: v128) -> v128 {
     v128_and(bytes, u8x16_splat(0x0f))
 }
@@ -106,14 +113,12 @@ impl Products for Bytes {
             let hi = i16x8_sub(pairs(w.1, x[1]), pairs(w.1, x[3]));
             i32x4_add(widen(lo), widen(hi))
         } else {
-            // Weights 0..=31: a pair is at most 2 · 31 · 128, the two halves' sum 15872.
-            widen(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)))
+            widen(unsigned_pairs(w, x))
         }
     }
     #[inline(always)]
     fn dot_scaled(w: &(v128, v128), x: &[v128; 4], scale: v128) -> v128 {
-        // The two halves' pairs, at most 15872 (as in `dot`), times the scale (at most 63) in
-        // the multiply-add that widens them to i32.
-        i32x4_dot_i16x8(i16x8_add(pairs(x[0], w.0), pairs(x[1], w.1)), scale)
+        // The pairs times the scale (at most 63) in the multiply-add that widens them to i32.
+        i32x4_dot_i16x8(unsigned_pairs(w, x), scale)
     }
 }

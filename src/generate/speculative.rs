@@ -239,14 +239,26 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
 ///   position, not one rate for all: a drafter whose first guess is usually right and second
 ///   usually wrong is worth k = 1, where one overall rate (1/2) would say k = 2 for the same two
 ///   tokens at a dearer pass.
-/// - What a pass costs: a plain step's time (a moving average) plus k times what a guess adds
-///   (a moving average over passes of (pass / step − 1) / k, guessing included): about 0.2 of a
-///   step on a host where a step reads the weights from memory, near 1 where a step is
-///   compute-bound (a tiny model, or wasm without the multi-token kernels' speed).
+/// - What a pass costs, in plain steps (a moving average of a step's time): for each k, a
+///   moving average over passes of k guesses (guessing included); about 1.2 steps for one guess
+///   on a host where a step reads the weights from memory, near 2 where a step is compute-bound
+///   (a tiny model, or wasm). A k not yet timed is priced from the timed ones: between two, on
+///   the line between them; past the longest, each further guess at [`LONGER_PASS_GUESS`] of
+///   what that one's guesses cost each (a tile of more tokens unpacks each weight block once
+///   for all of them: in wasm a pass of one guess cost 0.98 of a step a guess and one of four
+///   0.82; natively 0.2 and 0.17); short of the shortest, in proportion; none timed, at the
+///   prior. One price a guess for every k, from the passes of one guess that begin a run, put
+///   four guesses at 4.9 steps in wasm where they cost 4.3: five tokens for less than five
+///   steps, never tried.
+/// - The first pass of each length is not timed: it pays once for what later ones do not. In
+///   wasm the engine compiles a tile's optimised code during its first calls (Node 24,
+///   SmolLM2-135M Q8_0 shape: the first pass of one guess took 26.9 ms, later ones 18.4-19.2; of
+///   four, 44.9 against 29.6-31.2); timed, that pass made a guess look dearer than a step.
 ///
 /// The first decode step is a plain one, to have a step's time to weigh passes by; the first
-/// pass guesses once, since what a guess costs is not known before it (where guesses are dear,
-/// wasm, a first pass of four that kept nothing cost 3.5 steps). After a pass that kept nothing,
+/// passes guess once, since what a guess costs is not known before one is timed (where guesses
+/// are dear, wasm, a first pass of four that kept nothing cost 3.5 steps): the second of them
+/// times it. After a pass that kept nothing,
 /// or when no k beats plain steps (passes that cost what their tokens do), no guessing for 1, 2,
 /// 4, ... up to [`MAX_BACKOFF`] steps, then one guess to try: a draft model that is never right
 /// costs one small pass in every few dozen steps, and a drafter that stops being right (prompt
@@ -267,8 +279,11 @@ pub struct DraftLength {
     /// Per guess position: passes that reached it, and that kept it (decayed counts).
     reached: Vec<f64>,
     kept: Vec<f64>,
-    /// What one guess adds to a pass, in plain steps (a moving average), once a pass was timed.
-    per_guess: Option<f64>,
+    /// Per number of guesses (0 to `max`): what a pass of that many costs, in plain steps (a
+    /// moving average), once one was timed.
+    cost: Vec<Option<f64>>,
+    /// Whether a pass has run without a clock to time it (then the prior prices every k).
+    unclocked: bool,
     backoff: usize,
     wait: usize,
     /// A plain step's milliseconds (a moving average), once one was timed.
@@ -281,6 +296,9 @@ pub struct DraftLength {
     shadow_right: bool,
     /// The guesses checked between passes that were right in a row, up to the last.
     shadow_run: usize,
+    /// Per number of guesses (0 to `max`): whether a pass of that many has run (its first is
+    /// not timed).
+    ran: Vec<bool>,
 }
 
 /// `x` folded into the moving average `avg` (`x` itself for the first).
@@ -298,6 +316,9 @@ const PRIOR_WEIGHT: f64 = 0.5;
 const DECAY: f64 = 0.9;
 /// What a guess adds to a pass before one was timed, in plain steps.
 const PRIOR_PER_GUESS: f64 = 0.2;
+/// What each guess beyond a timed pass's adds, as a share of what that pass's guesses cost
+/// each (see [`DraftLength`]).
+const LONGER_PASS_GUESS: f64 = 0.8;
 
 impl DraftLength {
     pub fn new(max: usize) -> DraftLength {
@@ -305,13 +326,15 @@ impl DraftLength {
             max,
             reached: vec![0.0; max],
             kept: vec![0.0; max],
-            per_guess: None,
+            cost: vec![None; max + 1],
+            unclocked: false,
             backoff: 0,
             wait: 1,
             step_ms: None,
             shadowed: false,
             shadow_right: false,
             shadow_run: 0,
+            ran: vec![false; max + 1],
         }
     }
 
@@ -330,7 +353,7 @@ impl DraftLength {
         // The first pass, and the first after a back-off: one guess to try (the cheapest pass,
         // which also times what a guess costs); the counts choose after it. Not while the
         // guesses checked between passes have all been wrong: the try would keep nothing.
-        if self.backoff > 0 || self.per_guess.is_none() {
+        if self.backoff > 0 || !self.priced() {
             return (!self.shadowed || self.shadow_right) as usize;
         }
         self.best().map_or(1, |(k, _)| k)
@@ -353,13 +376,16 @@ impl DraftLength {
             self.reached[i] += 1.0;
             self.kept[i] += (i < accepted) as u8 as f64;
         }
-        let step = self.step_ms.filter(|&s| s > 0.0 && drafted > 0);
-        let timed = step.map(|step| ((ms / step - 1.0) / drafted as f64).clamp(0.0, 4.0));
-        self.per_guess = Some(match timed {
-            Some(t) => moving_average(self.per_guess, t),
-            // No clock to time it by: the prior.
-            None => self.per_guess.unwrap_or(PRIOR_PER_GUESS),
-        });
+        // The first pass of this length is not what the next ones will cost.
+        let first = !std::mem::replace(&mut self.ran[drafted], true);
+        match self.step_ms.filter(|&s| s > 0.0) {
+            Some(step) if drafted > 0 && !first => {
+                let steps = (ms / step).clamp(1.0, 1.0 + 4.0 * drafted as f64);
+                self.cost[drafted] = Some(moving_average(self.cost[drafted], steps));
+            }
+            Some(_) => {}
+            None => self.unclocked = true,
+        }
         // A pass that kept nothing never paid, whatever the counts still say.
         if accepted == 0 || self.best().is_none() {
             self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
@@ -380,7 +406,7 @@ impl DraftLength {
         // Right twice in a row (a run, as where lookup's copying begins; one right guess says
         // little about the next: a drafter right every other token would pass on its wrong
         // ones) and passes pay by the counts: no need to wait out the back-off.
-        if self.shadow_run >= 2 && self.per_guess.is_some() && self.best().is_some() {
+        if self.shadow_run >= 2 && self.priced() && self.best().is_some() {
             self.wait = 0;
         }
     }
@@ -404,6 +430,28 @@ impl DraftLength {
             .collect()
     }
 
+    /// Whether passes have a price: one was timed, or ran with no clock to time it.
+    fn priced(&self) -> bool {
+        self.unclocked || self.cost.iter().any(Option::is_some)
+    }
+
+    /// What a pass of `k` guesses costs, in plain steps: timed, or priced from the nearest
+    /// timed length (see [`DraftLength`]).
+    fn pass_cost(&self, k: usize) -> f64 {
+        if let Some(c) = self.cost[k] {
+            return c;
+        }
+        let per_guess = |j: usize, c: f64| (c - 1.0) / j as f64;
+        let below = (1..k).rev().find_map(|j| self.cost[j].map(|c| (j, c)));
+        let above = (k + 1..=self.max).find_map(|j| self.cost[j].map(|c| (j, c)));
+        match (below, above) {
+            (Some((i, a)), Some((j, b))) => a + (b - a) * (k - i) as f64 / (j - i) as f64,
+            (Some((j, c)), None) => c + (k - j) as f64 * LONGER_PASS_GUESS * per_guess(j, c),
+            (None, Some((j, c))) => 1.0 + k as f64 * per_guess(j, c),
+            (None, None) => 1.0 + k as f64 * PRIOR_PER_GUESS,
+        }
+    }
+
     /// The k (1 to the most) expected to make the most tokens per plain step's time, with that
     /// rate; `None` when none beats plain steps (1 token a step).
     pub fn best(&self) -> Option<(usize, f64)> {
@@ -412,7 +460,7 @@ impl DraftLength {
         for (k, share) in (1..=self.max).zip(self.kept_shares()) {
             reach *= share;
             tokens += reach;
-            let rate = tokens / (1.0 + self.per_guess.unwrap_or(PRIOR_PER_GUESS) * k as f64);
+            let rate = tokens / self.pass_cost(k);
             // Ties go to the longer draft (more tokens a pass).
             if rate > 1.0 && best.is_none_or(|(_, r)| rate >= r) {
                 best = Some((k, rate));

@@ -173,6 +173,13 @@ impl KvStore {
 /// packing costs about as much as multiplying a panel with a few tokens.
 const PANEL_MIN_TOKENS: usize = 8;
 
+/// Tokens up to which a pass (speculative decoding's verification: the guesses and the token
+/// before them) reads the weight rows in decode's order where decode reads long streams
+/// (`kernels::decode_walk`): such a pass is memory-bound as a step is. On AMD Zen 4 a pass of 2
+/// to 5 tokens in adjacent tiles took 2.4-2.6 one-token steps (the prefetchers follow 4 short
+/// streams badly), and speculative decoding never paid there.
+const STREAMED_PASS_TOKENS: usize = 9;
+
 /// log2 of the least work (multiply-adds) worth a chunk of its own in a parallel loop. Outside a
 /// forward pass's team a loop wakes threads: a few microseconds natively, tens in a browser (a
 /// Web Worker waiting on `Atomics.wait`). The browser's value dates from before the team (with
@@ -499,8 +506,15 @@ impl CpuModel {
                 let act = move |t: usize| &xq[t * blocks..(t + 1) * blocks];
                 let walk = match n {
                     1 => kernels::decode_walk(isa, w.ty, self.walk.streams()),
+                    // A verification pass reads every weight for a few tokens, as decode does:
+                    // where decode reads long streams, its tiles take one row from each quarter
+                    // of the share (the same sums: a tile sums each row on its own).
+                    n if n <= STREAMED_PASS_TOKENS && self.walk.streams() => {
+                        DecodeWalk::SpreadTiles
+                    }
                     _ => DecodeWalk::Tiles,
                 };
+                let spread = walk == DecodeWalk::SpreadTiles;
                 // Decode's walks over rows a..b: the token's sums there, and the rows' bytes.
                 let rows_out = move |a: usize, b: usize| {
                     // SAFETY: rows a..b of the one token belong to this task alone.
@@ -527,7 +541,6 @@ impl CpuModel {
                             // share in one tile); the rest alone, below.
                             r = r0 + (r1 - r0) / R * R;
                             let (dst, matrix) = rows_out(r0, r);
-                            let spread = walk == DecodeWalk::SpreadTiles;
                             let act = act(0);
                             kernels::dot_q8_decode_tiles(
                                 isa, w.ty, matrix, row_bytes, spread, act, dst,
@@ -541,17 +554,22 @@ impl CpuModel {
                             let matrix = &bytes[r0 * row_bytes..r * row_bytes];
                             let mut put = |t: usize, k: usize, v: f32| store(t, r0 + k, v);
                             kernels::dot_q8_pass_tiles(
-                                isa, w.ty, matrix, row_bytes, &acts, &mut put,
+                                isa, w.ty, matrix, row_bytes, spread, &acts, &mut put,
                             );
                         }
                         _ => {}
                     }
-                    while r + R <= r1 {
-                        let tile: [&[u8]; R] = std::array::from_fn(|k| row(r + k));
-                        kernels::touch_ahead(
-                            &bytes[(r * row_bytes).min(bytes.len())..],
-                            R * row_bytes,
-                        );
+                    // The whole tiles left: q of them, adjacent or spread.
+                    let (first, q) = (r, (r1 - r) / R);
+                    for k in 0..q {
+                        let rows: [usize; R] = std::array::from_fn(|j| match spread {
+                            true => first + j * q + k,
+                            false => first + R * k + j,
+                        });
+                        let tile = rows.map(row);
+                        if !spread {
+                            kernels::touch_ahead(&bytes[rows[0] * row_bytes..], R * row_bytes);
+                        }
                         let mut t = 0;
                         // T tokens at a time while T of them are left.
                         macro_rules! tiles {
@@ -564,9 +582,9 @@ impl CpuModel {
                                         tile,
                                         std::array::from_fn(|j| act(t + j)),
                                     );
-                                    for (k, o) in o.iter().enumerate() {
+                                    for (&r, o) in rows.iter().zip(&o) {
                                         for (j, &v) in o.iter().enumerate() {
-                                            store(t + j, r + k, v);
+                                            store(t + j, r, v);
                                         }
                                     }
                                     t += $t;
@@ -582,8 +600,8 @@ impl CpuModel {
                         }
                         tiles!(2);
                         tiles!(1);
-                        r += R;
                     }
+                    r = first + q * R;
                     // The one-row tile, which decode row by row takes too: a token's sums are
                     // the same bits in any pass (speculative decoding's verification relies on it).
                     for r in r..r1 {

@@ -157,7 +157,8 @@ pub unsafe fn pair_tile_of<const R: usize, const T: usize>(
 
 /// A pass's products over whole tiles of 4 rows (`matrix`, `row_bytes` a row) with the
 /// activations `acts` (a token each), arranged once ([`arrange`]) for all the tiles: `store(t, r,
-/// sum)` gets row r's sum with token t, decode's bits.
+/// sum)` gets row r's sum with token t, decode's bits. `spread`: tile k takes row k of each
+/// quarter of the rows, as decode's spread tiles do.
 ///
 /// # Safety
 /// The CPU has AVX-512 VNNI, and VBMI for Q4_0 and Q5_0 ([`has_pair_tile`] with 4 rows).
@@ -165,23 +166,26 @@ pub unsafe fn pair_pass_tiles(
     ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
+    spread: bool,
     acts: &[&[BlockQ8]],
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
-    by_pair_type!(ty, K => pass_tiles::<K>(matrix, row_bytes, acts, store))
+    by_pair_type!(ty, K => pass_tiles::<K>(matrix, row_bytes, spread, acts, store))
 }
 
 unsafe fn pass_tiles<const K: u8>(
     matrix: &[u8],
     row_bytes: usize,
+    spread: bool,
     acts: &[&[BlockQ8]],
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
     let pairs: Vec<Vec<ActPair>> = acts.iter().map(|a| arrange(pair_type(K), a)).collect();
     let n = acts.len();
-    for r in (0..matrix.len() / row_bytes / 4 * 4).step_by(4) {
-        let tile: [&[u8]; 4] =
-            std::array::from_fn(|k| &matrix[(r + k) * row_bytes..(r + k + 1) * row_bytes]);
+    let q = matrix.len() / row_bytes / 4;
+    for k in 0..q {
+        let rows: [usize; 4] = std::array::from_fn(|j| if spread { j * q + k } else { 4 * k + j });
+        let tile = rows.map(|r| &matrix[r * row_bytes..(r + 1) * row_bytes]);
         let mut t = 0;
         // 5, 4, 3, 2 or 1 tokens a tile: with the rows' sums folded, a token's sums are one
         // register (4 rows x 5 tokens unfolded spilled through the stack).
@@ -194,9 +198,9 @@ unsafe fn pass_tiles<const K: u8>(
                         std::array::from_fn(|j| pairs[t + j].as_slice()),
                         std::array::from_fn(|j| acts[t + j]),
                     );
-                    for (k, row) in sums.iter().enumerate() {
+                    for (&r, row) in rows.iter().zip(&sums) {
                         for (j, &sum) in row.iter().enumerate() {
-                            store(t + j, r + k, sum);
+                            store(t + j, r, sum);
                         }
                     }
                     t += $t;

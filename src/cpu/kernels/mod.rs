@@ -456,12 +456,14 @@ pub fn has_pass_tiles(isa: Isa, ty: GgmlType) -> bool {
 
 /// A pass's products over the whole tiles of 4 rows in `matrix` (`row_bytes` each) with `acts`
 /// (a token each), where [`has_pass_tiles`]: the activations arranged once for every tile.
-/// `store(t, r, sum)` gets row r's sum with token t: [`dot_q8_tile`]'s bits.
+/// `store(t, r, sum)` gets row r's sum with token t: [`dot_q8_tile`]'s bits. `spread`: tiles of
+/// one row from each quarter of the rows, as [`dot_q8_decode_tiles`]'s.
 pub fn dot_q8_pass_tiles(
     isa: Isa,
     ty: GgmlType,
     matrix: &[u8],
     row_bytes: usize,
+    spread: bool,
     acts: &[&[BlockQ8]],
     store: &mut dyn FnMut(usize, usize, f32),
 ) {
@@ -470,10 +472,10 @@ pub fn dot_q8_pass_tiles(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `has_pass_tiles` checked the CPU's features and the type.
     unsafe {
-        avx512vnni::pair_pass_tiles(ty, matrix, row_bytes, acts, store)
+        avx512vnni::pair_pass_tiles(ty, matrix, row_bytes, spread, acts, store)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (matrix, store);
+    let _ = (matrix, spread, store);
 }
 
 /// `out[r][t] = dot_q8(rows[r], acts[t])` for `R` weight rows and `T` activation vectors at once:

@@ -246,7 +246,8 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
 ///   the line between them; past the longest, each further guess at [`LONGER_PASS_GUESS`] of
 ///   what that one's guesses cost each (a tile of more tokens unpacks each weight block once
 ///   for all of them: in wasm a pass of one guess cost 0.98 of a step a guess and one of four
-///   0.82; natively 0.2 and 0.17); short of the shortest, in proportion; none timed, at the
+///   0.82; natively on Zen 4 0.17 and 0.29, and a price too low costs a pass or two before that
+///   length has its own); short of the shortest, in proportion; none timed, at the
 ///   prior. One price a guess for every k, from the passes of one guess that begin a run, put
 ///   four guesses at 4.9 steps in wasm where they cost 4.3: five tokens for less than five
 ///   steps, never tried.

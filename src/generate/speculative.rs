@@ -253,8 +253,8 @@ pub fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
 ///   steps, never tried.
 /// - The first pass of each length is not timed: it pays once for what later ones do not. In
 ///   wasm the engine compiles a tile's optimised code during its first calls (Node 24,
-///   SmolLM2-135M Q8_0 shape: the first pass of one guess took 26.9 ms, later ones 18.4-19.2; of
-///   four, 44.9 against 29.6-31.2); timed, that pass made a guess look dearer than a step.
+///   SmolLM2-135M Q8_0 shape, `tools/wasm_passes.mjs`: a pass of 2 tokens took 23.3 ms the first
+///   time, 15.0 later); timed, that pass made a guess look dearer than a step.
 ///
 /// The first decode step is a plain one, to have a step's time to weigh passes by; the first
 /// passes guess once, since what a guess costs is not known before one is timed (where guesses

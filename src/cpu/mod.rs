@@ -562,10 +562,7 @@ impl CpuModel {
                     // The whole tiles left: q of them, adjacent or spread.
                     let (first, q) = (r, (r1 - r) / R);
                     for k in 0..q {
-                        let rows: [usize; R] = std::array::from_fn(|j| match spread {
-                            true => first + j * q + k,
-                            false => first + R * k + j,
-                        });
+                        let rows = kernels::tile_rows(k, q, spread).map(|j| first + j);
                         let tile = rows.map(row);
                         if !spread {
                             kernels::touch_ahead(&bytes[rows[0] * row_bytes..], R * row_bytes);

@@ -184,7 +184,7 @@ unsafe fn pass_tiles<const K: u8>(
     let n = acts.len();
     let q = matrix.len() / row_bytes / 4;
     for k in 0..q {
-        let rows: [usize; 4] = std::array::from_fn(|j| if spread { j * q + k } else { 4 * k + j });
+        let rows = tile_rows(k, q, spread);
         let tile = rows.map(|r| &matrix[r * row_bytes..(r + 1) * row_bytes]);
         let mut t = 0;
         // 5, 4, 3, 2 or 1 tokens a tile: with the rows' sums folded, a token's sums are one

@@ -555,7 +555,7 @@ pub fn dot_q8_rows(
 /// Decode's 4-row tiles over the first `out.len()` rows of `matrix` (a multiple of
 /// [`TILE_ROWS`], `row_bytes` each), in one call as [`dot_q8_rows`]: adjacent tiles
 /// ([`DecodeWalk::Tiles`]) or, with `spread`, tiles of rows a quarter of the range apart
-/// ([`DecodeWalk::SpreadTiles`]; see [`decode_tile_rows`]). `out[r]` gets row r's sum, the same
+/// ([`DecodeWalk::SpreadTiles`]; see [`tile_rows`]). `out[r]` gets row r's sum, the same
 /// bits whichever the walk: the 4-row, one-token tile's ([`dot_q8_tile`]), which passes of
 /// several tokens give too.
 pub fn dot_q8_decode_tiles(
@@ -582,7 +582,7 @@ pub fn dot_q8_decode_tiles(
         _ => {
             let q = out.len() / R;
             for k in 0..q {
-                let rows = decode_tile_rows(k, q, spread);
+                let rows = tile_rows(k, q, spread);
                 if !spread {
                     // The browser's prefetch (a no-op natively): the next tile's lines.
                     touch_ahead(&matrix[rows[0] * row_bytes..], R * row_bytes);
@@ -597,10 +597,10 @@ pub fn dot_q8_decode_tiles(
     }
 }
 
-/// The rows of decode tile `k` of `q` (see [`dot_q8_decode_tiles`]): 4 adjacent rows, or with
-/// `spread` row k of each quarter of the range.
+/// The rows of tile `k` of `q` over rows 0..4q, in decode's walks (see [`dot_q8_decode_tiles`])
+/// and a pass's: 4 adjacent rows, or with `spread` row k of each quarter of the range.
 #[inline]
-fn decode_tile_rows(k: usize, q: usize, spread: bool) -> [usize; TILE_ROWS] {
+pub fn tile_rows(k: usize, q: usize, spread: bool) -> [usize; TILE_ROWS] {
     std::array::from_fn(|j| if spread { j * q + k } else { TILE_ROWS * k + j })
 }
 
@@ -639,7 +639,7 @@ pub(super) unsafe fn each_decode_tile(
 ) {
     let q = out.len() / TILE_ROWS;
     for k in 0..q {
-        let rows = decode_tile_rows(k, q, spread);
+        let rows = tile_rows(k, q, spread);
         let sums = tile(rows.map(|r| matrix.get_unchecked(r * row_bytes..(r + 1) * row_bytes)));
         for (r, sum) in rows.into_iter().zip(sums) {
             *out.get_unchecked_mut(r) = sum;
